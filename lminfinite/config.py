@@ -1,0 +1,72 @@
+"""LM-Infinite hyper-parameters (paper §4 and App. A), validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class LMInfiniteConfig:
+    """How a model attends beyond its pre-training length.
+
+    n_starting: the first tokens every query may attend to (§4 "Λ-shaped mask"; 5–100 work, 0 breaks).
+    window: L_pretrain, the most recent tokens each query sees and the distance ceiling. ``None`` means
+        "take the model's ``max_position_embeddings``" and is resolved by :func:`lminfinite.enable`.
+    topk: middle tokens recalled per query and head (App. A.3); 0 switches recall off.
+    topk_from_layer: recall only in layers with index >= this (the paper's h = 5 for Llama-2).
+    topk_distance: the distance at which recalled middle tokens are scored; ``None`` means ``window // 2``.
+    offload_middle: keep evicted keys/values in CPU memory; only the selected rows travel to the accelerator.
+    """
+
+    n_starting: int = 10
+    window: int | None = None
+    topk: int = 0
+    topk_from_layer: int = 5
+    topk_distance: int | None = None
+    offload_middle: bool = False
+
+    def __post_init__(self) -> None:
+        _require_int("n_starting", self.n_starting, minimum=0)
+        if self.window is not None:
+            _require_int("window", self.window, minimum=1)
+        _require_int("topk", self.topk, minimum=0)
+        _require_int("topk_from_layer", self.topk_from_layer, minimum=0)
+        if self.topk_distance is not None:
+            _require_int("topk_distance", self.topk_distance, minimum=0)
+            if self.window is not None and self.topk_distance > self.window:
+                raise ValueError(
+                    f"topk_distance={self.topk_distance} exceeds window={self.window}: middle tokens would be "
+                    "scored at a distance the model never saw in pre-training"
+                )
+        if not isinstance(self.offload_middle, bool):
+            raise TypeError(f"offload_middle must be a bool, got {self.offload_middle!r}")
+
+    def resolved(self, max_position_embeddings: int) -> "LMInfiniteConfig":
+        """A copy with ``window`` and ``topk_distance`` filled in from the model."""
+        window = self.window if self.window is not None else int(max_position_embeddings)
+        distance = self.topk_distance if self.topk_distance is not None else window // 2
+        return LMInfiniteConfig(
+            n_starting=self.n_starting,
+            window=window,
+            topk=self.topk,
+            topk_from_layer=self.topk_from_layer,
+            topk_distance=distance,
+            offload_middle=self.offload_middle,
+        )
+
+    @property
+    def window_(self) -> int:
+        """The window, for code that runs only after :meth:`resolved`."""
+        if self.window is None:
+            raise ValueError("window is unresolved; call LMInfiniteConfig.resolved(max_position_embeddings) first")
+        return self.window
+
+    def uses_topk(self, layer_idx: int) -> bool:
+        return self.topk > 0 and layer_idx >= self.topk_from_layer
+
+
+def _require_int(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")

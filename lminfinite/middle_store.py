@@ -1,0 +1,65 @@
+"""Evicted keys/values kept once for top-k recall, in a buffer that grows by doubling."""
+
+from __future__ import annotations
+
+import torch
+
+
+class MiddleStore:
+    """Append-only rows at positions ``[n_starting, n_starting + length)``; ``device`` may be the CPU (offload).
+
+    Appends write past ``length`` (or into a fresh, doubled buffer), so a prefix view taken earlier never
+    changes: that is what makes snapshots and the attention's "before this call" view free.
+    """
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.device = None if device is None else torch.device(device)
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        n = keys.shape[-2]
+        if n == 0:
+            return
+        device = self.device or keys.device
+        needed = self.length + n
+        if self.keys is None or needed > self.keys.shape[-2]:
+            capacity = max(needed, 2 * (0 if self.keys is None else self.keys.shape[-2]), 64)
+            self.keys = self._grow(self.keys, keys, capacity, device)
+            self.values = self._grow(self.values, values, capacity, device)
+        self.keys[..., self.length : needed, :] = keys.to(device, non_blocking=True)
+        self.values[..., self.length : needed, :] = values.to(device, non_blocking=True)
+        self.length = needed
+
+    def _grow(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int, device) -> torch.Tensor:
+        shape = (*like.shape[:-2], capacity, like.shape[-1])
+        pin = device.type == "cpu" and like.device.type == "cuda"
+        new = torch.empty(shape, dtype=like.dtype, device=device, pin_memory=pin)
+        if old is not None and self.length:
+            new[..., : self.length, :] = old[..., : self.length, :]
+        return new
+
+    def view(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.keys is None or self.length == 0:
+            return None, None
+        return self.keys[..., : self.length, :], self.values[..., : self.length, :]
+
+    def truncate(self, length: int) -> None:
+        if length > self.length:
+            raise ValueError(f"cannot grow the middle store by truncation ({self.length} -> {length})")
+        self.length = length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows in use (the capacity beyond them is reusable slack)."""
+        if self.keys is None:
+            return 0
+        row = self.keys[..., :1, :].numel() * self.keys.element_size()
+        return 2 * row * self.length
+
+    @property
+    def allocated_bytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()

@@ -1,0 +1,168 @@
+"""Switch a loaded Hugging Face RoPE model to LM-Infinite attention and back, through public hooks only.
+
+- ``AttentionInterface.register("lminfinite", ...)`` supplies the attention; ``AttentionMaskInterface`` a
+  mask function that builds nothing (the Λ-mask is applied block by block inside the attention).
+- A forward hook on the model's rotary embedding returns cos = 1, sin = 0, so queries and keys reach the
+  cache and the attention unrotated; the attention rotates them by bounded relative offsets.
+- A forward pre-hook on each attention module passes the call's cache and our state to the attention
+  function through the ``**kwargs`` that transformers forwards to it.
+No model class is copied or monkey-patched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.masking_utils import AttentionMaskInterface
+
+from .config import LMInfiniteConfig
+from .context import KeyContext
+from .kernel import lm_infinite_attention
+from .rotary import Rope, find_rotary_embedding, rope_from_model
+
+ATTENTION_NAME = "lminfinite"
+_STATE_ATTR = "_lminfinite_state"
+
+
+@dataclass
+class InfiniteState:
+    """What the attention needs besides q, k, v; one per patched model."""
+
+    config: LMInfiniteConfig
+    rope: Rope
+    num_layers: int
+    previous_attention: str
+    hooks: list = field(default_factory=list)
+    observers: list = field(default_factory=list)
+    block_size: int | None = None  # None: sized from a memory budget (kernel.BLOCK_BUDGET)
+
+    def notify(self, layer_idx, query_pos, positions, weights) -> None:
+        for observer in list(self.observers):
+            observer(layer_idx, query_pos, positions, weights)
+
+
+def get_state(model: nn.Module) -> InfiniteState | None:
+    return getattr(model, _STATE_ATTR, None)
+
+
+def enable(model: nn.Module, config: LMInfiniteConfig | None = None, *, attention: str = ATTENTION_NAME) -> nn.Module:
+    """Make ``model`` compute LM-Infinite attention; weights are untouched. Calling it again changes the config."""
+    config = config or LMInfiniteConfig()
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    rope = rope_from_model(model)  # refuses non-RoPE models and unsupported scalings with a clear error
+    resolved = config.resolved(text_config.max_position_embeddings)
+    previous = get_state(model)
+    if previous is not None:
+        disable(model)
+    attention_modules = _attention_modules(model)
+    state = InfiniteState(
+        config=resolved,
+        rope=rope,
+        num_layers=text_config.num_hidden_layers,
+        previous_attention=model.config._attn_implementation if previous is None else previous.previous_attention,
+    )
+    if previous is not None:
+        state.observers, state.block_size = previous.observers, previous.block_size
+    state.hooks.append(find_rotary_embedding(model).register_forward_hook(_unrotated))
+
+    def inject(module, args, kwargs):
+        kwargs["lminfinite_state"] = state
+        kwargs["lminfinite_cache"] = kwargs.get("past_key_values")
+        return args, kwargs
+
+    for module in attention_modules:
+        state.hooks.append(module.register_forward_pre_hook(inject, with_kwargs=True))
+    setattr(model, _STATE_ATTR, state)
+    model.set_attn_implementation(attention)
+    return model
+
+
+def disable(model: nn.Module) -> nn.Module:
+    """Undo :func:`enable`: hooks removed, the previous attention implementation restored."""
+    state = get_state(model)
+    if state is None:
+        return model
+    for hook in state.hooks:
+        hook.remove()
+    delattr(model, _STATE_ATTR)
+    model.set_attn_implementation(state.previous_attention)
+    return model
+
+
+def _attention_modules(model: nn.Module) -> list[nn.Module]:
+    found = [m for _, m in model.named_modules() if type(m).__name__.endswith("Attention") and hasattr(m, "layer_idx")]
+    if not found:
+        raise ValueError(f"{type(model).__name__}: no attention modules with a layer_idx found")
+    return found
+
+
+def _unrotated(module, args, output):
+    """Replace (cos, sin) by (1, 0): HF's apply_rotary_pos_emb then leaves q and k as they are."""
+    cos, sin = output
+    return torch.ones_like(cos), torch.zeros_like(sin)
+
+
+def key_context(state: InfiniteState, layer_idx: int, key, value, cache) -> KeyContext:
+    """The KeyContext for this call: from an InfiniteCache, or from full keys (no cache / DynamicCache)."""
+    from .cache import InfiniteCache
+
+    if isinstance(cache, InfiniteCache):
+        if (cache.config.window, cache.config.n_starting) != (state.config.window, state.config.n_starting):
+            raise ValueError(
+                "this InfiniteCache was built for window/n_starting "
+                f"{cache.config.window}/{cache.config.n_starting}, the model now uses "
+                f"{state.config.window}/{state.config.n_starting}: start a new cache"
+            )
+        layer = cache.layers[layer_idx]
+        ctx, layer.context = layer.context, None
+        if state.config.uses_topk(layer_idx) and layer.middle is None and ctx.recent_start > 0:
+            raise ValueError(
+                "top-k recall is on but this InfiniteCache keeps no middle tokens: create it with "
+                "InfiniteCache(model, keep_middle=True)"
+            )
+        return ctx
+    if cache is not None and not (
+        isinstance(cache, DynamicCache) and all(type(l) is DynamicLayer for l in cache.layers)
+    ):
+        raise TypeError(
+            f"LM-Infinite attention works with no cache, a DynamicCache or an InfiniteCache, not {type(cache).__name__}"
+        )
+    return KeyContext.full_sequence(key, value, state.config.n_starting)
+
+
+def lminfinite_attention_forward(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+    lminfinite_state: InfiniteState | None = None, lminfinite_cache=None, **kwargs,
+):
+    """transformers attention-interface entry point: returns (B, c, H, D) and no weights."""
+    state = lminfinite_state
+    if state is None:
+        raise RuntimeError("lminfinite attention called without its state: use lminfinite.enable(model)")
+    if isinstance(attention_mask, torch.Tensor):
+        raise ValueError("LM-Infinite builds its own Λ-mask; custom 4D attention masks are not supported")
+    ctx = key_context(state, module.layer_idx, key, value, lminfinite_cache)
+    out = lm_infinite_attention(
+        query, ctx,
+        config=state.config, rope=state.rope, layer_idx=module.layer_idx,
+        scaling=module.head_dim**-0.5 if scaling is None else scaling,
+        observer=state.notify if state.observers else None,
+        block_size=state.block_size,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def no_dense_mask(batch_size, q_length, kv_length, *args, attention_mask=None, **kwargs):
+    """Mask-interface entry point: LM-Infinite never materialises a (q × kv) mask. Padding is refused."""
+    if attention_mask is not None and attention_mask.ndim == 2 and not bool(attention_mask.all()):
+        raise ValueError(
+            "LM-Infinite attention does not support padded batches: pass one sequence per call, or equal-length rows"
+        )
+    return None
+
+
+AttentionInterface.register(ATTENTION_NAME, lminfinite_attention_forward)
+AttentionMaskInterface.register(ATTENTION_NAME, no_dense_mask)

@@ -1,0 +1,108 @@
+"""Top-k middle-token recall (paper §4 "Optionally attending to top-k tokens in the middle", App. A.3).
+
+For every query row and head, the k middle tokens with the largest logits, scored at distance
+``topk_distance``, join the softmax. The scan runs over the candidates in chunks with a running
+top-k, so no (queries × context) float32 matrix is ever held; an offloaded (CPU) middle store is
+scanned where it lives, and only the selected rows travel to the queries' device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .context import KeyContext
+
+# Elements of one (queries × candidates) score chunk; bounds the scan's working memory.
+SCAN_BUDGET = 1 << 24
+
+
+@dataclass
+class Recalled:
+    """k recalled tokens per query row: logits (float32, -inf where fewer candidates existed), absolute
+    positions, and their values gathered to the queries' device. Shapes (B, Hkv, g·nb, k[, D])."""
+
+    logits: torch.Tensor
+    positions: torch.Tensor
+    values: torch.Tensor
+
+
+def recall_topk(
+    q_scored: torch.Tensor,
+    query_pos: torch.Tensor,
+    ctx: KeyContext,
+    *,
+    k: int,
+    n_starting: int,
+    window: int,
+    scale: float,
+) -> Recalled | None:
+    """Select the top-k middle tokens for queries already rotated to ``topk_distance``.
+
+    q_scored: (B, Hkv, g, nb, D); query_pos: (nb,) absolute positions. A token j is "middle" for query i
+    iff n_starting <= j and i - j >= window: causal, not a starting token, outside the window.
+    """
+    batch, kv_heads, groups, nb, dim = q_scored.shape
+    flat_q = q_scored.reshape(batch, kv_heads, groups * nb, dim)
+    best_logits: torch.Tensor | None = None
+    best_pos: torch.Tensor | None = None
+
+    def merge(logits: torch.Tensor, positions: torch.Tensor) -> None:
+        nonlocal best_logits, best_pos
+        logits, positions = logits.to(flat_q.device), positions.to(flat_q.device)
+        if best_logits is not None:
+            logits = torch.cat((best_logits, logits), dim=-1)
+            positions = torch.cat((best_pos, positions), dim=-1)
+        keep = min(k, logits.shape[-1])
+        best_logits, idx = logits.topk(keep, dim=-1)
+        best_pos = positions.gather(-1, idx)
+
+    chunk = max(256, SCAN_BUDGET // max(1, batch * kv_heads * groups * nb))
+
+    # 1) The evicted middle store: every token there is beyond every query's window.
+    if ctx.middle_len:
+        q_store = flat_q.to(ctx.middle_k.device)
+        for lo in range(0, ctx.middle_len, chunk):
+            keys = ctx.middle_k[..., lo : lo + chunk, :]
+            logits = (q_store @ keys.transpose(-1, -2)).float() * scale
+            top = min(k, logits.shape[-1])
+            vals, idx = logits.topk(top, dim=-1)
+            merge(vals, idx + (n_starting + lo))
+
+    # 2) Tokens still in `recent` that fall out of the window of some query in this block.
+    first = max(ctx.recent_start, n_starting)
+    last = int(query_pos[-1]) - window  # inclusive: the latest query's newest middle token
+    if last >= first:
+        q_pos_rows = query_pos.repeat(groups)[:, None]  # (g·nb, 1), row r is query r % nb
+        for lo in range(first, last + 1, chunk):
+            hi = min(lo + chunk, last + 1)
+            keys = ctx.recent_k[..., lo - ctx.recent_start : hi - ctx.recent_start, :]
+            logits = (flat_q @ keys.transpose(-1, -2)).float() * scale
+            key_pos = torch.arange(lo, hi, device=flat_q.device)
+            is_middle = (q_pos_rows - key_pos[None, :]) >= window
+            logits = logits.masked_fill(~is_middle, float("-inf"))
+            top = min(k, logits.shape[-1])
+            vals, idx = logits.topk(top, dim=-1)
+            merge(vals, idx + lo)
+
+    if best_logits is None:
+        return None
+    values = _gather_values(ctx, best_pos, n_starting)
+    return Recalled(best_logits, best_pos, values)
+
+
+def _gather_values(ctx: KeyContext, positions: torch.Tensor, n_starting: int) -> torch.Tensor:
+    """Values at absolute ``positions`` (B, Hkv, R, k), from the middle store or from recent."""
+    batch, kv_heads, rows, k = positions.shape
+    dim = ctx.recent_v.shape[-1]
+    flat = positions.reshape(batch, kv_heads, rows * k)
+    recent_idx = (flat - ctx.recent_start).clamp(0, ctx.recent_v.shape[-2] - 1)
+    out = ctx.recent_v.gather(2, recent_idx[..., None].expand(-1, -1, -1, dim))
+    if ctx.middle_len:
+        store_end = n_starting + ctx.middle_len
+        in_store = flat < store_end
+        store_idx = (flat - n_starting).clamp(0, ctx.middle_len - 1).to(ctx.middle_v.device)
+        from_store = ctx.middle_v.gather(2, store_idx[..., None].expand(-1, -1, -1, dim)).to(out.device)
+        out = torch.where(in_store[..., None], from_store, out)
+    return out.reshape(batch, kv_heads, rows, k, dim)

@@ -1,0 +1,125 @@
+"""enable/disable, configuration errors, quantized models, the top-k observer."""
+
+import pytest
+import torch
+from transformers import BitsAndBytesConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+import lminfinite
+from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
+
+
+def test_disable_restores_vanilla_outputs():
+    model = tiny_model("llama-gqa")
+    ids = random_ids(4 * WINDOW)
+    with torch.no_grad():
+        vanilla = model(input_ids=ids).logits
+        lminfinite.enable(model)
+        patched = model(input_ids=ids).logits
+        lminfinite.disable(model)
+        restored = model(input_ids=ids).logits
+    assert (patched - vanilla).abs().max() > 1e-3
+    torch.testing.assert_close(restored, vanilla, atol=0, rtol=0)
+    assert model.config._attn_implementation == "sdpa" and lminfinite.get_state(model) is None
+
+
+def test_enable_twice_replaces_the_config():
+    model = lminfinite.enable(tiny_model(), lminfinite.LMInfiniteConfig(n_starting=4))
+    lminfinite.enable(model, lminfinite.LMInfiniteConfig(n_starting=6, window=8))
+    state = lminfinite.get_state(model)
+    assert (state.config.n_starting, state.config.window, state.config.topk_distance) == (6, 8, 4)
+    assert len(state.hooks) == 1 + model.config.num_hidden_layers
+    lminfinite.disable(model)
+    assert model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"n_starting": -1}, "n_starting must be >= 0"),
+        ({"window": 0}, "window must be >= 1"),
+        ({"topk": 2.5}, "topk must be an int"),
+        ({"window": 8, "topk_distance": 9}, "exceeds window"),
+        ({"offload_middle": "yes"}, "offload_middle must be a bool"),
+    ],
+)
+def test_config_validation(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        lminfinite.LMInfiniteConfig(**kwargs)
+
+
+def test_model_without_rope_is_refused():
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    with pytest.raises(ValueError, match="no rotary position embedding"):
+        lminfinite.enable(model)
+
+
+def test_length_dependent_rope_scaling_is_refused():
+    config = LlamaConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        max_position_embeddings=16, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+    )
+    with pytest.raises(ValueError, match="'dynamic'.*not supported"):
+        lminfinite.enable(LlamaForCausalLM(config))
+
+
+def test_padded_batches_are_refused():
+    model = lminfinite.enable(tiny_model())
+    ids = random_ids(8).repeat(2, 1)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    with pytest.raises(ValueError, match="padded batches"):
+        model(input_ids=ids, attention_mask=mask)
+
+
+def test_cache_requires_enabled_model():
+    with pytest.raises(ValueError, match="enable"):
+        lminfinite.InfiniteCache(tiny_model())
+
+
+def test_cache_without_middle_store_refuses_topk():
+    model = lminfinite.enable(tiny_model(), lminfinite.LMInfiniteConfig(n_starting=4))
+    cache = lminfinite.InfiniteCache(model)
+    feed_in_chunks(model, random_ids(3 * WINDOW), 8, cache)
+    lminfinite.enable(model, lminfinite.LMInfiniteConfig(n_starting=4, topk=2, topk_from_layer=0))
+    with pytest.raises(ValueError, match="keep_middle=True"):
+        feed_in_chunks(model, random_ids(2), 1, cache)
+
+
+def test_observer_reports_middle_positions_and_weights():
+    config = lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1)
+    model = lminfinite.enable(tiny_model("llama-gqa"), config)
+    cache = lminfinite.InfiniteCache(model)
+    feed_in_chunks(model, random_ids(10 * WINDOW), 32, cache)
+    with lminfinite.observe_topk(model) as seen:
+        feed_in_chunks(model, random_ids(1, seed=9), 1, cache)
+    assert [s.layer_idx for s in seen.selections] == [1, 2]
+    query = 10 * WINDOW
+    for selection in seen.selections:
+        assert selection.query_positions.tolist() == [query]
+        assert selection.positions.shape == (1, 4, 1, 3)
+        assert ((selection.positions >= 4) & (selection.positions <= query - WINDOW)).all()
+        assert (selection.weights > 0).all() and (selection.weights.sum(-1) < 1).all()
+    assert lminfinite.get_state(model).observers == []
+
+
+def test_four_bit_model_prefills_and_generates(tmp_path):
+    tiny_model("llama-gqa").save_pretrained(tmp_path)
+    quantized = LlamaForCausalLM.from_pretrained(
+        tmp_path, device_map="cpu",
+        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32),
+    )
+    assert "4bit" in type(quantized.model.layers[0].self_attn.q_proj).__name__
+    ids = random_ids(WINDOW)
+    with torch.no_grad():
+        vanilla = quantized(input_ids=ids).logits
+    config = lminfinite.LMInfiniteConfig(n_starting=4, topk=2, topk_from_layer=1)
+    lminfinite.enable(quantized, config)
+    with torch.no_grad():
+        torch.testing.assert_close(quantized(input_ids=ids).logits, vanilla, atol=1e-4, rtol=1e-4)
+    cache = lminfinite.InfiniteCache(quantized)
+    prompt = random_ids(8 * WINDOW)
+    logits = feed_in_chunks(quantized, prompt[:, :-1], 16, cache)
+    with torch.no_grad():
+        out = quantized.generate(prompt, past_key_values=cache, max_new_tokens=6, do_sample=False)
+    assert torch.isfinite(logits).all() and out.shape[1] == prompt.shape[1] + 6
+    assert cache.get_seq_length() == prompt.shape[1] + 5

@@ -1,0 +1,109 @@
+"""InfiniteCache: bounded memory, position invariance, snapshot/rollback, the middle store."""
+
+import pytest
+import torch
+
+import lminfinite
+from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
+
+N_STARTING = 4
+
+
+@pytest.fixture
+def model():
+    return lminfinite.enable(tiny_model("llama-gqa"), lminfinite.LMInfiniteConfig(n_starting=N_STARTING))
+
+
+def test_memory_is_constant_in_context_length(model):
+    short, long = lminfinite.InfiniteCache(model), lminfinite.InfiniteCache(model)
+    feed_in_chunks(model, random_ids(2 * WINDOW), 5, short)
+    feed_in_chunks(model, random_ids(64 * WINDOW), 37, long)
+    assert long.get_seq_length() == 64 * WINDOW
+    assert long.memory() == short.memory()
+    # n_starting + window - 1 rows between calls; the token being computed completes the window.
+    row_bytes = 2 * 3 * model.config.num_key_value_heads * (64 // 4) * 4  # k+v, layers, kv heads, head_dim, fp32
+    assert long.memory() == {"starting": N_STARTING * row_bytes, "window": (WINDOW - 1) * row_bytes, "middle": 0}
+
+
+def test_topk_middle_store_keeps_each_evicted_token_once():
+    config = lminfinite.LMInfiniteConfig(n_starting=N_STARTING, topk=2, topk_from_layer=1)
+    model = lminfinite.enable(tiny_model("llama-gqa"), config)
+    cache = lminfinite.InfiniteCache(model)
+    n = 20 * WINDOW
+    feed_in_chunks(model, random_ids(n), 13, cache)
+    evicted = n - N_STARTING - (WINDOW - 1)
+    assert [l.middle is None for l in cache.layers] == [True, False, False]  # layer 0 never recalls
+    assert [l.middle.length for l in cache.layers[1:]] == [evicted, evicted]
+
+
+def _shift_positions(cache, delta):
+    """Pretend `delta` more tokens were seen between the start tokens and the window (a 10^9-token context)."""
+    for layer in cache.layers:
+        layer.seen += delta
+        layer.win_start += delta
+
+
+@pytest.mark.parametrize("offset", [10**4, 10**9])
+def test_same_trailing_content_gives_same_logits_at_any_offset(model, offset):
+    prefix, tail = random_ids(3 * WINDOW, seed=5), random_ids(2 * WINDOW, seed=6)
+    near = lminfinite.InfiniteCache(model)
+    feed_in_chunks(model, prefix, WINDOW, near)
+    far = lminfinite.InfiniteCache(model)
+    feed_in_chunks(model, prefix, WINDOW, far)
+    _shift_positions(far, offset)
+    assert far.get_seq_length() == 3 * WINDOW + offset
+    expected = feed_in_chunks(model, tail, 3, near)
+    shifted = feed_in_chunks(model, tail, 3, far)
+    assert torch.isfinite(shifted).all()
+    torch.testing.assert_close(shifted, expected, atol=1e-6, rtol=0)
+
+
+def test_position_invariance_after_a_real_ten_thousand_token_context(model):
+    """No shortcut: 10^4 real tokens, then the same trailing tokens as in a short context.
+
+    Each layer looks window - 1 tokens back, so only positions at least layers × (window - 1) into the
+    shared tail have identical receptive fields; those are compared.
+    """
+    start, tail = random_ids(N_STARTING, seed=8), random_ids(4 * WINDOW, seed=9)
+    receptive = model.config.num_hidden_layers * (WINDOW - 1)
+    long = lminfinite.InfiniteCache(model)
+    feed_in_chunks(model, torch.cat((start, random_ids(10**4, seed=10)), 1), 1024, long)
+    short = lminfinite.InfiniteCache(model)
+    feed_in_chunks(model, torch.cat((start, random_ids(WINDOW, seed=11)), 1), 1024, short)
+    far, near = feed_in_chunks(model, tail, 5, long), feed_in_chunks(model, tail, 5, short)
+    torch.testing.assert_close(far[:, receptive:], near[:, receptive:], atol=1e-6, rtol=0)
+    assert (far[:, :WINDOW] - near[:, :WINDOW]).abs().max() > 1e-3  # different histories do show up early
+
+
+def test_rollback_restores_exactly(model):
+    config = lminfinite.LMInfiniteConfig(n_starting=N_STARTING, topk=2, topk_from_layer=1)
+    lminfinite.enable(model, config)
+    cache = lminfinite.InfiniteCache(model)
+    feed_in_chunks(model, random_ids(5 * WINDOW, seed=1), 9, cache)
+    snap, memory = cache.snapshot(), cache.memory()
+    continuation = random_ids(3 * WINDOW, seed=2)
+    first = feed_in_chunks(model, continuation, 7, cache)
+    feed_in_chunks(model, random_ids(4 * WINDOW, seed=3), 11, cache)  # an abandoned branch
+    cache.rollback(snap)
+    assert cache.get_seq_length() == 5 * WINDOW and cache.memory() == memory
+    torch.testing.assert_close(feed_in_chunks(model, continuation, 7, cache), first, atol=0, rtol=0)
+
+
+def test_snapshot_of_an_abandoned_branch_is_refused(model):
+    cache = lminfinite.InfiniteCache(model)
+    feed_in_chunks(model, random_ids(2 * WINDOW), 8, cache)
+    early = cache.snapshot()
+    feed_in_chunks(model, random_ids(2 * WINDOW, seed=3), 8, cache)
+    late = cache.snapshot()
+    cache.rollback(early)
+    with pytest.raises(ValueError, match="already rolled back"):
+        cache.rollback(late)
+
+
+def test_rollback_to_empty_cache(model):
+    cache = lminfinite.InfiniteCache(model)
+    empty = cache.snapshot()
+    first = feed_in_chunks(model, random_ids(3 * WINDOW), 8, cache)
+    cache.rollback(empty)
+    assert cache.get_seq_length() == 0
+    torch.testing.assert_close(feed_in_chunks(model, random_ids(3 * WINDOW), 8, cache), first, atol=0, rtol=0)

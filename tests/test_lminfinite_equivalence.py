@@ -1,0 +1,128 @@
+"""Every attention path against the dense float64 reference (lminfinite.reference)."""
+
+import pytest
+import torch
+
+import lminfinite
+from lminfinite.reference import ReferenceModel
+from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
+
+N_LONG = 40 * WINDOW
+FP32_ATOL = 2e-5
+
+CONFIGS = {
+    "lambda": lminfinite.LMInfiniteConfig(n_starting=4),
+    "topk": lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1),
+}
+
+
+@pytest.fixture(scope="module")
+def references():
+    """(family, config name) -> (patched fp32 model, float64 reference logits over N_LONG tokens)."""
+    built = {}
+
+    def get(family, config_name):
+        if (family, config_name) not in built:
+            model = lminfinite.enable(tiny_model(family), CONFIGS[config_name])
+            ref = ReferenceModel(model, CONFIGS[config_name])
+            built[family, config_name] = (model, ref, ref.logits(random_ids(N_LONG)))
+        return built[family, config_name]
+
+    return get
+
+
+@pytest.mark.parametrize("family", ["llama-mha", "llama-gqa", "mistral-gqa", "qwen2-gqa"])
+def test_within_window_equals_unpatched_model(family):
+    model = tiny_model(family)
+    ids = random_ids(WINDOW)
+    with torch.no_grad():
+        vanilla = model(input_ids=ids).logits
+        lminfinite.enable(model, lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=0))
+        patched = model(input_ids=ids).logits
+    torch.testing.assert_close(patched, vanilla, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+@pytest.mark.parametrize("family", ["llama-mha", "llama-gqa", "qwen2-gqa"])
+def test_full_sequence_forward_equals_reference(references, family, config_name):
+    model, _, expected = references(family, config_name)
+    with torch.no_grad():
+        logits = model(input_ids=random_ids(N_LONG), use_cache=False).logits
+    torch.testing.assert_close(logits.double(), expected, atol=FP32_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, WINDOW, 3 * WINDOW])
+@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+@pytest.mark.parametrize("family", ["llama-mha", "llama-gqa"])
+def test_chunked_prefill_equals_reference(references, family, config_name, chunk):
+    model, _, expected = references(family, config_name)
+    cache = lminfinite.InfiniteCache(model)
+    logits = feed_in_chunks(model, random_ids(N_LONG), chunk, cache)
+    torch.testing.assert_close(logits.double(), expected, atol=FP32_ATOL, rtol=0)
+    assert cache.get_seq_length() == N_LONG
+
+
+@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+def test_dynamic_cache_prefill_equals_reference(references, config_name):
+    """Without an InfiniteCache (transformers' default DynamicCache) the attention is still LM-Infinite."""
+    model, _, expected = references("llama-gqa", config_name)
+    with torch.no_grad():
+        first = model(input_ids=random_ids(N_LONG)[:, :300], use_cache=True)
+        rest = model(input_ids=random_ids(N_LONG)[:, 300:], past_key_values=first.past_key_values).logits
+    torch.testing.assert_close(torch.cat((first.logits, rest), 1).double(), expected, atol=FP32_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+@pytest.mark.parametrize("family", ["llama-mha", "qwen2-gqa"])
+def test_generate_with_infinite_cache_equals_reference_greedy(references, family, config_name):
+    model, ref, _ = references(family, config_name)
+    prompt = random_ids(10 * WINDOW, seed=7)
+    with torch.no_grad():
+        out = model.generate(
+            prompt, past_key_values=lminfinite.InfiniteCache(model), max_new_tokens=12, do_sample=False,
+        )
+    assert out[:, prompt.shape[1] :].tolist() == ref.greedy(prompt, 12).tolist()
+
+
+def test_prefill_generate_append_generate_equals_reference(references):
+    """The app's loop: a document in chunks, an answer, a question appended, a second answer."""
+    model, ref, _ = references("llama-gqa", "topk")
+    cache = lminfinite.InfiniteCache(model)
+    document, question = random_ids(12 * WINDOW, seed=3), random_ids(9, seed=4)
+    feed_in_chunks(model, document[:, :-1], 5, cache)
+    with torch.no_grad():
+        first = model.generate(document, past_key_values=cache, max_new_tokens=6, do_sample=False)
+        history = torch.cat((first, question), dim=1)
+        second = model.generate(history, past_key_values=cache, max_new_tokens=6, do_sample=False)
+    assert first[:, document.shape[1] :].tolist() == ref.greedy(document, 6).tolist()
+    assert second[:, history.shape[1] :].tolist() == ref.greedy(history, 6).tolist()
+
+
+@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+def test_bf16_stays_close_to_reference(config_name):
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16), CONFIGS[config_name])
+    ids = random_ids(N_LONG)
+    expected = ReferenceModel(model, CONFIGS[config_name]).logits(ids)
+    logits = feed_in_chunks(model, ids, 7, lminfinite.InfiniteCache(model)).double()
+    error = (logits - expected).abs()
+    assert error.max() < 0.1 and error.mean() < 0.005
+    assert (logits.argmax(-1) == expected.argmax(-1)).float().mean() > 0.95
+
+
+def test_offloaded_middle_store_gives_identical_logits(references):
+    model, _, expected = references("llama-gqa", "topk")
+    cache = lminfinite.InfiniteCache(model, offload_middle=True)
+    logits = feed_in_chunks(model, random_ids(N_LONG), WINDOW, cache)
+    assert all(l.middle.device.type == "cpu" for l in cache.layers if l.middle is not None)
+    torch.testing.assert_close(logits.double(), expected, atol=FP32_ATOL, rtol=0)
+
+
+def test_reference_differs_from_vanilla_beyond_window():
+    """Guards the guard: the reference must not collapse to plain causal attention."""
+    model = tiny_model("llama-mha")
+    ids = random_ids(4 * WINDOW)
+    with torch.no_grad():
+        vanilla = model(input_ids=ids).logits.double()
+    expected = ReferenceModel(lminfinite.enable(model), lminfinite.LMInfiniteConfig(n_starting=4)).logits(ids)
+    assert (vanilla[:, :WINDOW] - expected[:, :WINDOW]).abs().max() < 1e-4
+    assert (vanilla[:, 2 * WINDOW :] - expected[:, 2 * WINDOW :]).abs().max() > 1e-2
