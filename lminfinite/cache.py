@@ -1,8 +1,11 @@
 """InfiniteCache: a transformers Cache whose layers keep only what LM-Infinite can still attend to.
 
-Per layer: the first n_starting tokens, the last window - 1 tokens (the token being computed completes
-the window), and, for layers that do top-k recall, every evicted token once in a MiddleStore. Keys are
-stored unrotated; positions are implicit in the token counts, so no absolute angle is ever formed.
+Per layer: the first n_starting tokens (unrotated) and the last window - 1 tokens (the token being
+computed completes the window) in a ring buffer, rotated into a *frame*: key j is stored as
+R(j - frame)·k_j. Queries are rotated by i - frame, so scores depend on i - j only, and the frame moves
+forward now and then (a re-base rotates the ring once) to keep every angle's offset bounded. Steady
+decoding therefore writes one row and reads the buffer as it is: no per-token rotation or copy of the
+window. Layers that do top-k recall also keep every evicted token once, unrotated, in a MiddleStore.
 """
 
 from __future__ import annotations
@@ -15,6 +18,12 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from .config import LMInfiniteConfig
 from .context import KeyContext
 from .middle_store import MiddleStore
+from .rotary import Rope
+
+
+def rebase_interval(window: int) -> int:
+    """Tokens the frame may fall behind before the ring is re-rotated; bounds every rotation offset."""
+    return 4 * window + 4096
 
 
 class InfiniteLayer(CacheLayerMixin):
@@ -24,20 +33,26 @@ class InfiniteLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = False
 
-    def __init__(self, config: LMInfiniteConfig, keep_middle: bool, middle_device=None):
+    def __init__(self, config: LMInfiniteConfig, rope: Rope, keep_middle: bool, middle_device=None):
         super().__init__()
-        self.config = config
+        self.config, self.rope = config, rope
         self.middle = MiddleStore(middle_device) if keep_middle else None
-        self.start_k = self.start_v = None  # positions [0, min(seen, n_starting))
-        self.win_k = self.win_v = None  # positions [win_start, seen)
-        self.win_start = 0
+        self.start_k = self.start_v = None  # unrotated, positions [0, min(seen, n_starting))
+        # Rows [0, n_starting): start keys placed for the current decode step; then the ring, slot(p) below.
+        self.ring_k = self.ring_v = None
+        self.win_start = 0  # the ring holds positions [win_start, seen)
         self.seen = 0
+        self.frame = 0
+        self.shared = False  # a snapshot references the ring: copy it before writing
         self.context: KeyContext | None = None
 
+    # -- transformers' layer contract -------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        empty = key_states[..., :0, :]
-        self.start_k = self.win_k = empty.clone()
-        self.start_v = self.win_v = value_states[..., :0, :].clone()
+        n_starting, window = self.config.n_starting, self.config.window_
+        shape = (*key_states.shape[:2], n_starting + window, key_states.shape[-1])
+        self.ring_k = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+        self.ring_v = torch.zeros(shape, dtype=value_states.dtype, device=value_states.device)
+        self.start_k, self.start_v = key_states[..., :0, :].clone(), value_states[..., :0, :].clone()
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
@@ -45,40 +60,16 @@ class InfiniteLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n_starting, window = self.config.n_starting, self.config.window_
-        n_start_stored = self.start_k.shape[-2]
-        contiguous = self.win_start == n_start_stored  # nothing evicted yet: [0, seen) is all here
-        if contiguous:
-            recent_k = torch.cat((self.start_k, self.win_k, key_states), dim=-2)
-            recent_v = torch.cat((self.start_v, self.win_v, value_states), dim=-2)
-            recent_start = 0
+        c, first = key_states.shape[-2], self.seen
+        positions = torch.arange(first, first + c, device=key_states.device)
+        rotated = self.rope.rotate(key_states, positions - self.frame)
+        if c == 1 and first >= n_starting + window - 1:
+            self._decode_step(rotated, key_states, value_states)
         else:
-            recent_k = torch.cat((self.win_k, key_states), dim=-2)
-            recent_v = torch.cat((self.win_v, value_states), dim=-2)
-            recent_start = self.win_start
-        middle_k, middle_v = self.middle.view() if self.middle is not None else (None, None)
-        if contiguous:
-            start_k, start_v = recent_k[..., :n_starting, :], recent_v[..., :n_starting, :]
-        else:
-            start_k, start_v = self.start_k, self.start_v
-        self.context = KeyContext(recent_k, recent_v, recent_start, start_k, start_v, middle_k, middle_v)
-
-        # Commit: the next query (position `end`) needs keys at [end - window + 1, end) besides the start.
-        end = recent_start + recent_k.shape[-2]
-        if contiguous and n_start_stored < n_starting:
-            self.start_k = recent_k[..., : min(n_starting, end), :].clone()
-            self.start_v = recent_v[..., : min(n_starting, end), :].clone()
-        keep_from = max(min(n_starting, end), end - (window - 1))
-        evict_from = max(recent_start, n_starting)
-        if self.middle is not None and keep_from > evict_from:
-            self.middle.append(
-                recent_k[..., evict_from - recent_start : keep_from - recent_start, :],
-                recent_v[..., evict_from - recent_start : keep_from - recent_start, :],
-            )
-        self.win_k = recent_k[..., keep_from - recent_start :, :].clone()
-        self.win_v = recent_v[..., keep_from - recent_start :, :].clone()
-        self.win_start = keep_from
-        self.seen = end
-        return recent_k, recent_v
+            self._prefill(rotated, key_states, value_states)
+        if self.seen - self.frame > rebase_interval(window):
+            self._rebase(self.win_start)
+        return key_states, value_states
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.seen + query_length, 0
@@ -90,29 +81,118 @@ class InfiniteLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.__init__(self.config, self.middle is not None, None if self.middle is None else self.middle.device)
+        self.__init__(self.config, self.rope, self.middle is not None, None if self.middle is None else self.middle.device)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise NotImplementedError("InfiniteCache does not support beam search")
 
-    def memory(self) -> dict[str, int]:
-        def size(*ts):
-            return sum(t.numel() * t.element_size() for t in ts if t is not None)
+    # -- the two phases ---------------------------------------------------------------------------
+    def _decode_step(self, rotated, key_states, value_states) -> None:
+        """One token once the window is full: write it into the free slot, evict the oldest afterwards."""
+        n_starting, window = self.config.n_starting, self.config.window_
+        position = self.seen
+        self._writable()
+        slot = self._slot(position)
+        self.ring_k[..., slot, :] = rotated[..., 0, :]
+        self.ring_v[..., slot, :] = value_states[..., 0, :]
+        # Start keys at exactly distance `window` from this query: the distance ceiling.
+        offsets = torch.full((n_starting,), position - self.frame - window, device=rotated.device)
+        self.ring_k[..., :n_starting, :] = self.rope.rotate(self.start_k, offsets)
+        self.ring_v[..., :n_starting, :] = self.start_v
+        middle_k, middle_v = self.middle.view() if self.middle is not None else (None, None)
+        self.context = KeyContext(
+            rotated, value_states, position, self.frame, self.start_k, self.start_v, middle_k, middle_v,
+            recent_raw_k=key_states, decode_keys=self.ring_k, decode_values=self.ring_v,
+        )
+        oldest = self.win_start  # at distance window - 1 now, beyond the window from the next token on
+        if self.middle is not None:
+            old = self._slot(oldest)
+            self.middle.append(self._unrotate(self.ring_k[..., old : old + 1, :], oldest), self.ring_v[..., old : old + 1, :])
+        self.win_start += 1
+        self.seen += 1
 
+    def _prefill(self, rotated, key_states, value_states) -> None:
+        """Any chunk: lay out [start?, window, chunk] in position order, then keep what the future needs."""
+        n_starting, window = self.config.n_starting, self.config.window_
+        first, c = self.seen, rotated.shape[-2]
+        end = first + c
+        slots = self._slot(torch.arange(self.win_start, first, device=rotated.device))
+        ordered_k, ordered_v = self.ring_k.index_select(-2, slots), self.ring_v.index_select(-2, slots)
+        n_start = self.start_k.shape[-2]
+        contiguous = self.win_start == n_start  # nothing evicted yet: [0, seen) is all here
+        if contiguous:
+            start_pos = torch.arange(n_start, device=rotated.device)
+            recent_k = torch.cat((self.rope.rotate(self.start_k, start_pos - self.frame), ordered_k, rotated), dim=-2)
+            recent_v = torch.cat((self.start_v, ordered_v, value_states), dim=-2)
+            recent_start = 0
+            start_k = torch.cat((self.start_k, key_states), dim=-2)[..., :n_starting, :]
+            start_v = torch.cat((self.start_v, value_states), dim=-2)[..., :n_starting, :]
+        else:
+            recent_k, recent_v = torch.cat((ordered_k, rotated), dim=-2), torch.cat((ordered_v, value_states), dim=-2)
+            recent_start, start_k, start_v = self.win_start, self.start_k, self.start_v
+        middle_k, middle_v = self.middle.view() if self.middle is not None else (None, None)
+        self.context = KeyContext(recent_k, recent_v, recent_start, self.frame, start_k, start_v, middle_k, middle_v)
+
+        # Commit. The next query (position `end`) needs the start and keys at [end - window + 1, end).
+        if contiguous and n_start < n_starting:
+            self.start_k, self.start_v = start_k.clone(), start_v.clone()
+        keep_from = max(min(n_starting, end), end - (window - 1))
+        evict_from = max(recent_start, n_starting)
+        if self.middle is not None and keep_from > evict_from:
+            lo, hi = evict_from - recent_start, keep_from - recent_start
+            self.middle.append(self._unrotate(recent_k[..., lo:hi, :], evict_from), recent_v[..., lo:hi, :])
+        new_from = max(keep_from, first)
+        if end > new_from:
+            self._writable()
+            new_slots = self._slot(torch.arange(new_from, end, device=rotated.device))
+            self.ring_k.index_copy_(-2, new_slots, rotated[..., new_from - first :, :])
+            self.ring_v.index_copy_(-2, new_slots, value_states[..., new_from - first :, :])
+        self.win_start, self.seen = keep_from, end
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _slot(self, position):
+        return self.config.n_starting + position % self.config.window_
+
+    def _unrotate(self, keys: torch.Tensor, first_position: int) -> torch.Tensor:
+        offsets = self.frame - torch.arange(first_position, first_position + keys.shape[-2], device=keys.device)
+        return self.rope.rotate(keys, offsets)
+
+    def _writable(self) -> None:
+        if self.shared:
+            self.ring_k, self.ring_v = self.ring_k.clone(), self.ring_v.clone()
+            self.shared = False
+
+    def _rebase(self, new_frame: int) -> None:
+        """Move the frame forward: R(j - new) k = R(old - new) R(j - old) k, one rotation of the ring."""
+        offsets = torch.full((self.ring_k.shape[-2],), self.frame - new_frame, device=self.ring_k.device)
+        self.ring_k = self.rope.rotate(self.ring_k, offsets)  # a new tensor: snapshots keep the old one
+        self.ring_v = self.ring_v.clone() if self.shared else self.ring_v
+        self.shared = False
+        self.frame = new_frame
+
+    def memory(self) -> dict[str, int]:
+        """Bytes: the ring (n_starting decode rows + window slots, preallocated) and the unrotated start keys."""
+        if not self.is_initialized:
+            return {"starting": 0, "window": 0, "middle": 0}
+        row = 2 * self.ring_k[..., :1, :].numel() * self.ring_k.element_size()  # one key + one value
+        n_starting, window = self.config.n_starting, self.config.window_
         return {
-            "starting": size(self.start_k, self.start_v),
-            "window": size(self.win_k, self.win_v),
+            "starting": row * (self.start_k.shape[-2] + n_starting),
+            "window": row * window,
             "middle": 0 if self.middle is None else self.middle.nbytes,
         }
 
 
 @dataclass(frozen=True)
 class CacheSnapshot:
-    """Everything needed to put a cache back as it was: tensor references (never mutated) and lengths."""
+    """Everything needed to put a cache back as it was: tensor references and counters."""
 
     layers: tuple
     seen: int
     epoch: int
+
+
+_SNAPSHOT_FIELDS = ("is_initialized", "start_k", "start_v", "ring_k", "ring_v", "win_start", "seen", "frame")
 
 
 class InfiniteCache(Cache):
@@ -131,10 +211,9 @@ class InfiniteCache(Cache):
         self.config = state.config
         keep = self.config.topk > 0 if keep_middle is None else keep_middle
         offload = self.config.offload_middle if offload_middle is None else offload_middle
-        n_layers = state.num_layers
         layers = [
-            InfiniteLayer(self.config, keep and i >= self.config.topk_from_layer, "cpu" if offload else None)
-            for i in range(n_layers)
+            InfiniteLayer(self.config, state.rope, keep and i >= self.config.topk_from_layer, "cpu" if offload else None)
+            for i in range(state.num_layers)
         ]
         super().__init__(layers=layers)
         self._rollbacks: list[int] = []
@@ -144,13 +223,13 @@ class InfiniteCache(Cache):
         return any(layer.middle is not None for layer in self.layers)
 
     def snapshot(self) -> CacheSnapshot:
-        """O(layers): references to the current tensors, which later updates replace rather than modify."""
-        layers = tuple(
-            (l.is_initialized, l.start_k, l.start_v, l.win_k, l.win_v, l.win_start, l.seen,
-             0 if l.middle is None else l.middle.length)
-            for l in self.layers
-        )
-        return CacheSnapshot(layers, self.get_seq_length(), len(self._rollbacks))
+        """O(layers): references to the current tensors; the next write to a ring copies it first."""
+        layers = []
+        for layer in self.layers:
+            layer.shared = True
+            saved = tuple(getattr(layer, name) for name in _SNAPSHOT_FIELDS)
+            layers.append(saved + (0 if layer.middle is None else layer.middle.length,))
+        return CacheSnapshot(tuple(layers), self.get_seq_length(), len(self._rollbacks))
 
     def rollback(self, snap: CacheSnapshot) -> None:
         """Return exactly to ``snap``. A snapshot taken after an older state was restored is no longer valid."""
@@ -159,11 +238,11 @@ class InfiniteCache(Cache):
         if snap.seen > self.get_seq_length():
             raise ValueError("cannot roll forward to a snapshot newer than the cache")
         for layer, saved in zip(self.layers, snap.layers):
-            init, layer.start_k, layer.start_v, layer.win_k, layer.win_v, layer.win_start, layer.seen, mid = saved
-            layer.is_initialized = init
-            layer.context = None
+            for name, value in zip(_SNAPSHOT_FIELDS, saved):
+                setattr(layer, name, value)
+            layer.shared, layer.context = True, None
             if layer.middle is not None:
-                layer.middle.truncate(mid)
+                layer.middle.truncate(saved[-1])
         self._rollbacks.append(snap.seen)
 
     def memory(self) -> dict[str, int]:

@@ -6,25 +6,35 @@ from dataclasses import dataclass
 
 import torch
 
+from .rotary import Rope
+
 
 @dataclass
 class KeyContext:
-    """Keys/values for one layer and one forward call, all unrotated, shaped (batch, kv_heads, n, head_dim).
+    """Keys/values for one layer and one forward call, shaped (batch, kv_heads, n, head_dim).
 
-    recent: positions ``[recent_start, recent_start + n)``; the call's queries are its last tokens.
-    start: positions ``[0, s)``, s <= n_starting. Either ``recent_start == 0`` (start is the head of recent),
-        or every start token lies beyond every query's window and is only reachable at the distance ceiling.
-    middle: evicted tokens at positions ``[n_starting, n_starting + m)``, kept for top-k recall; may live on
-        the CPU (offload) while the rest is on the accelerator.
+    recent: positions ``[recent_start, recent_start + n)``, keys rotated into the ``frame``: key j holds
+        R(j - frame)·k_j, so a query rotated by i - frame scores it at distance i - j. The call's queries
+        are the last tokens of recent. ``recent_raw_k``, when given, holds the same keys unrotated.
+    start: unrotated keys at positions ``[0, s)``, s <= n_starting. Either ``recent_start == 0`` (they are
+        also in recent), or every one lies beyond every query's window, reachable only at the ceiling.
+    middle: evicted tokens at positions ``[n_starting, n_starting + m)``, unrotated, for top-k recall;
+        may live on the CPU (offload) while the rest is on the accelerator.
+    decode_keys/values: steady-state decoding of one query: the n_starting start keys rotated to
+        distance ``window`` from it, then the last ``window`` keys in the frame, all valid, in any order.
     """
 
     recent_k: torch.Tensor
     recent_v: torch.Tensor
     recent_start: int
+    frame: int
     start_k: torch.Tensor
     start_v: torch.Tensor
     middle_k: torch.Tensor | None = None
     middle_v: torch.Tensor | None = None
+    recent_raw_k: torch.Tensor | None = None
+    decode_keys: torch.Tensor | None = None
+    decode_values: torch.Tensor | None = None
 
     @property
     def end(self) -> int:
@@ -35,7 +45,16 @@ class KeyContext:
     def middle_len(self) -> int:
         return 0 if self.middle_k is None else self.middle_k.shape[-2]
 
+    def raw_recent(self, lo: int, hi: int, rope: Rope) -> torch.Tensor:
+        """Unrotated keys at positions [lo, hi) of recent (for top-k scoring at a fixed distance)."""
+        if self.recent_raw_k is not None:
+            return self.recent_raw_k[..., lo - self.recent_start : hi - self.recent_start, :]
+        keys = self.recent_k[..., lo - self.recent_start : hi - self.recent_start, :]
+        return rope.rotate(keys, self.frame - torch.arange(lo, hi, device=keys.device))
+
     @classmethod
-    def full_sequence(cls, keys: torch.Tensor, values: torch.Tensor, n_starting: int) -> "KeyContext":
-        """Keys of every token from position 0 (no cache, or a DynamicCache): start is a view, nothing is evicted."""
-        return cls(keys, values, 0, keys[..., :n_starting, :], values[..., :n_starting, :])
+    def full_sequence(cls, keys: torch.Tensor, values: torch.Tensor, n_starting: int, rope: Rope) -> "KeyContext":
+        """Unrotated keys of every token from position 0 (no cache, or a DynamicCache); frame 0."""
+        rotated = rope.rotate(keys, torch.arange(keys.shape[-2], device=keys.device))
+        start_k, start_v = keys[..., :n_starting, :], values[..., :n_starting, :]
+        return cls(rotated, values, 0, 0, start_k, start_v, recent_raw_k=keys)

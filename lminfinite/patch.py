@@ -119,7 +119,7 @@ def key_context(state: InfiniteState, layer_idx: int, key, value, cache) -> KeyC
             )
         layer = cache.layers[layer_idx]
         ctx, layer.context = layer.context, None
-        if state.config.uses_topk(layer_idx) and layer.middle is None and ctx.recent_start > 0:
+        if state.config.uses_topk(layer_idx) and layer.middle is None and layer.win_start > state.config.n_starting:
             raise ValueError(
                 "top-k recall is on but this InfiniteCache keeps no middle tokens: create it with "
                 "InfiniteCache(model, keep_middle=True)"
@@ -131,7 +131,7 @@ def key_context(state: InfiniteState, layer_idx: int, key, value, cache) -> KeyC
         raise TypeError(
             f"LM-Infinite attention works with no cache, a DynamicCache or an InfiniteCache, not {type(cache).__name__}"
         )
-    return KeyContext.full_sequence(key, value, state.config.n_starting)
+    return KeyContext.full_sequence(key, value, state.config.n_starting, state.rope)
 
 
 def lminfinite_attention_forward(

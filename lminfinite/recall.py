@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .context import KeyContext
+from .rotary import Rope
 
 # Elements of one (queries × candidates) score chunk; bounds the scan's working memory.
 SCAN_BUDGET = 1 << 24
@@ -32,6 +33,7 @@ def recall_topk(
     q_scored: torch.Tensor,
     query_pos: torch.Tensor,
     ctx: KeyContext,
+    rope: Rope,
     *,
     k: int,
     n_starting: int,
@@ -77,7 +79,7 @@ def recall_topk(
         q_pos_rows = query_pos.repeat(groups)[:, None]  # (g·nb, 1), row r is query r % nb
         for lo in range(first, last + 1, chunk):
             hi = min(lo + chunk, last + 1)
-            keys = ctx.recent_k[..., lo - ctx.recent_start : hi - ctx.recent_start, :]
+            keys = ctx.raw_recent(lo, hi, rope)
             logits = (flat_q @ keys.transpose(-1, -2)).float() * scale
             key_pos = torch.arange(lo, hi, device=flat_q.device)
             is_middle = (q_pos_rows - key_pos[None, :]) >= window

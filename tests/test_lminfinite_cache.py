@@ -20,9 +20,9 @@ def test_memory_is_constant_in_context_length(model):
     feed_in_chunks(model, random_ids(64 * WINDOW), 37, long)
     assert long.get_seq_length() == 64 * WINDOW
     assert long.memory() == short.memory()
-    # n_starting + window - 1 rows between calls; the token being computed completes the window.
+    # A ring of n_starting + window rows per layer, plus the unrotated start keys.
     row_bytes = 2 * 3 * model.config.num_key_value_heads * (64 // 4) * 4  # k+v, layers, kv heads, head_dim, fp32
-    assert long.memory() == {"starting": N_STARTING * row_bytes, "window": (WINDOW - 1) * row_bytes, "middle": 0}
+    assert long.memory() == {"starting": 2 * N_STARTING * row_bytes, "window": WINDOW * row_bytes, "middle": 0}
 
 
 def test_topk_middle_store_keeps_each_evicted_token_once():
@@ -38,9 +38,11 @@ def test_topk_middle_store_keeps_each_evicted_token_once():
 
 def _shift_positions(cache, delta):
     """Pretend `delta` more tokens were seen between the start tokens and the window (a 10^9-token context)."""
+    assert delta % WINDOW == 0  # ring slots are position % window
     for layer in cache.layers:
         layer.seen += delta
         layer.win_start += delta
+        layer.frame += delta
 
 
 @pytest.mark.parametrize("offset", [10**4, 10**9])

@@ -1,0 +1,84 @@
+"""Long PDFs, code repositories and text -> one context with provenance.
+
+No Gradio or torch dependency; PyMuPDF runs only in a worker process.
+
+Public API
+----------
+ingest(sources, *, tokenizer=None, password=None, limits=IngestLimits(),
+       progress=None, cancel=None, chunk_tokens=512, allow_urls=True) -> Corpus
+    sources: one or a list of str/Path: files (PDF, text, Markdown, code),
+    folders (read as repositories), .zip archives (read as repositories,
+    never extracted to disk) and https:// git URLs (shallow clone; other
+    schemes are refused, an unreachable host fails within dns_timeout_s).
+    password: str for every encrypted PDF, or {path: password} keyed by the
+    path given, the display path, or the file name.
+    limits: IngestLimits (None also means the defaults).
+    progress: called with a ProgressEvent after each listing, page, file and
+    chunked document.
+    cancel: any object with is_set() (threading.Event); checked between
+    files, pages and chunks.  Cancelling RAISES IngestCancelled, whose
+    .reports holds the reports finished so far; no partial Corpus.
+    chunk_tokens: target chunk size, measured with the tokenizer.
+
+Corpus
+    .reports  list[FileReport], one per input file INCLUDING skipped ones
+              (a pruned folder such as node_modules/ or a refused archive/URL
+              is one report).  FileReport: path, status ('ingested' |
+              'partial' | 'skipped' | 'error'), reason (sentence; '' when
+              fine, may carry a note such as a detected encoding), pages,
+              chars, tokens, bytes, language.
+    .chunks   list[Chunk] in context order: text, source, page (1-based or
+              None), page_label, line_start/line_end (1-based for text/code,
+              else None), char_start/char_end (into .text), tokens,
+              token_start/token_end (cumulative), index, language.
+    .text     == ''.join(c.text for c in chunks); headers are part of the
+              first chunk of each file ('### src/app.py (python)' for code,
+              '### paper.pdf' for prose) and page ('--- page 12 ---', or
+              '--- page 12 (xii) ---' when the page label differs).
+    .n_tokens sum of chunk tokens (chunks are tokenised one by one, as the
+              app feeds them).  .tokens_exact: False when estimated.
+    .locate(char_offset) -> Provenance(source, page, page_label, line, chunk)
+    .locate_token(token_index) -> Provenance of the chunk whose cumulative
+              token range holds the index (line = chunk's first line).
+    .chunks_of(source), .totals(), .estimate_kv_bytes(**model_dims)
+
+Chunks never span files or pages: a file is split into sections (a PDF page,
+or a whole text file) and each section is split by langchain's
+RecursiveCharacterTextSplitter (from_language for code) into chunks of about
+chunk_tokens tokens.  Chunk boundaries tile the text exactly (no overlap).
+
+Tokens: `tokenizer` is anything with encode(text, add_special_tokens=False)
+-> list[int] (a Hugging Face tokenizer).  Without one, counts come from
+estimate_tokens(), a regex heuristic shaped after Llama's tokenizer (ASCII
+words ~1 token + 1 per 4 letters beyond 4; digits, punctuation, newlines,
+non-ASCII characters and indentation runs 1 each), typically within 25%.
+
+estimate_kv_bytes(n_tokens, *, num_layers, num_kv_heads, head_dim,
+                  dtype_bytes=2, window=None, n_starting=10, topk=0) -> dict
+    full (vanilla) vs LM-Infinite bounded cache (starting + window tokens per
+    layer; plus a middle store of all tokens when topk > 0).
+    kv_dims_from_config(hf_config) gives the three model dimensions.
+
+Command line: python -m ingest PATH... [--password P] [--json]
+    [--chunk-tokens N] [--tokenizer NAME] [--no-urls]
+
+Processes: PDFs are extracted in one shared 'spawn' worker process (killed
+and restarted on timeout or crash; requests serialised by a lock), so the
+app's entry script must guard start-up with `if __name__ == "__main__":`.
+shutdown_pdf_worker() stops it early.
+"""
+
+from .corpus import Chunk, Corpus
+from .kv_memory import estimate_kv_bytes, kv_dims_from_config
+from .limits import IngestLimits
+from .pdf import shutdown_pdf_worker
+from .pipeline import ingest
+from .report import format_table, to_json
+from .results import FileReport, IngestCancelled, ProgressEvent, Provenance
+from .tokens import TokenCounter, estimate_tokens
+
+__all__ = [
+    "Chunk", "Corpus", "FileReport", "IngestCancelled", "IngestLimits", "ProgressEvent", "Provenance",
+    "TokenCounter", "estimate_kv_bytes", "estimate_tokens", "format_table", "ingest", "kv_dims_from_config",
+    "shutdown_pdf_worker", "to_json",
+]

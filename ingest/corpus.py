@@ -1,0 +1,151 @@
+"""The ingested context: ordered chunks, their provenance and offset lookups.
+
+Corpus.text is exactly the concatenation of chunk texts (headers included),
+so a character offset in the text, or a token index in the chunk-by-chunk
+prefill, maps back to one chunk and from there to file, page and line.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from .chunking import Splitter
+from .documents import Document, file_header
+from .kv_memory import estimate_kv_bytes
+from .results import ERROR, INGESTED, PARTIAL, SKIPPED, FileReport, IngestCancelled, Provenance
+from .tokens import TokenCounter
+
+
+@dataclass
+class Chunk:
+    """One prefill unit and citation anchor."""
+
+    text: str  # header (if first of its file/page) + content
+    source: str  # display path
+    page: int | None  # 1-based PDF page, else None
+    page_label: str | None
+    line_start: int | None  # 1-based, text/code only
+    line_end: int | None
+    char_start: int  # offsets into Corpus.text
+    char_end: int
+    tokens: int  # tokens of `text` alone (the app feeds chunks one by one)
+    token_start: int = 0  # cumulative token range of this chunk
+    token_end: int = 0
+    index: int = 0
+    language: str = ""
+    header_chars: int = 0  # len of the header prefix of `text`
+
+
+@dataclass
+class Corpus:
+    """Result of ingest(): reports for every file, chunks in context order."""
+
+    reports: list[FileReport] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list, repr=False)
+    text: str = field(default="", repr=False)
+    n_tokens: int = 0
+    tokens_exact: bool = False  # True when counted with the model's tokenizer
+
+    def __post_init__(self) -> None:
+        self._char_starts = [c.char_start for c in self.chunks]
+        self._token_starts = [c.token_start for c in self.chunks]
+
+    def _chunk_at(self, starts: list[int], value: int, end: int, what: str) -> Chunk:
+        if not 0 <= value < end:
+            raise IndexError(f"{what} {value} is outside the context (0..{end - 1})")
+        return self.chunks[bisect.bisect_right(starts, value) - 1]
+
+    def locate(self, char_offset: int) -> Provenance:
+        """File, page and line of the character at `char_offset` of `text`."""
+        chunk = self._chunk_at(self._char_starts, char_offset, len(self.text), "character offset")
+        line = None
+        if chunk.line_start is not None:
+            inner = char_offset - chunk.char_start
+            line = chunk.line_start + (chunk.text.count("\n", chunk.header_chars, inner)
+                                       if inner > chunk.header_chars else 0)
+        return Provenance(source=chunk.source, page=chunk.page, page_label=chunk.page_label, line=line,
+                          chunk=chunk.index)
+
+    def locate_token(self, token_index: int) -> Provenance:
+        """Provenance of the chunk whose cumulative token range holds `token_index`.
+
+        Exact when the corpus was built with the model's tokenizer; with the
+        estimate (tokens_exact False) it is only as good as the estimate.  The
+        line is the chunk's first line: token -> character is not tracked.
+        """
+        chunk = self._chunk_at(self._token_starts, token_index, self.n_tokens, "token index")
+        return Provenance(source=chunk.source, page=chunk.page, page_label=chunk.page_label,
+                          line=chunk.line_start, chunk=chunk.index)
+
+    def chunks_of(self, source: str) -> list[Chunk]:
+        """Chunks of one file, in order."""
+        return [c for c in self.chunks if c.source == source]
+
+    def estimate_kv_bytes(self, **model_dims) -> dict:
+        """estimate_kv_bytes(self.n_tokens, **model_dims) (see ingest.kv_memory)."""
+        return estimate_kv_bytes(self.n_tokens, **model_dims)
+
+    def totals(self) -> dict:
+        """Counts for a summary line: files per status, pages, chars, tokens, chunks."""
+        by_status = {s: sum(1 for r in self.reports if r.status == s) for s in (INGESTED, PARTIAL, SKIPPED, ERROR)}
+        return {
+            "files": len(self.reports),
+            **by_status,
+            "pages": sum(r.pages for r in self.reports if r.status in (INGESTED, PARTIAL)),
+            "chars": len(self.text),
+            "tokens": self.n_tokens,
+            "tokens_exact": self.tokens_exact,
+            "chunks": len(self.chunks),
+            "bytes": sum(r.bytes for r in self.reports if r.status in (INGESTED, PARTIAL)),
+        }
+
+
+class CorpusBuilder:
+    """Appends documents as chunks with running character and token offsets."""
+
+    def __init__(self, counter: TokenCounter, chunk_tokens: int) -> None:
+        self.counter = counter
+        self.splitter = Splitter(chunk_tokens, counter)
+        self.chunks: list[Chunk] = []
+        self._parts: list[str] = []
+        self._chars = 0
+        self._tokens = 0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens appended so far."""
+        return self._tokens
+
+    def add(self, doc: Document, cancel=None) -> list[Chunk]:
+        """Chunk `doc` and append it; returns its chunks."""
+        added: list[Chunk] = []
+        doc_header = file_header(doc.path, doc.language, first=not self.chunks)
+        for s_index, section in enumerate(doc.sections):
+            section_header = (doc_header if s_index == 0 else "") + section.header
+            for c_index, (a, b) in enumerate(self.splitter.spans(section.text, doc.language)):
+                if cancel is not None and cancel.is_set():
+                    raise IngestCancelled()
+                header = section_header if c_index == 0 else ""
+                body = section.text[a:b]
+                text = header + body
+                line_start = line_end = None
+                if section.line_start is not None:
+                    line_start = section.line_start + section.text.count("\n", 0, a)
+                    line_end = line_start + body.rstrip("\n").count("\n")
+                tokens = self.counter(text)
+                chunk = Chunk(text=text, source=doc.path, page=section.page, page_label=section.page_label,
+                              line_start=line_start, line_end=line_end, char_start=self._chars,
+                              char_end=self._chars + len(text), tokens=tokens, token_start=self._tokens,
+                              token_end=self._tokens + tokens, index=len(self.chunks), language=doc.language,
+                              header_chars=len(header))
+                self.chunks.append(chunk)
+                self._parts.append(text)
+                self._chars += len(text)
+                self._tokens += tokens
+                added.append(chunk)
+        return added
+
+    def build(self, reports: list[FileReport]) -> Corpus:
+        return Corpus(reports=reports, chunks=self.chunks, text="".join(self._parts), n_tokens=self._tokens,
+                      tokens_exact=self.counter.exact)

@@ -1,0 +1,69 @@
+"""Resource limits for ingestion.
+
+Every limit exists because a real or hostile upload can otherwise exhaust the
+server: one huge file, a zip bomb, a repository with a million files, a PDF
+that makes MuPDF spin forever.  Defaults suit a single-user chat app; the app
+may tighten them per request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+@dataclass(frozen=True)
+class IngestLimits:
+    """Upper bounds applied while reading sources (all sizes in bytes)."""
+
+    # Text and code files larger than this are skipped (not truncated).
+    max_file_bytes: int = 10 * MiB
+    # PDFs are bigger per token than text, so they get their own bound.
+    max_pdf_bytes: int = 256 * MiB
+    # Total bytes read or decompressed across one ingest() call.
+    max_total_bytes: int = 1 * GiB
+    # Files read across one ingest() call; also the most entries a zip may list
+    # and the most files listed from one folder.
+    max_files: int = 10_000
+    # Zip entries expanding more than this (uncompressed / compressed) are
+    # treated as bombs, once they are at least zip_ratio_min_bytes large.
+    max_zip_ratio: float = 100.0
+    zip_ratio_min_bytes: int = 64 * KiB
+    # Characters of extracted text across one ingest() call (~4 characters a
+    # token): a small hostile PDF can otherwise expand into gigabytes of text.
+    max_total_chars: int = 64_000_000
+    # Lines longer than this are cut (minified code, base64 blobs, data dumps).
+    max_line_chars: int = 10_000
+    # Folder walks stop descending below this depth (symlink-free loops, junk).
+    max_depth: int = 48
+    # PDF extraction runs in a worker process killed after this many seconds.
+    pdf_timeout_s: float = 120.0
+    # Pages beyond this are not read.
+    max_pdf_pages: int = 10_000
+    # Address-space cap of the PDF worker process (0 disables the cap).
+    pdf_worker_memory_bytes: int = 4 * GiB
+    # git clone of an https URL: wall-clock and on-disk bounds.
+    clone_timeout_s: float = 60.0
+    max_clone_bytes: int = 500 * MiB
+    # Host name resolution before cloning; fails fast when offline.
+    dns_timeout_s: float = 3.0
+
+    def __post_init__(self) -> None:
+        for name, value in self.__dict__.items():
+            if value < 0:
+                raise ValueError(f"IngestLimits.{name} must be >= 0, got {value!r}")
+        if self.max_zip_ratio < 1:
+            raise ValueError("IngestLimits.max_zip_ratio must be >= 1")
+
+
+def human_bytes(n: int | float) -> str:
+    """Short human size such as '12.3 MB' for report sentences."""
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(value) < 1024 or unit == "TB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TB"  # pragma: no cover - loop always returns

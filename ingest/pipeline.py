@@ -1,0 +1,321 @@
+"""ingest(): sources -> listings -> per-file extraction -> chunked Corpus.
+
+One pass over every source in the order given.  Each file gets exactly one
+FileReport whatever happens to it; a failure in one file never stops the
+others.  Limits (files, bytes) are global to the call; identical content is
+kept once.  Cancel is checked between files, pages and chunks and raises
+IngestCancelled (carrying the reports so far).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Iterable, Mapping, Union
+
+from .archive import list_zip
+from .corpus import Corpus, CorpusBuilder
+from .documents import Document, Section, page_header
+from .entries import FileEntry, Listing
+from .filters import ARCHIVE_EXTENSIONS, BINARY_EXTENSIONS
+from .git_url import CloneRefused, check_https_url, clone_https, looks_like_url, repo_name
+from .languages import language_for, language_from_shebang
+from .limits import IngestLimits, human_bytes
+from .pdf import PdfExtraction, PdfPage, extract_pdf
+from .repo import disk_reader, walk_folder
+from .results import ERROR, INGESTED, PARTIAL, SKIPPED, FileReport, IngestCancelled, ProgressEvent
+from .sniff import archive_format, content_kind
+from .text import decode_text
+from .tokens import TokenCounter
+
+Source = Union[str, "os.PathLike[str]"]
+Passwords = Union[str, Mapping[str, str], None]
+
+
+class _Run:
+    """State of one ingest() call."""
+
+    def __init__(self, *, tokenizer: Any, password: Passwords, limits: IngestLimits,
+                 progress: Callable[[ProgressEvent], None] | None, cancel: Any, chunk_tokens: int,
+                 allow_urls: bool) -> None:
+        self.limits = limits
+        self.password = password
+        self.progress = progress
+        self.cancel = cancel
+        self.allow_urls = allow_urls
+        self.builder = CorpusBuilder(TokenCounter(tokenizer), chunk_tokens)
+        self.reports: list[FileReport] = []
+        self.seen: dict[str, str] = {}  # sha256 -> display path of first copy
+        self.used_paths: set[str] = set()
+        self.files_total = self.files_done = self.files_read = 0
+        self.pages_done = self.bytes_read = self.chars_total = 0
+        self.current = ""
+        self._pdf_chars = 0  # characters of the PDF being extracted
+
+    # -- progress and cancel -------------------------------------------------------------
+    def check_cancel(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise IngestCancelled(self.reports)
+
+    def emit(self, stage: str) -> None:
+        if self.progress is None:
+            return
+        self.progress(ProgressEvent(stage=stage, path=self.current, files_done=self.files_done,
+                                    files_total=self.files_total, pages_done=self.pages_done,
+                                    bytes_done=self.bytes_read, chunks_done=len(self.builder.chunks),
+                                    tokens_done=self.builder.tokens))
+
+    # -- sources -------------------------------------------------------------------------
+    def list_source(self, source: Source, multi: bool) -> Listing:
+        text = os.fspath(source)
+        if isinstance(source, str) and looks_like_url(text):
+            return self.list_url(text, multi)
+        path = Path(text).expanduser()
+        name = path.name or path.resolve().name or text
+        if not os.path.lexists(path):
+            return Listing(items=[FileReport(path=text, status=ERROR, reason="not found")])
+        if path.is_dir():
+            return walk_folder(path, self.limits, prefix=f"{name}/" if multi else "")
+        if path.suffix.lower() == ".zip":
+            stem = path.name[:-4] or name
+            return list_zip(path, self.limits, prefix=f"{stem}/" if multi else "", display=name)
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            return Listing(items=[FileReport(path=name, status=ERROR, reason=f"cannot read: {exc.strerror}")])
+        return Listing(items=[FileEntry(path=name, rel=name, size=size, read=disk_reader(str(path)),
+                                        explicit=True, origin=text)])
+
+    def list_url(self, url: str, multi: bool) -> Listing:
+        if not self.allow_urls:
+            return Listing(items=[FileReport(path=url, status=SKIPPED, reason="URL sources are disabled")])
+        try:
+            check_https_url(url)
+        except CloneRefused as exc:
+            return Listing(items=[FileReport(path=url, status=SKIPPED, reason=str(exc))])
+        workdir = tempfile.mkdtemp(prefix="ingest-clone-")
+        dest = os.path.join(workdir, repo_name(url))
+        try:
+            clone_https(url, dest, self.limits, cancel=self.cancel)
+        except IngestCancelled:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise IngestCancelled(self.reports) from None
+        except CloneRefused as exc:
+            shutil.rmtree(workdir, ignore_errors=True)
+            return Listing(items=[FileReport(path=url, status=ERROR, reason=str(exc))])
+        listing = walk_folder(Path(dest), self.limits, prefix=f"{repo_name(url)}/" if multi else "")
+        listing.cleanups.append(lambda: shutil.rmtree(workdir, ignore_errors=True))
+        return listing
+
+    def run(self, sources: list[Source]) -> Corpus:
+        multi = len(sources) > 1
+        for source in sources:
+            self.check_cancel()
+            self.current = os.fspath(source)
+            try:
+                listing = self.list_source(source, multi)
+            except IngestCancelled:
+                raise
+            except Exception as exc:  # noqa: BLE001 - an unlistable source is one error report
+                listing = Listing(items=[FileReport(path=self.current, status=ERROR,
+                                                    reason=f"cannot list: {type(exc).__name__}: {exc}")])
+            try:
+                self.files_total += len(listing.items)
+                self.emit("listing")
+                for item in listing.items:
+                    self.check_cancel()
+                    self.current = item.path
+                    report = item if isinstance(item, FileReport) else self.read_entry(item)
+                    self.reports.append(report)
+                    self.files_done += 1
+                    self.emit("file")
+            finally:
+                listing.close()
+        self.emit("done")
+        return self.builder.build(self.reports)
+
+    # -- one file ------------------------------------------------------------------------
+    def unique_path(self, path: str) -> str:
+        candidate, n = path, 1
+        while candidate in self.used_paths:
+            n += 1
+            candidate = f"{path} ({n})"
+        self.used_paths.add(candidate)
+        return candidate
+
+    def read_entry(self, entry: FileEntry) -> FileReport:
+        entry.path = self.unique_path(entry.path)
+        language = language_for(entry.rel)
+        report = FileReport(path=entry.path, status=SKIPPED, bytes=entry.size, language=language)
+        try:
+            self.read_into(entry, report)
+        except IngestCancelled:
+            raise IngestCancelled(self.reports) from None
+        except Exception as exc:  # noqa: BLE001 - one bad file must not stop the others
+            report.status, report.reason = ERROR, f"unexpected error: {type(exc).__name__}: {exc}"
+        return report
+
+    def read_into(self, entry: FileEntry, report: FileReport) -> None:
+        limits = self.limits
+        suffix = PurePosixPath(entry.rel).suffix.lower()
+        if entry.explicit and suffix in BINARY_EXTENSIONS:
+            report.reason = f"binary file ({suffix})"
+            return
+        if entry.explicit and suffix in ARCHIVE_EXTENSIONS:
+            report.reason = f"unsupported archive format ({suffix}); upload repositories as .zip"
+            return
+        if self.files_read >= limits.max_files:
+            report.reason = f"file limit reached ({limits.max_files} files)"
+            return
+        cap = limits.max_pdf_bytes if suffix == ".pdf" else limits.max_file_bytes
+        if entry.size > cap:
+            report.reason = f"file is {human_bytes(entry.size)}, over the {human_bytes(cap)} limit"
+            return
+        if self.bytes_read + entry.size > limits.max_total_bytes:
+            report.reason = f"total input limit of {human_bytes(limits.max_total_bytes)} reached"
+            return
+        try:
+            data = entry.read(cap + 1)
+        except Exception as exc:  # noqa: BLE001 - OSError, BadZipFile, zlib.error, ...
+            report.status, report.reason = ERROR, f"cannot read: {exc}"
+            return
+        self.files_read += 1
+        self.bytes_read += len(data)
+        report.bytes = len(data)
+        if len(data) > cap:
+            report.reason = f"file is larger than the {human_bytes(cap)} limit"
+            return
+        if not data:
+            report.reason = "empty file"
+            return
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in self.seen:
+            report.reason = f"duplicate of {self.seen[digest]}"
+            return
+        self.seen[digest] = entry.path
+        kind = content_kind(data, entry.rel)
+        if kind == "archive":
+            where = "" if entry.explicit else " inside a repository or archive"
+            report.reason = f"{archive_format(data)} archive{where} (not opened)"
+        elif kind == "binary":
+            report.reason = "binary file"
+        elif kind == "pdf":
+            self.read_pdf(entry, data, report)
+        else:
+            self.read_text(entry, data, report)
+
+    def chars_limit_reason(self, more: int) -> str | None:
+        if self.chars_total + more > self.limits.max_total_chars:
+            return f"context size limit of {self.limits.max_total_chars:,} characters reached"
+        return None
+
+    def add_document(self, doc: Document, report: FileReport) -> None:
+        self.chars_total += doc.chars
+        chunks = self.builder.add(doc, cancel=self.cancel)
+        report.chars = doc.chars
+        report.tokens = sum(c.tokens for c in chunks)
+        self.emit("chunks")
+
+    def read_text(self, entry: FileEntry, data: bytes, report: FileReport) -> None:
+        decoded = decode_text(data, max_line_chars=self.limits.max_line_chars)
+        if not decoded.text.strip():
+            report.reason = "empty file (whitespace only)"
+            return
+        text = decoded.text if decoded.text.endswith("\n") else decoded.text + "\n"
+        if (reason := self.chars_limit_reason(len(text))) is not None:
+            report.reason = reason
+            return
+        if report.language == "text":
+            report.language = language_from_shebang(text)
+        report.status = PARTIAL if decoded.lossy else INGESTED
+        report.reason = "; ".join(decoded.notes)
+        self.add_document(Document(entry.path, report.language, [Section(text=text, line_start=1)]), report)
+
+    # -- PDFs ----------------------------------------------------------------------------
+    def password_for(self, entry: FileEntry) -> str | None:
+        if self.password is None or isinstance(self.password, str):
+            return self.password
+        for key in (entry.origin, entry.path, entry.rel, PurePosixPath(entry.rel).name):
+            if key and key in self.password:
+                return self.password[key]
+        return None
+
+    def on_page(self, page: PdfPage) -> str | None:
+        self.pages_done += 1
+        self._pdf_chars += len(page.text)
+        self.emit("page")
+        return self.chars_limit_reason(self._pdf_chars)
+
+    def read_pdf(self, entry: FileEntry, data: bytes, report: FileReport) -> None:
+        limits = self.limits
+        report.language = "pdf"
+        self._pdf_chars = 0
+        result = extract_pdf(data, self.password_for(entry), timeout_s=limits.pdf_timeout_s,
+                             memory_limit=limits.pdf_worker_memory_bytes, max_pages=limits.max_pdf_pages,
+                             cancel=self.cancel, on_page=self.on_page)
+        report.pages = result.page_count
+        status, reason = pdf_outcome(result, limits.max_pdf_pages)
+        report.status, report.reason = status, reason
+        if status not in (INGESTED, PARTIAL):
+            return
+        doc = Document(entry.path, "pdf")
+        for page in sorted(result.pages, key=lambda p: p.index):
+            if page.text.strip():
+                number = page.index + 1
+                doc.sections.append(Section(text=page.text.rstrip("\n") + "\n",
+                                            header=page_header(number, page.label, first=not doc.sections),
+                                            page=number, page_label=page.label or None))
+        self.add_document(doc, report)
+
+
+def pdf_outcome(result: PdfExtraction, max_pages: int) -> tuple[str, str]:
+    """(status, reason) for a PDF from what the worker reported."""
+    if result.failure == "corrupt":
+        return ERROR, f"not a readable PDF ({result.message})"
+    if result.failure == "needs_password":
+        return SKIPPED, "encrypted PDF: a password is needed"
+    if result.failure == "wrong_password":
+        return SKIPPED, "encrypted PDF: the password is wrong"
+    total = result.page_count
+    target = min(total, max_pages)
+    with_text = sum(1 for p in result.pages if p.text.strip())
+    scanned = sum(1 for p in result.pages if not p.text.strip() and p.has_images)
+    unreadable = len(result.page_errors)
+    not_reached = max(0, target - len(result.pages) - unreadable)
+    notes: list[str] = []
+    if result.failure in ("timeout", "crash", "stopped"):
+        notes.append(f"{result.message}; {not_reached} of {total} pages not read")
+    if result.repaired:
+        lost = unreadable + not_reached
+        notes.append(f"damaged file repaired by MuPDF; {lost} of {total} pages lost" if unreadable
+                     else "damaged file repaired by MuPDF")
+    elif unreadable:
+        notes.append(f"{unreadable} of {total} pages could not be read")
+    if total > target:
+        notes.append(f"only the first {target} of {total} pages read (page limit)")
+    if scanned:
+        notes.append(f"{scanned} of {total} pages have no text layer (scanned images; OCR is not enabled)")
+    if with_text == 0:
+        if result.failure in ("timeout", "crash"):
+            return ERROR, "; ".join(notes)
+        if result.failure == "stopped":
+            return SKIPPED, "; ".join(notes)
+        if scanned and scanned == len(result.pages):
+            return SKIPPED, f"scanned PDF without a text layer ({scanned} pages of images); OCR is not enabled"
+        return SKIPPED, "; ".join(["PDF has no extractable text"] + notes)
+    lossy = result.failure or unreadable or not_reached or total > target or scanned
+    return (PARTIAL if lossy else INGESTED), "; ".join(notes)
+
+
+def ingest(sources: Iterable[Source] | Source, *, tokenizer: Any = None, password: Passwords = None,
+           limits: IngestLimits | None = IngestLimits(), progress: Callable[[ProgressEvent], None] | None = None,
+           cancel: Any = None, chunk_tokens: int = 512, allow_urls: bool = True) -> Corpus:
+    """Read files, folders, .zip archives and https git URLs into one Corpus (see package docs)."""
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    run = _Run(tokenizer=tokenizer, password=password, limits=limits or IngestLimits(), progress=progress,
+               cancel=cancel, chunk_tokens=chunk_tokens, allow_urls=allow_urls)
+    return run.run(list(sources))

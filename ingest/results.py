@@ -1,0 +1,88 @@
+"""Plain records shared by the ingest modules and the app.
+
+They carry no behaviour beyond small helpers so that the app can serialise
+them (dataclasses.asdict) and show them without importing PyMuPDF.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INGESTED = "ingested"  # fully read
+PARTIAL = "partial"  # read, but something was lost (pages, lines, bytes)
+SKIPPED = "skipped"  # deliberately not read (policy, limit, duplicate, password)
+ERROR = "error"  # tried and failed (corrupt, timeout, unreachable)
+STATUSES = (INGESTED, PARTIAL, SKIPPED, ERROR)
+
+
+@dataclass
+class FileReport:
+    """What happened to one input file (or skipped folder / refused source)."""
+
+    path: str
+    status: str
+    reason: str = ""
+    pages: int = 0
+    chars: int = 0
+    tokens: int = 0
+    bytes: int = 0
+    language: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
+
+    @property
+    def ok(self) -> bool:
+        """True when at least part of the file is in the context."""
+        return self.status in (INGESTED, PARTIAL)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a character or token of the context came from."""
+
+    source: str
+    page: int | None
+    page_label: str | None
+    line: int | None
+    chunk: int
+
+    def cite(self) -> str:
+        """Compact citation such as 'paper.pdf p. 12 (xii)' or 'src/app.py:40'."""
+        if self.page is not None:
+            label = f" ({self.page_label})" if self.page_label and self.page_label != str(self.page) else ""
+            return f"{self.source} p. {self.page}{label}"
+        if self.line is not None:
+            return f"{self.source}:{self.line}"
+        return self.source
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """Snapshot passed to the progress callback after each unit of work.
+
+    stage is one of 'listing', 'file', 'page', 'chunks', 'done'.  files_total
+    grows while sources are listed (a zip or folder reveals its files late).
+    """
+
+    stage: str
+    path: str
+    files_done: int
+    files_total: int
+    pages_done: int
+    bytes_done: int
+    chunks_done: int
+    tokens_done: int
+
+
+class IngestCancelled(Exception):
+    """Raised by ingest() when the cancel flag is set.
+
+    `reports` holds the reports of files finished before the cancel, so the
+    UI can still say how far it got.
+    """
+
+    def __init__(self, reports: list[FileReport] | None = None) -> None:
+        super().__init__("ingestion cancelled")
+        self.reports = list(reports or [])
