@@ -38,7 +38,9 @@ class InfiniteState:
     previous_attention: str
     hooks: list = field(default_factory=list)
     observers: list = field(default_factory=list)
-    block_size: int | None = None  # None: sized from a memory budget (kernel.BLOCK_BUDGET)
+    block_size: int | None = None  # None: kernel.default_block_size(window)
+    reference_variant: str = "lminfinite"  # read by lminfinite.reference only
+    reference_dtype: torch.dtype = torch.float64
 
     def notify(self, layer_idx, query_pos, positions, weights) -> None:
         for observer in list(self.observers):

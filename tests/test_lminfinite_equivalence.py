@@ -126,3 +126,15 @@ def test_reference_differs_from_vanilla_beyond_window():
     expected = ReferenceModel(lminfinite.enable(model), lminfinite.LMInfiniteConfig(n_starting=4)).logits(ids)
     assert (vanilla[:, :WINDOW] - expected[:, :WINDOW]).abs().max() < 1e-4
     assert (vanilla[:, 2 * WINDOW :] - expected[:, 2 * WINDOW :]).abs().max() > 1e-2
+
+
+def test_ablations_differ_where_the_paper_says():
+    """Λ-only keeps true (unseen) distances to the start; ceiling-only keeps every token: both differ from LM-Infinite."""
+    model = tiny_model("llama-mha")
+    config = lminfinite.LMInfiniteConfig(n_starting=4)
+    ids = random_ids(4 * WINDOW)
+    full = ReferenceModel(model, config).logits(ids)
+    for variant in ("lambda_only", "ceiling_only"):
+        ablated = ReferenceModel(model, config, variant=variant).logits(ids)
+        assert (ablated[:, :WINDOW] - full[:, :WINDOW]).abs().max() < 1e-9  # identical inside the window
+        assert (ablated[:, 2 * WINDOW :] - full[:, 2 * WINDOW :]).abs().max() > 1e-3

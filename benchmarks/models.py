@@ -1,0 +1,42 @@
+"""Models for the benchmarks: a random Llama shaped like the real thing, or any checkpoint."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+
+# Llama-2-7B's shape; with random weights it costs exactly what the real weights cost.
+LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                 num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096)
+
+
+def cpu_default_shape(window: int) -> dict:
+    """Hidden size equal to L: attention is the same share of the work as Llama-2-7B's at L = 4096."""
+    return dict(hidden_size=window, intermediate_size=int(window * 11008 / 4096), num_hidden_layers=8,
+                num_attention_heads=window // 64, num_key_value_heads=window // 64, vocab_size=32000,
+                max_position_embeddings=window)
+
+
+def build_model(spec: str, *, window: int, device: str, dtype: torch.dtype, load_in_4bit: bool = False):
+    """``random`` (CPU default shape), ``random-7b`` (Llama-2-7B shape) or a checkpoint path / hub id."""
+    quantization = None
+    if load_in_4bit:
+        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                          bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)
+    if spec in ("random", "random-7b"):
+        shape = cpu_default_shape(window) if spec == "random" else LLAMA2_7B
+        config = LlamaConfig(**shape, attn_implementation="sdpa")
+        torch.manual_seed(0)
+        if quantization is None:
+            with torch.device(device):
+                return LlamaForCausalLM(config).to(dtype).eval()
+        # bitsandbytes quantizes on load: save a random checkpoint once, then load it quantized.
+        import tempfile
+
+        path = tempfile.mkdtemp(prefix="random-llama-")
+        with torch.device("cpu"):
+            LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+        spec = path
+    return AutoModelForCausalLM.from_pretrained(
+        spec, dtype=dtype, device_map=device, quantization_config=quantization, attn_implementation="sdpa"
+    ).eval()

@@ -1,0 +1,136 @@
+"""Speed and memory, side by side in one run: vanilla transformers, truncation to the last L tokens,
+LM-Infinite, and LM-Infinite + top-k, at contexts L, 2L, 4L ... (paper App. F; issue targets in README).
+
+    python -m benchmarks.speed                       # CPU: random Llama with d = L = 512, 8 layers
+    python -m benchmarks.speed --model random-7b --device cuda --load-in-4bit --window 4096 --max-context 131072
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing
+import platform
+from pathlib import Path
+
+import torch
+
+from benchmarks import measure
+from benchmarks.report import markdown_table, mib, splice_readme
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="random", help="random | random-7b | a checkpoint path or hub id")
+    p.add_argument("--window", type=int, default=512, help="L: the (random) model's max_position_embeddings")
+    p.add_argument("--max-context", type=int, default=None, help="largest context (default 64·L)")
+    p.add_argument("--methods", default=",".join(measure.METHODS))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 on CUDA by default")
+    p.add_argument("--load-in-4bit", action="store_true")
+    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--prefill-chunk", type=int, default=None, help="LM-Infinite prefill chunk (default 4·L)")
+    p.add_argument("--n-starting", type=int, default=10)
+    p.add_argument("--topk", type=int, default=5)
+    p.add_argument("--vanilla-budget-s", type=float, default=240.0,
+                   help="skip vanilla/truncation once a prefill is predicted to take longer than this")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--tag", default=None, help="results file stem (default speed_<device>)")
+    p.add_argument("--readme", action="store_true", help="write the summary table into README.md")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    contexts, n = [], args.window
+    while n <= (args.max_context or 64 * args.window):
+        contexts.append(n)
+        n *= 2
+    methods = [m for m in args.methods.split(",") if m]
+    results, too_slow = [], set()
+    context_ = multiprocessing.get_context("spawn")
+    for context in contexts:  # methods interleaved per context: ratios come from the same conditions
+        for method in methods:
+            if method in too_slow:
+                results.append(measure.Measurement(method, context, 0, 0, 0, 0, 0, error="too slow").__dict__)
+                continue
+            job = dict(method=method, context=context, model_spec=args.model, window=args.window,
+                       device=args.device, dtype=dtype, load_in_4bit=args.load_in_4bit,
+                       decode_tokens=args.decode_tokens, prefill_chunk=args.prefill_chunk or 4 * args.window,
+                       n_starting=args.n_starting, topk=args.topk, threads=args.threads)
+            with context_.Pool(1) as pool:
+                row = pool.apply(measure.run, (job,))
+            results.append(row)
+            print(json.dumps(row), flush=True)
+            quadratic = method == "vanilla"
+            if row["error"] or (quadratic and row["prefill_s"] * 4.2 > args.vanilla_budget_s):
+                too_slow.add(method)
+    write_results(args, results, dtype)
+
+
+def write_results(args, results, dtype) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.tag or f"speed_{args.device.split(':')[0]}"
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    table = summary_table(results, args.window)
+    hardware = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{platform.processor() or 'CPU'}, {args.threads} threads"
+    header = (f"Measured {datetime.date.today()} on {hardware}; model `{args.model}` (L = {args.window}, {dtype}"
+              f"{', 4-bit NF4' if args.load_in_4bit else ''}), n_starting = {args.n_starting}, top-k = {args.topk}. "
+              f"Decode: median of {args.decode_tokens} tokens. Peak: "
+              f"{'CUDA max allocated' if args.device.startswith('cuda') else 'process RSS'} above the loaded model.")
+    (args.out / f"{stem}.md").write_text(header + "\n\n" + table + "\n")
+    plot(results, args.out / f"{stem}.png", args.window)
+    if args.readme:
+        splice_readme(ROOT / "README.md", stem, header + "\n\n" + table + f"\n\n![{stem}](benchmarks/results/{stem}.png)")
+    print(table)
+
+
+def summary_table(results, window) -> str:
+    by = {(r["method"], r["context"]): r for r in results}
+    base_decode = by.get(("vanilla", window), {}).get("decode_ms") or None
+    rows = []
+    for r in results:
+        if r["error"]:
+            rows.append([r["method"], f"{r['context']:,}", r["error"], "", "", "", "", ""])
+            continue
+        vanilla = by.get(("vanilla", r["context"]))
+        speedup = f"{vanilla['prefill_s'] / r['prefill_s']:.2f}×" if vanilla and not vanilla["error"] else "–"
+        decode_ratio = f"{r['decode_ms'] / base_decode:.2f}" if base_decode else "–"
+        rows.append([r["method"], f"{r['context']:,}", f"{r['prefill_tok_s']:,.0f}", speedup,
+                     f"{r['decode_ms']:.2f}", decode_ratio, mib(r["peak_bytes"]), mib(r["kv_bytes"])])
+    header = ["method", "context", "prefill tok/s", "prefill speed-up vs vanilla", "decode ms/token",
+              "decode ÷ vanilla@L", "peak MiB", "KV-cache MiB"]
+    return markdown_table(header, rows)
+
+
+def plot(results, path: Path, window: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for method in dict.fromkeys(r["method"] for r in results):
+        rows = [r for r in results if r["method"] == method and not r["error"]]
+        xs = [r["context"] / window for r in rows]
+        for ax, key, scale in zip(axes, ("prefill_tok_s", "decode_ms", "kv_bytes"), (1, 1, 2**-20)):
+            ax.plot(xs, [r[key] * scale for r in rows], marker="o", label=method)
+    for ax, title in zip(axes, ("prefill tokens/s", "decode ms/token", "KV cache MiB")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context / L")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[2].set_yscale("log")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
