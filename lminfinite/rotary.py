@@ -7,7 +7,7 @@ so position 10^9 behaves exactly like position 10^4 (the official code lost prec
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -17,22 +17,38 @@ from torch import nn
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Rope:
     """The model's own rotary parameters: ``inv_freq`` (head_dim / 2) and HF's ``attention_scaling``."""
 
     inv_freq: torch.Tensor
     attention_scaling: float = 1.0
+    _tables: dict = field(default_factory=dict, repr=False)
 
     @property
     def head_dim(self) -> int:
         return 2 * self.inv_freq.numel()
 
     def cos_sin(self, offsets: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of ``offsets × inv_freq`` laid out as HF's ``rotate_half`` expects (n, head_dim)."""
-        angles = offsets.to(torch.float64)[:, None] * self.inv_freq.to(offsets.device, torch.float64)[None, :]
-        angles = torch.cat((angles, angles), dim=-1)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        """cos and sin of ``offsets × inv_freq`` laid out as HF's ``rotate_half`` expects (n, head_dim).
+
+        Looked up in a table computed once in float64 (grown by doubling); sin is odd, cos even.
+        """
+        cos_table, sin_table = self._table(int(offsets.abs().max()) + 1 if offsets.numel() else 1, offsets.device, dtype)
+        index = offsets.abs()
+        sign = torch.where(offsets < 0, -1.0, 1.0).to(dtype)[:, None]
+        return cos_table[index], sin_table[index] * sign
+
+    def _table(self, size: int, device: torch.device, dtype: torch.dtype):
+        key = (device, dtype)
+        table = self._tables.get(key)
+        if table is None or table[0].shape[0] < size:
+            size = max(size, 2 * (0 if table is None else table[0].shape[0]), 1024)
+            angles = torch.arange(size, dtype=torch.float64, device=device)[:, None] * self.inv_freq.to(device)[None, :]
+            angles = torch.cat((angles, angles), dim=-1)
+            table = (angles.cos().to(dtype), angles.sin().to(dtype))
+            self._tables[key] = table
+        return table
 
     def rotate(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """Rotate the last two dims (n, head_dim) of ``x`` by ``offsets`` (n,), in float32 at least.
