@@ -60,15 +60,11 @@ class InfiniteLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n_starting, window = self.config.n_starting, self.config.window_
-        c, first = key_states.shape[-2], self.seen
-        positions = torch.arange(first, first + c, device=key_states.device)
-        rotated = self.rope.rotate(key_states, positions - self.frame)
-        if c == 1 and first >= n_starting + window - 1:
-            self._decode_step(rotated, key_states, value_states)
+        # Keys arrive rotated into the frame (see patch._rotate_into_frame): R(p - frame)·k_p.
+        if key_states.shape[-2] == 1 and self.seen >= n_starting + window - 1:
+            self._decode_step(key_states, value_states)
         else:
-            self._prefill(rotated, key_states, value_states)
-        if self.seen - self.frame > rebase_interval(window):
-            self._rebase(self.win_start)
+            self._prefill(key_states, value_states)
         return key_states, value_states
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -87,7 +83,7 @@ class InfiniteLayer(CacheLayerMixin):
         raise NotImplementedError("InfiniteCache does not support beam search")
 
     # -- the two phases ---------------------------------------------------------------------------
-    def _decode_step(self, rotated, key_states, value_states) -> None:
+    def _decode_step(self, rotated, value_states) -> None:
         """One token once the window is full: write it into the free slot, evict the oldest afterwards."""
         n_starting, window = self.config.n_starting, self.config.window_
         position = self.seen
@@ -102,7 +98,7 @@ class InfiniteLayer(CacheLayerMixin):
         middle_k, middle_v = self.middle.view() if self.middle is not None else (None, None)
         self.context = KeyContext(
             rotated, value_states, position, self.frame, self.start_k, self.start_v, middle_k, middle_v,
-            recent_raw_k=key_states, decode_keys=self.ring_k, decode_values=self.ring_v,
+            decode_keys=self.ring_k, decode_values=self.ring_v,
         )
         oldest = self.win_start  # at distance window - 1 now, beyond the window from the next token on
         if self.middle is not None:
@@ -111,7 +107,7 @@ class InfiniteLayer(CacheLayerMixin):
         self.win_start += 1
         self.seen += 1
 
-    def _prefill(self, rotated, key_states, value_states) -> None:
+    def _prefill(self, rotated, value_states) -> None:
         """Any chunk: lay out [start?, window, chunk] in position order, then keep what the future needs."""
         n_starting, window = self.config.n_starting, self.config.window_
         first, c = self.seen, rotated.shape[-2]
@@ -125,7 +121,8 @@ class InfiniteLayer(CacheLayerMixin):
             recent_k = torch.cat((self.rope.rotate(self.start_k, start_pos - self.frame), ordered_k, rotated), dim=-2)
             recent_v = torch.cat((self.start_v, ordered_v, value_states), dim=-2)
             recent_start = 0
-            start_k = torch.cat((self.start_k, key_states), dim=-2)[..., :n_starting, :]
+            new_start = self._unrotate(rotated[..., : max(0, min(n_starting, end) - first), :], first)
+            start_k = torch.cat((self.start_k, new_start), dim=-2)
             start_v = torch.cat((self.start_v, value_states), dim=-2)[..., :n_starting, :]
         else:
             recent_k, recent_v = torch.cat((ordered_k, rotated), dim=-2), torch.cat((ordered_v, value_states), dim=-2)
@@ -164,6 +161,9 @@ class InfiniteLayer(CacheLayerMixin):
 
     def _rebase(self, new_frame: int) -> None:
         """Move the frame forward: R(j - new) k = R(old - new) R(j - old) k, one rotation of the ring."""
+        if not self.is_initialized:
+            self.frame = new_frame
+            return
         offsets = torch.full((self.ring_k.shape[-2],), self.frame - new_frame, device=self.ring_k.device)
         self.ring_k = self.rope.rotate(self.ring_k, offsets)  # a new tensor: snapshots keep the old one
         self.ring_v = self.ring_v.clone() if self.shared else self.ring_v
@@ -217,6 +217,19 @@ class InfiniteCache(Cache):
         ]
         super().__init__(layers=layers)
         self._rollbacks: list[int] = []
+
+    @property
+    def frame(self) -> int:
+        return self.layers[0].frame
+
+    def begin_forward(self) -> int:
+        """Called before each forward: move every layer's frame to its oldest window token when the frame
+        has fallen too far behind, so rotation offsets stay bounded. Returns the frame to rotate into."""
+        first = self.layers[0]
+        if first.seen - first.frame > rebase_interval(self.config.window_):
+            for layer in self.layers:
+                layer._rebase(layer.win_start)
+        return self.frame
 
     @property
     def keeps_middle(self) -> bool:

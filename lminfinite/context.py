@@ -15,7 +15,7 @@ class KeyContext:
 
     recent: positions ``[recent_start, recent_start + n)``, keys rotated into the ``frame``: key j holds
         R(j - frame)·k_j, so a query rotated by i - frame scores it at distance i - j. The call's queries
-        are the last tokens of recent. ``recent_raw_k``, when given, holds the same keys unrotated.
+        are the last tokens of recent.
     start: unrotated keys at positions ``[0, s)``, s <= n_starting. Either ``recent_start == 0`` (they are
         also in recent), or every one lies beyond every query's window, reachable only at the ceiling.
     middle: evicted tokens at positions ``[n_starting, n_starting + m)``, unrotated, for top-k recall;
@@ -32,7 +32,6 @@ class KeyContext:
     start_v: torch.Tensor
     middle_k: torch.Tensor | None = None
     middle_v: torch.Tensor | None = None
-    recent_raw_k: torch.Tensor | None = None
     decode_keys: torch.Tensor | None = None
     decode_values: torch.Tensor | None = None
 
@@ -47,14 +46,12 @@ class KeyContext:
 
     def raw_recent(self, lo: int, hi: int, rope: Rope) -> torch.Tensor:
         """Unrotated keys at positions [lo, hi) of recent (for top-k scoring at a fixed distance)."""
-        if self.recent_raw_k is not None:
-            return self.recent_raw_k[..., lo - self.recent_start : hi - self.recent_start, :]
         keys = self.recent_k[..., lo - self.recent_start : hi - self.recent_start, :]
         return rope.rotate(keys, self.frame - torch.arange(lo, hi, device=keys.device))
 
     @classmethod
     def full_sequence(cls, keys: torch.Tensor, values: torch.Tensor, n_starting: int, rope: Rope) -> "KeyContext":
-        """Unrotated keys of every token from position 0 (no cache, or a DynamicCache); frame 0."""
-        rotated = rope.rotate(keys, torch.arange(keys.shape[-2], device=keys.device))
-        start_k, start_v = keys[..., :n_starting, :], values[..., :n_starting, :]
-        return cls(rotated, values, 0, 0, start_k, start_v, recent_raw_k=keys)
+        """Keys of every token from position 0 (no cache, or a DynamicCache), rotated into frame 0."""
+        start = keys[..., :n_starting, :]
+        start_k = rope.rotate(start, -torch.arange(start.shape[-2], device=keys.device))
+        return cls(keys, values, 0, 0, start_k, values[..., :n_starting, :])

@@ -38,7 +38,8 @@ def lm_infinite_attention(
     observer=None,
     block_size: int | None = None,
 ) -> torch.Tensor:
-    """Attention output (B, H, c, D) for unrotated queries (B, H, c, D), the last c tokens of ``ctx.recent``."""
+    """Attention output (B, H, c, D) for queries (B, H, c, D) rotated into ``ctx.frame``: query i holds
+    R(i - frame)·q_i. They are the last c tokens of ``ctx.recent``."""
     batch, heads, c, dim = query.shape
     kv_heads = ctx.recent_k.shape[1]
     if heads % kv_heads:
@@ -47,7 +48,7 @@ def lm_infinite_attention(
     # HF's rotary scale multiplies cos and sin for both q and k, hence appears squared in the logit.
     scale = scaling * rope.attention_scaling**2
     query_pos = torch.arange(ctx.end - c, ctx.end, device=query.device)
-    q_frame = rope.rotate(query, query_pos - ctx.frame)
+    q_frame = query
 
     if ctx.decode_keys is not None and not config.uses_topk(layer_idx):
         # Steady-state decoding: every cached key is visible, so one unmasked fused call does it all.
@@ -57,20 +58,18 @@ def lm_infinite_attention(
 
     # Query head h reads key/value head h // groups, as HF's repeat_kv lays them out.
     q_frame = q_frame.view(batch, kv_heads, groups, c, dim)
-    q_raw = query.view(batch, kv_heads, groups, c, dim)
     out = torch.empty(batch, kv_heads, groups, c, dim, dtype=query.dtype, device=query.device)
     step = block_size or default_block_size(config.window_)
     for lo in range(0, c, step):
         hi = min(c, lo + step)
         block = _attend_block(
-            q_frame[:, :, :, lo:hi], q_raw[:, :, :, lo:hi], query_pos[lo:hi], ctx, config, rope, layer_idx, scale,
-            observer,
+            q_frame[:, :, :, lo:hi], query_pos[lo:hi], ctx, config, rope, layer_idx, scale, observer,
         )
         out[:, :, :, lo:hi] = block.view(batch, kv_heads, groups, hi - lo, dim)
     return out.view(batch, heads, c, dim)
 
 
-def _attend_block(q_frame, q_raw, query_pos, ctx: KeyContext, config, rope: Rope, layer_idx, scale, observer):
+def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer_idx, scale, observer):
     batch, kv_heads, groups, nb, dim = q_frame.shape
     rows = groups * nb
     window = config.window_
@@ -90,16 +89,16 @@ def _attend_block(q_frame, q_raw, query_pos, ctx: KeyContext, config, rope: Rope
     # Starting span beyond the window: keys unrotated, queries rotated to exactly L (distance ceiling).
     n_start = 0 if ctx.decode_keys is not None else min(ctx.start_k.shape[-2], max(0, p0 + nb - window))
     if n_start:
-        q_ceiling = rope.rotate(q_raw, torch.full((nb,), window, device=q_raw.device)).reshape(batch, kv_heads, rows, dim)
+        q_ceiling = _rotate_to(q_frame, window, query_pos, ctx.frame, rope).reshape(batch, kv_heads, rows, dim)
         logits = (q_ceiling @ ctx.start_k[..., :n_start, :].transpose(-1, -2)).float() * scale
-        beyond = (query_pos[:, None] - torch.arange(n_start, device=q_raw.device)[None, :]) >= window
+        beyond = (query_pos[:, None] - torch.arange(n_start, device=q_frame.device)[None, :]) >= window
         extra_logits.append(logits.masked_fill(~beyond.repeat(groups, 1), float("-inf")))
         extra_values.append(ctx.start_v[..., :n_start, :])
 
     # Middle tokens: the top-k logits at distance topk_distance, per query row and head.
     recalled: Recalled | None = None
     if config.uses_topk(layer_idx):
-        q_mid = rope.rotate(q_raw, torch.full((nb,), config.topk_distance, device=q_raw.device))
+        q_mid = _rotate_to(q_frame, config.topk_distance, query_pos, ctx.frame, rope)
         recalled = recall_topk(
             q_mid, query_pos, ctx, rope, k=config.topk, n_starting=config.n_starting, window=window, scale=scale
         )
@@ -109,6 +108,11 @@ def _attend_block(q_frame, q_raw, query_pos, ctx: KeyContext, config, rope: Rope
     if extra_logits:
         out = _merge(out, lse, extra_logits, extra_values, recalled, layer_idx, query_pos, observer, groups)
     return out.to(q_frame.dtype)
+
+
+def _rotate_to(q_frame, distance: int, query_pos, frame: int, rope: Rope) -> torch.Tensor:
+    """Queries rotated by exactly ``distance`` (for unrotated keys), from their frame rotation i - frame."""
+    return rope.rotate(q_frame, distance - (query_pos - frame))
 
 
 def _merge(out, lse, extra_logits, extra_values, recalled, layer_idx, query_pos, observer, groups):

@@ -2,8 +2,10 @@
 
 - ``AttentionInterface.register("lminfinite", ...)`` supplies the attention; ``AttentionMaskInterface`` a
   mask function that builds nothing (the Λ-mask is applied block by block inside the attention).
-- A forward hook on the model's rotary embedding returns cos = 1, sin = 0, so queries and keys reach the
-  cache and the attention unrotated; the attention rotates them by bounded relative offsets.
+- A forward hook on the model's rotary embedding replaces its (cos, sin) by ours for ``position - frame``,
+  computed in float64: HF's own rotation then puts queries and keys into the cache's *frame*, whose offset
+  from any token is bounded, so position 10^9 behaves exactly like position 10^4. A forward pre-hook on the
+  module that owns the rotary embedding reads the call's cache and moves its frame forward when due.
 - A forward pre-hook on each attention module passes the call's cache and our state to the attention
   function through the ``**kwargs`` that transformers forwards to it.
 No model class is copied or monkey-patched.
@@ -12,6 +14,7 @@ No model class is copied or monkey-patched.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
@@ -39,6 +42,7 @@ class InfiniteState:
     hooks: list = field(default_factory=list)
     observers: list = field(default_factory=list)
     block_size: int | None = None  # None: kernel.default_block_size(window)
+    frame: int = 0  # the current forward's rotation frame, set before the rotary embedding runs
     reference_variant: str = "lminfinite"  # read by lminfinite.reference only
     reference_dtype: torch.dtype = torch.float64
 
@@ -69,7 +73,13 @@ def enable(model: nn.Module, config: LMInfiniteConfig | None = None, *, attentio
     )
     if previous is not None:
         state.observers, state.block_size = previous.observers, previous.block_size
-    state.hooks.append(find_rotary_embedding(model).register_forward_hook(_unrotated))
+    rotary = find_rotary_embedding(model)
+    if attention == ATTENTION_NAME:
+        owner = _owner_of(model, rotary)
+        state.hooks.append(owner.register_forward_pre_hook(partial(_begin_forward, state), with_kwargs=True))
+        state.hooks.append(rotary.register_forward_hook(partial(_rotate_into_frame, state), with_kwargs=True))
+    else:  # the dense reference rotates explicitly and wants q, k as projected
+        state.hooks.append(rotary.register_forward_hook(_unrotated))
 
     def inject(module, args, kwargs):
         kwargs["lminfinite_state"] = state
@@ -100,6 +110,32 @@ def _attention_modules(model: nn.Module) -> list[nn.Module]:
     if not found:
         raise ValueError(f"{type(model).__name__}: no attention modules with a layer_idx found")
     return found
+
+
+def _owner_of(model: nn.Module, child: nn.Module) -> nn.Module:
+    for module in model.modules():
+        if any(c is child for c in module.children()):
+            return module
+    raise ValueError("could not find the module that runs the rotary embedding")
+
+
+def _begin_forward(state: InfiniteState, module, args, kwargs):
+    """Before the decoder runs: fix this call's frame (re-basing an InfiniteCache when it is due)."""
+    from .cache import InfiniteCache
+
+    cache = kwargs.get("past_key_values")
+    state.frame = cache.begin_forward() if isinstance(cache, InfiniteCache) else 0
+    return None
+
+
+def _rotate_into_frame(state: InfiniteState, module, args, kwargs, output):
+    """(cos, sin) for ``position - frame``: HF's apply_rotary_pos_emb then rotates q and k into the frame."""
+    cos, _ = output
+    position_ids = kwargs["position_ids"] if "position_ids" in kwargs else args[1]
+    offsets = position_ids[0].to(cos.device) - state.frame
+    frame_cos, frame_sin = state.rope.cos_sin(offsets, cos.dtype)
+    shape = (cos.shape[0], *frame_cos.shape)
+    return frame_cos[None].expand(shape), frame_sin[None].expand(shape)
 
 
 def _unrotated(module, args, output):

@@ -27,7 +27,7 @@ def test_enable_twice_replaces_the_config():
     lminfinite.enable(model, lminfinite.LMInfiniteConfig(n_starting=6, window=8))
     state = lminfinite.get_state(model)
     assert (state.config.n_starting, state.config.window, state.config.topk_distance) == (6, 8, 4)
-    assert len(state.hooks) == 1 + model.config.num_hidden_layers
+    assert len(state.hooks) == 2 + model.config.num_hidden_layers
     lminfinite.disable(model)
     assert model.config._attn_implementation == "sdpa"
 
