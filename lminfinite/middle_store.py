@@ -26,8 +26,11 @@ class MiddleStore:
         needed = self.length + n
         if self.keys is None or needed > self.keys.shape[-2]:
             capacity = max(needed, 2 * (0 if self.keys is None else self.keys.shape[-2]), 64)
-            self.keys = self._grow(self.keys, keys, capacity, device)
-            self.values = self._grow(self.values, values, capacity, device)
+            # Both buffers are allocated before either replaces the old one: an out-of-memory error
+            # here leaves the store exactly as it was.
+            grown_keys = self._grow(self.keys, keys, capacity, device)
+            grown_values = self._grow(self.values, values, capacity, device)
+            self.keys, self.values = grown_keys, grown_values
         self.keys[..., self.length : needed, :] = keys.to(device, non_blocking=True)
         self.values[..., self.length : needed, :] = values.to(device, non_blocking=True)
         self.length = needed

@@ -109,3 +109,29 @@ def test_rollback_to_empty_cache(model):
     cache.rollback(empty)
     assert cache.get_seq_length() == 0
     torch.testing.assert_close(feed_in_chunks(model, random_ids(3 * WINDOW), 8, cache), first, atol=0, rtol=0)
+
+
+def test_middle_store_is_unchanged_by_a_failed_growth(monkeypatch):
+    from lminfinite.middle_store import MiddleStore
+
+    store = MiddleStore()
+    rows = torch.arange(2 * 64 * 4, dtype=torch.float32).view(1, 2, 64, 4)
+    store.append(rows, -rows)
+    calls = {"n": 0}
+    real_empty = torch.empty
+
+    def failing_empty(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the values buffer
+            raise torch.OutOfMemoryError("simulated")
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", failing_empty)
+    with pytest.raises(torch.OutOfMemoryError):
+        store.append(rows[..., :8, :], -rows[..., :8, :])
+    monkeypatch.undo()
+    assert store.length == 64 and store.keys.shape == store.values.shape  # both buffers of one capacity
+    store.append(rows[..., :8, :], -rows[..., :8, :])  # and the store still works
+    keys, values = store.view()
+    torch.testing.assert_close(keys, torch.cat((rows, rows[..., :8, :]), dim=-2))
+    torch.testing.assert_close(values, -keys)

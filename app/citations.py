@@ -1,0 +1,108 @@
+"""Attention-grounded sources: the pages and line ranges top-k recall attended to while answering.
+
+While the answer is decoded, LM-Infinite reports, per layer and head, which middle tokens it recalled and
+with what softmax weight. Summing those weights per token and mapping tokens to their document spans
+ranks the passages the model actually looked at, instead of guessing them by text similarity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .spans import Span, SpanIndex
+
+
+@dataclass(frozen=True)
+class Citation:
+    """One cited passage and its share of the recall weight that fell on documents."""
+
+    source: str
+    page: int | None
+    page_label: str | None
+    line_start: int | None
+    line_end: int | None
+    share: float
+
+    def label(self) -> str:
+        """'report.pdf p. 12 (xii)', 'src/app.py:40-88' or just the file name."""
+        if self.page is not None:
+            shown = f" ({self.page_label})" if self.page_label and self.page_label != str(self.page) else ""
+            return f"{self.source} p. {self.page}{shown}"
+        if self.line_start is not None:
+            end = f"-{self.line_end}" if self.line_end and self.line_end != self.line_start else ""
+            return f"{self.source}:{self.line_start}{end}"
+        return self.source
+
+    def as_dict(self) -> dict:
+        return {"source": self.source, "page": self.page, "page_label": self.page_label,
+                "line_start": self.line_start, "line_end": self.line_end, "share": round(self.share, 4),
+                "label": self.label()}
+
+
+@dataclass(frozen=True)
+class CitationReport:
+    """citations: best first. document_share: fraction of all recall weight that landed on documents."""
+
+    citations: tuple[Citation, ...]
+    document_share: float
+    recalled: bool  # False when recall never picked a token (off, or the context fits the window)
+
+
+class RecallTally:
+    """Observer callback for ``lminfinite.observe_topk``: accumulates weight per recalled position."""
+
+    def __init__(self) -> None:
+        self._positions: list[torch.Tensor] = []
+        self._weights: list[torch.Tensor] = []
+
+    def __call__(self, selection) -> None:
+        weights = selection.weights.reshape(-1)
+        keep = weights > 0  # weight 0 marks slots with fewer than k candidates
+        self._positions.append(selection.positions.reshape(-1)[keep])
+        self._weights.append(weights[keep].double())
+
+    def totals(self) -> tuple[list[int], list[float]]:
+        """Distinct positions and their summed weights."""
+        if not self._positions:
+            return [], []
+        positions = torch.cat(self._positions)
+        if positions.numel() == 0:
+            return [], []
+        unique, inverse = torch.unique(positions, return_inverse=True)
+        sums = torch.zeros(unique.numel(), dtype=torch.float64).scatter_add_(0, inverse, torch.cat(self._weights))
+        return unique.tolist(), sums.tolist()
+
+
+def _group_key(span: Span) -> tuple:
+    """PDF passages are cited per page, text and code per chunk line range."""
+    if span.page is not None:
+        return (span.source, span.page, span.page_label, None, None)
+    return (span.source, None, None, span.line_start, span.line_end)
+
+
+def cite(tally: RecallTally, spans: SpanIndex, *, limit: int = 5, min_share: float = 0.05) -> CitationReport:
+    """Rank document passages by the recall weight their tokens received."""
+    positions, weights = tally.totals()
+    total = sum(weights)
+    if total <= 0:
+        return CitationReport((), 0.0, recalled=False)
+    by_passage: dict[tuple, float] = {}
+    on_documents = 0.0
+    for position, weight in zip(positions, weights):
+        span = spans.at(position)
+        if span is None or span.kind != "document":
+            continue
+        key = _group_key(span)
+        by_passage[key] = by_passage.get(key, 0.0) + weight
+        on_documents += weight
+    if on_documents <= 0:
+        return CitationReport((), 0.0, recalled=True)
+    ranked = sorted(by_passage.items(), key=lambda item: -item[1])
+    citations = tuple(  # the best passage is always cited; the rest only above min_share
+        Citation(source, page, label, line_start, line_end, weight / on_documents)
+        for rank, ((source, page, label, line_start, line_end), weight) in enumerate(ranked[:limit])
+        if rank == 0 or weight / on_documents >= min_share
+    )
+    return CitationReport(citations, on_documents / total, recalled=True)

@@ -1,0 +1,146 @@
+"""Uploads to ingested chunks: refuse what must not be read, read the rest with ``ingest``, fit the budget.
+
+Every file ends up as one row of the documents table, ingested or not, with the reason in words:
+nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import ingest
+from ingest import Corpus, FileReport, IngestLimits
+
+from .cli import AppConfig
+
+STATUS_LABELS = {  # symbols every system font has (no emoji): the README screenshot comes from a bare machine
+    "ingested": "✓ in context",
+    "partial": "⚠ partly in context",
+    "skipped": "– skipped",
+    "error": "✗ error",
+    "refused": "⊘ refused",
+    "cancelled": "■ cancelled",
+    "reading": "… reading",
+    "queued": "… waiting for the model",
+    "rolled_back": "↩ not added",
+}
+BUDGET_MARGIN = 16  # chat markers and the leading space a document may add
+
+
+@dataclass
+class DocumentRow:
+    """One line of the documents table."""
+
+    path: str
+    status: str  # a key of STATUS_LABELS
+    pages: int = 0
+    tokens: int = 0
+    reason: str = ""
+    outcome: str = ""  # what ingest said ("ingested" / "partial") while the row waits for the model
+
+    def as_list(self) -> list:
+        return [self.path, STATUS_LABELS.get(self.status, self.status), self.pages or "", self.tokens or "",
+                self.reason]
+
+
+def row_from_report(report: FileReport) -> DocumentRow:
+    return DocumentRow(report.path, report.status, report.pages, report.tokens if report.ok else 0, report.reason)
+
+
+def replace_rows(rows: list[DocumentRow], old: list[DocumentRow], new: list[DocumentRow]) -> None:
+    """Put ``new`` where ``old`` stood in the table (or at its end); rows are matched by identity."""
+    ids = {id(r) for r in old}
+    positions = [i for i, r in enumerate(rows) if id(r) in ids]
+    at = positions[0] if positions else len(rows)
+    rows[:] = [r for r in rows if id(r) not in ids]
+    rows[at:at] = new
+
+
+def human_size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
+
+
+def screen_uploads(paths: list[str], max_file_size: int,
+                   upload_root: str | None) -> tuple[list[str], list[DocumentRow]]:
+    """Keep uploaded files under the size limit; refuse the others (and any path outside the upload folder)."""
+    accepted, refused = [], []
+    root = Path(upload_root).resolve() if upload_root else None
+    for path in paths:
+        name = os.path.basename(path)
+        resolved = Path(path).resolve()
+        if root is not None and not resolved.is_relative_to(root):
+            refused.append(DocumentRow(name, "refused", reason="not an upload: server paths need --allow-local-paths"))
+        elif not resolved.is_file():
+            refused.append(DocumentRow(name, "error", reason="the upload is missing on the server"))
+        elif resolved.stat().st_size > max_file_size:
+            size = resolved.stat().st_size
+            refused.append(DocumentRow(name, "refused", reason=f"file is {human_size(size)}, over the "
+                                       f"{human_size(max_file_size)} upload limit (--max-file-size)"))
+        else:
+            accepted.append(str(resolved))
+    return accepted, refused
+
+
+def limits_for(config: AppConfig) -> IngestLimits:
+    """ingest's limits, never looser than the upload limit for a single file."""
+    defaults = IngestLimits()
+    return IngestLimits(
+        max_file_bytes=min(defaults.max_file_bytes, config.max_file_size),
+        max_pdf_bytes=min(defaults.max_pdf_bytes, config.max_file_size),
+    )
+
+
+def read_sources(sources: list[str], *, tokenizer, config: AppConfig, cancel, progress) -> Corpus:
+    """ingest.ingest with the model's tokenizer, so token counts are exactly what the model is fed."""
+    return ingest.ingest(sources, tokenizer=tokenizer, limits=limits_for(config), progress=progress,
+                         cancel=cancel, chunk_tokens=512, allow_urls=config.allow_local_paths)
+
+
+@dataclass
+class FittedCorpus:
+    """The chunks to feed (whole files only) and every file's row."""
+
+    chunks: list
+    rows: list[DocumentRow]
+    tokens: int
+
+
+def fit_budget(corpus: Corpus, free_tokens: int) -> FittedCorpus:
+    """Accept files in order while they fit; refuse a file that would not, before any model work."""
+    rows, chunks, used = [], [], 0
+    by_source: dict[str, list] = {}
+    for chunk in corpus.chunks:
+        by_source.setdefault(chunk.source, []).append(chunk)
+    for report in corpus.reports:
+        row = row_from_report(report)
+        file_chunks = by_source.get(report.path, [])
+        if report.ok and file_chunks:
+            needed = sum(c.tokens for c in file_chunks)
+            if used + needed + BUDGET_MARGIN > free_tokens:
+                left = max(0, free_tokens - used - BUDGET_MARGIN)
+                row.status, row.tokens = "refused", 0
+                row.reason = (f"needs {needed:,} tokens but only {left:,} of the context budget are left "
+                              "(start a new context or raise --context-budget)")
+            else:
+                chunks.extend(file_chunks)
+                used += needed
+                row.outcome, row.status = report.status, "queued"
+        rows.append(row)
+    return FittedCorpus(chunks, rows, used)
+
+
+def progress_line(event) -> str:
+    """One line for an ingest.ProgressEvent."""
+    parts = [f"{event.files_done}/{event.files_total} files"]
+    if event.pages_done:
+        parts.append(f"{event.pages_done} pages")
+    parts.append(f"{event.tokens_done:,} tokens")
+    where = os.path.basename(event.path.rstrip("/")) if event.path else ""
+    return (f"Reading {where} · " if where else "Reading · ") + " · ".join(parts)

@@ -1,0 +1,380 @@
+"""One session's context: a single LM-Infinite cache fed append-only, with snapshots to undo any operation.
+
+Every operation (add documents, ask, regenerate) is a generator that yields progress and runs as a
+transaction: Stop (the ``cancel`` event), out-of-memory, an error, or a generator abandoned by a closed
+browser tab puts the context back exactly where the operation found it (``InfiniteCache.rollback`` is
+O(layers) and exact). What is in the cache is never encoded again.
+
+Prefill and decode are separate steps: prefill feeds planned token pieces in chunks (Stop halts within
+one chunk), decode feeds one sampled token per forward (Stop halts within one token).
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, Sequence
+
+from .chat_format import ChatFormat, TurnState
+from .citations import CitationReport, RecallTally, cite
+from .generation import GenerationSettings, next_token
+from .metrics import LiveStats, RateMeter
+from .runtime import ModelRuntime, is_out_of_memory
+from .spans import Span, SpanIndex
+
+# Shorter prefills (a question) measure latency, not throughput: they do not overwrite the panel's rate.
+MEASURED_PREFILL = 128
+
+
+class EngineError(Exception):
+    """A refused or failed operation; the context is unchanged. The message is for the user."""
+
+
+class Stopped(EngineError):
+    def __init__(self, during: str):
+        super().__init__(f"Stopped during {during}; the context is back where it was before.")
+        self.during = during
+
+
+class ContextFull(EngineError):
+    pass
+
+
+class ContextOutOfMemory(EngineError):
+    pass
+
+
+class DocumentChunk(Protocol):
+    """What the engine needs of an ingested chunk (``ingest.Chunk`` has it)."""
+
+    text: str
+    source: str
+    page: int | None
+    page_label: str | None
+    line_start: int | None
+    line_end: int | None
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Tokens to feed, the span they will occupy, and the turn state and carry once they are fed."""
+
+    ids: list[int]
+    kind: str
+    state: TurnState
+    carry: str = ""
+    chunk: DocumentChunk | None = None
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A consistent state of the context: cache snapshot, token count, spans, turn state, logits."""
+
+    snapshot: object
+    n_tokens: int
+    n_spans: int
+    state: TurnState
+    carry: str  # whitespace owed to the next piece (see chat_format)
+    n_turns: int
+    logits: object = None  # next-token logits, kept only right after a question's prefill
+
+
+@dataclass
+class Turn:
+    """An answered question: states before the question and between question and answer (regenerate)."""
+
+    before: Saved
+    after_question: Saved
+    end: int  # context length after the answer's </s>
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    done: int
+    total: int
+    tokens_per_s: float
+    eta_s: float | None
+
+
+@dataclass(frozen=True)
+class AnswerDelta:
+    text: str
+    tokens: int
+    ttft_s: float | None
+
+
+@dataclass(frozen=True)
+class AnswerResult:
+    text: str
+    tokens: int
+    finish: str  # "eos" or "length"
+    citations: CitationReport
+    ttft_s: float
+    prefill_tps: float
+    decode_tps: float
+    question_tokens: int
+
+
+@dataclass
+class ContextEngine:
+    """The per-session context. Not thread-safe by itself: sessions run one operation at a time."""
+
+    runtime: ModelRuntime
+    system_prompt: str = ""
+    budget: int = 1_000_000
+    stats: LiveStats = field(default_factory=LiveStats)
+
+    def __post_init__(self) -> None:
+        self.format = ChatFormat(self.runtime.tokenizer)
+        self.cache = self.runtime.new_cache()
+        self.spans = SpanIndex()
+        self.token_ids = array("l")
+        self.state = TurnState.EMPTY
+        self.carry = ""
+        self.turns: list[Turn] = []
+        self.tokens_fed = 0  # every token ever passed to the model by this engine, rolled back or not
+        self._open: tuple[object, Saved] | None = None
+        self._logits = None
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def document_tokens(self) -> int:
+        return sum(s.length for s in self.spans.documents())
+
+    def memory(self) -> dict[str, int]:
+        return self.cache.memory()
+
+    def _save(self, logits=None) -> Saved:
+        return Saved(self.cache.snapshot(), self.length, len(self.spans), self.state, self.carry, len(self.turns),
+                     logits)
+
+    def _restore(self, saved: Saved) -> None:
+        self.cache.rollback(saved.snapshot)
+        del self.token_ids[saved.n_tokens:]
+        self.spans.truncate(saved.n_spans)
+        self.state, self.carry = saved.state, saved.carry
+        del self.turns[saved.n_turns:]
+        self._logits = saved.logits
+        self.stats.context_tokens = self.length
+        self.stats.set_kv(self.memory())
+
+    @contextmanager
+    def _operation(self, restore_to: Saved | None = None):
+        """Run an operation as a transaction; an abandoned earlier one is rolled back first."""
+        if self._open is not None:
+            self._restore(self._open[1])
+            self._open = None
+        saved = restore_to or self._save(self._logits)
+        token = object()
+        self._open = (token, saved)
+        try:
+            yield saved
+        except BaseException as exc:
+            if self._open is not None and self._open[0] is token:
+                self._restore(saved)
+            self.stats.phase, self.stats.detail, self.stats.eta_s = "idle", "", None
+            if is_out_of_memory(exc):
+                raise ContextOutOfMemory(
+                    "The device ran out of memory. The context was rolled back to its last consistent state; "
+                    "try a shorter document, turn top-k recall off, or start a new context."
+                ) from exc
+            raise
+        finally:
+            if self._open is not None and self._open[0] is token:
+                self._open = None
+        self.stats.phase, self.stats.detail, self.stats.eta_s = "idle", "", None
+
+    # -- low level: one forward ----------------------------------------------------------------
+    def _forward(self, ids: list[int], *, topk: int):
+        logits = self.runtime.forward(ids, self.cache, topk=topk)
+        self.token_ids.extend(ids)
+        self.tokens_fed += len(ids)
+        self.stats.context_tokens = self.length
+        self.stats.set_kv(self.memory())
+        return logits
+
+    def _check_budget(self, planned: int, what: str) -> None:
+        if self.length + planned > self.budget:
+            left = max(0, self.budget - self.length)
+            raise ContextFull(
+                f"{what} needs {planned:,} tokens but only {left:,} of the {self.budget:,}-token context budget "
+                "are left. Start a new context, or raise --context-budget."
+            )
+
+    # -- prefill -------------------------------------------------------------------------------
+    def _opening(self) -> list[Piece]:
+        """What must precede new user content: the system block, or "<s>[INST]" after an answer."""
+        if self.state is TurnState.EMPTY:
+            ids, carry = self.format.start(self.system_prompt)
+            return [Piece(ids, "system", TurnState.IN_TURN, carry)]
+        if self.state is TurnState.CLOSED:
+            ids, carry = self.format.open_turn()
+            return [Piece(ids, "format", TurnState.IN_TURN, carry)]
+        return []
+
+    def _prefill(self, pieces: list[Piece], cancel, *, topk: int, phase: str) -> Iterator[PrefillProgress]:
+        """Feed ``pieces`` in chunks of at most ``prefill_chunk`` tokens, checking ``cancel`` before each."""
+        total = sum(len(p.ids) for p in pieces)
+        meter = RateMeter()
+        self.stats.phase, self.stats.detail, self.stats.done, self.stats.total = "prefill", phase, 0, total
+        step = self.runtime.prefill_chunk
+        for piece in pieces:
+            start = self.length
+            for lo in range(0, len(piece.ids), step):
+                if cancel is not None and cancel.is_set():
+                    raise Stopped(phase)
+                self._logits = self._forward(piece.ids[lo : lo + step], topk=topk)
+                meter.add(len(piece.ids[lo : lo + step]))
+                self.stats.done = meter.tokens
+                if total >= MEASURED_PREFILL:
+                    self.stats.prefill_tps = meter.rate
+                self.stats.eta_s = meter.eta(total - meter.tokens)
+                yield PrefillProgress(meter.tokens, total, meter.rate, self.stats.eta_s)
+            chunk = piece.chunk
+            self.spans.append(Span(
+                start, self.length, piece.kind,
+                source=getattr(chunk, "source", None), page=getattr(chunk, "page", None),
+                page_label=getattr(chunk, "page_label", None), line_start=getattr(chunk, "line_start", None),
+                line_end=getattr(chunk, "line_end", None),
+            ))
+            self.state, self.carry = piece.state, piece.carry
+
+    def plan_documents(self, chunks: Sequence[DocumentChunk]) -> list[Piece]:
+        """Token pieces for ``chunks`` appended now (exact counts, for the budget check)."""
+        pieces = self._opening()
+        carry = pieces[-1].carry if pieces else self.carry
+        for chunk in chunks:
+            ids, carry = self.format.document(chunk.text, carry)
+            if ids:
+                pieces.append(Piece(ids, "document", TurnState.IN_TURN, carry, chunk))
+        return pieces if any(p.kind == "document" for p in pieces) else []
+
+    def feed_documents(self, chunks: Sequence[DocumentChunk], cancel=None) -> Iterator[PrefillProgress]:
+        """Append documents inside the open user turn (opening one after an answer). All or nothing."""
+        pieces = self.plan_documents(chunks)
+        self._check_budget(sum(len(p.ids) for p in pieces), "These documents")
+        with self._operation():
+            yield from self._prefill(pieces, cancel, topk=0, phase="documents")
+
+    # -- decode --------------------------------------------------------------------------------
+    def _decode(self, logits, settings: GenerationSettings, cancel, started: float,
+                prefill_tps: float, question_tokens: int) -> Iterator[AnswerDelta | AnswerResult]:
+        """Sample until </s> or max tokens, feeding each token back; then close the answer with </s>."""
+        topk = settings.answer_topk
+        max_new = min(settings.max_new_tokens, self.budget - self.length - 2)
+        if max_new < 1:
+            raise ContextFull("The context budget is full: no room left for an answer. Start a new context.")
+        answer: list[int] = []
+        tally = RecallTally()
+        start = self.length
+        finish = "length"
+        ttft = None
+        self.stats.phase, self.stats.detail, self.stats.done, self.stats.total = "decode", "answer", 0, max_new
+        self.stats.eta_s = None
+        with self.runtime.observe_recall(tally):
+            decode_meter = None
+            while True:
+                token = next_token(logits, answer, settings)
+                if ttft is None:
+                    ttft = time.perf_counter() - started
+                    self.stats.ttft_s = ttft
+                    decode_meter = RateMeter()
+                if token == self.format.eos:
+                    finish = "eos"
+                    break
+                answer.append(token)
+                decode_meter.add(1)
+                self.stats.done, self.stats.decode_tps = len(answer), decode_meter.rate
+                yield AnswerDelta(self.format.decode_answer(answer), len(answer), ttft)
+                if len(answer) >= max_new:
+                    break
+                if cancel is not None and cancel.is_set():
+                    raise Stopped("the answer")
+                logits = self._forward([token], topk=topk)
+        closing = self.format.close_answer() if finish == "eos" else [answer[-1], *self.format.close_answer()]
+        self._forward(closing, topk=topk)
+        self.spans.append(Span(start, self.length, "answer"))
+        self.state, self.carry = TurnState.CLOSED, ""
+        decode_tps = decode_meter.rate if decode_meter is not None else 0.0
+        self.stats.decode_tps = decode_tps
+        yield AnswerResult(
+            text=self.format.decode_answer(answer), tokens=len(answer), finish=finish,
+            citations=cite(tally, self.spans), ttft_s=ttft or 0.0, prefill_tps=prefill_tps,
+            decode_tps=decode_tps, question_tokens=question_tokens,
+        )
+
+    def ask(self, question: str, settings: GenerationSettings, cancel=None) -> Iterator[object]:
+        """Prefill the question (with recall if on), then stream the answer; the last item is an AnswerResult."""
+        started = time.perf_counter()
+        opening = self._opening()
+        carry = opening[-1].carry if opening else self.carry
+        pieces = [*opening, Piece(self.format.question(question, carry), "question", TurnState.IN_TURN)]
+        planned = sum(len(p.ids) for p in pieces)
+        self._check_budget(planned + 2, "This question")
+        result = None
+        with self._operation() as before:
+            meter_start = time.perf_counter()
+            yield from self._prefill(pieces, cancel, topk=settings.answer_topk, phase="question")
+            prefill_tps = planned / max(time.perf_counter() - meter_start, 1e-9)
+            after_question = self._save(self._logits)
+            for item in self._decode(self._logits, settings, cancel, started, prefill_tps, planned):
+                if isinstance(item, AnswerResult):
+                    self.turns.append(Turn(before, after_question, self.length))
+                    result = item
+                else:
+                    yield item
+        yield result  # after the commit: a consumer that stops here cannot roll the answer back
+
+    @property
+    def can_regenerate(self) -> bool:
+        """Only the newest answer, and only while nothing was appended after it."""
+        return bool(self.turns) and self.turns[-1].end == self.length
+
+    def regenerate(self, settings: GenerationSettings, cancel=None) -> Iterator[object]:
+        """Answer the last question again from the state right after its prefill (no re-encoding).
+
+        Stopping a regeneration removes the whole turn, as stopping an answer does: the old answer's
+        state cannot be restored once the context went back before it.
+        """
+        if not self.can_regenerate:
+            raise EngineError("Nothing to regenerate: the last answer is no longer the end of the context.")
+        turn = self.turns[-1]
+        started = time.perf_counter()
+        result = None
+        with self._operation(restore_to=turn.before):
+            self._restore(turn.after_question)
+            question_tokens = turn.after_question.n_tokens - turn.before.n_tokens
+            for item in self._decode(turn.after_question.logits, settings, cancel, started, 0.0, question_tokens):
+                if isinstance(item, AnswerResult):
+                    self.turns.append(Turn(turn.before, turn.after_question, self.length))
+                    result = item
+                else:
+                    yield item
+        yield result
+
+    def forget_conversation(self) -> bool:
+        """Drop every question and answer, keeping the documents, if no document came after a question.
+
+        Returns False when documents were added between questions: the caller then rebuilds the context.
+        """
+        if not self.turns:
+            return True
+        first = self.turns[0].before
+        if any(s.kind == "document" for s in self.spans[first.n_spans:]):
+            return False
+        with self._operation():
+            self._restore(first)
+        return True
+
+    def close(self) -> None:
+        """Release the cache's memory (the session is gone)."""
+        self.cache = None
+        self.turns.clear()
+        self._logits = None
+        self._open = None

@@ -1,0 +1,53 @@
+"""Wiring: which handler runs on which event, on which queue.
+
+Three kinds of events:
+- fast bookkeeping (no limit): record the action, show it, set Stop flags, export, the panel timer;
+- reading (concurrency id "read", one at a time): ingest parses files, never touching the model;
+- model work (concurrency id "model", one at a time for the device): prefill and decode. Gradio shows
+  each waiting user their position in this queue.
+"""
+
+from __future__ import annotations
+
+from .handlers import Handlers
+from .ui import Components
+
+FAST = {"concurrency_limit": None, "show_progress": "hidden"}
+READ = {"concurrency_id": "read", "concurrency_limit": 1, "show_progress": "hidden"}
+MODEL = {"concurrency_id": "model", "concurrency_limit": 1}
+
+
+def wire(demo, c: Components, h: Handlers) -> None:
+    view = c.view
+
+    def then_model(event, api_name: str):
+        """Chain the model step (and re-enable the chat box) after a fast or reading step."""
+        step = event.then(h.run, c.settings, view, api_name=api_name, show_progress="full", **MODEL)
+        step.then(h.enable_input, None, [c.chat_input, c.stop_note], api_name=False, **FAST)
+        return step
+
+    # Chat box: record -> read attachments -> feed and answer.
+    submitted = c.chat_input.submit(h.submit, c.chat_input, [c.chat_input, *view], api_name="submit", **FAST)
+    read = submitted.then(h.read, None, view, api_name="read", **READ)
+    then_model(read, "run")
+
+    # Documents panel.
+    uploaded = c.upload.upload(h.add_files, c.upload, [c.upload, *view], api_name="add_files", **FAST)
+    then_model(uploaded.then(h.read, None, view, api_name=False, **READ), api_name=False)
+    if c.server_path is not None:
+        added = c.add_path.click(h.add_server_path, c.server_path, [c.server_path, *view], api_name="add_path", **FAST)
+        then_model(added.then(h.read, None, view, api_name=False, **READ), api_name=False)
+
+    # Stop / cancel: only a flag, so it is never stuck behind the work it stops.
+    c.stop.click(h.stop, None, c.stop_note, api_name="stop", **FAST)
+    c.cancel.click(h.stop, None, c.stop_note, api_name=False, **FAST)
+
+    then_model(c.regenerate.click(h.queue_regenerate, None, view, api_name="regenerate", **FAST), api_name=False)
+    then_model(c.clear.click(h.queue_forget, None, view, api_name="clear", **FAST), api_name=False)
+    then_model(c.new_context.click(h.queue_reset, None, view, api_name="new_context", **FAST), api_name=False)
+    c.export.click(h.export, None, c.export_files, api_name="export", **FAST)
+
+    c.timer.tick(h.panel, None, [c.panel, c.memory_plot, c.throughput_plot, c.panel_data], api_name="panel", **FAST)
+    demo.load(h.panel, None, [c.panel, c.memory_plot, c.throughput_plot, c.panel_data], api_name=False, **FAST)
+    demo.load(h.show, None, view, api_name="show", **FAST)
+    demo.unload(h.unload)

@@ -1,0 +1,71 @@
+"""Choosing the next token: greedy at temperature 0, otherwise temperature, top-p and repetition penalty.
+
+The app runs its own decode loop (one forward per token) so Stop can halt within one token and every
+token can be streamed; this module is only the per-token choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """What the Settings panel controls for one answer."""
+
+    temperature: float = 0.0
+    top_p: float = 0.9
+    max_new_tokens: int = 512
+    repetition_penalty: float = 1.0
+    recall: bool = True  # top-k middle-token recall while answering
+    topk: int = 5
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if self.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
+        if self.topk < 0:
+            raise ValueError("topk must be >= 0")
+
+    @property
+    def answer_topk(self) -> int:
+        return self.topk if self.recall else 0
+
+    @classmethod
+    def from_ui(cls, temperature, top_p, max_new_tokens, repetition_penalty, recall, topk) -> "GenerationSettings":
+        """Settings from slider/checkbox values (floats from JSON clients included)."""
+        return cls(
+            temperature=float(temperature), top_p=float(top_p), max_new_tokens=int(max_new_tokens),
+            repetition_penalty=float(repetition_penalty), recall=bool(recall), topk=int(topk),
+        )
+
+
+def next_token(logits: torch.Tensor, answer_so_far: list[int], settings: GenerationSettings,
+               generator: torch.Generator | None = None) -> int:
+    """One token id from float32 ``logits`` (vocab,).
+
+    The repetition penalty looks only at this answer's tokens, not at the documents: penalising every
+    token of a 300-page context would stop the model from quoting it.
+    """
+    logits = logits.clone()
+    if settings.repetition_penalty != 1.0 and answer_so_far:
+        seen = torch.tensor(sorted(set(answer_so_far)), device=logits.device)
+        scores = logits[seen]
+        logits[seen] = torch.where(scores > 0, scores / settings.repetition_penalty,
+                                   scores * settings.repetition_penalty)
+    if settings.temperature == 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / settings.temperature, dim=-1)
+    if settings.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly before each token
+        sorted_probs = sorted_probs.masked_fill(before >= settings.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))

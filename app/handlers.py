@@ -1,0 +1,198 @@
+"""Event functions: component values and the request in, updated session and component values out.
+
+A user action is split by cost. A fast step (no queue limit) records it in the session and shows it;
+``read`` parses files on the reading queue (reading.py: one at a time, off the model queue, so a 300-page
+PDF does not hold up other users' answers); ``run`` does all model work on the model queue (model_work.py:
+one at a time per device).
+Stop only sets the action's cancel flag: the engine halts within one chunk or token and rolls back, and
+the generator then shows the final state itself.
+"""
+
+from __future__ import annotations
+
+import os
+
+import gradio as gr
+
+from ingest import estimate_kv_bytes, kv_dims_from_config
+
+from . import views
+from .budget import Budget
+from .cli import AppConfig
+from .documents import screen_uploads
+from .exporting import export_data, write_exports
+from .generation import GenerationSettings
+from .metrics import device_memory, stats_dict
+from .model_work import ModelWork
+from .reading import Reader
+from .runtime import ModelRuntime
+from .sessions import ChatItem, Session, SessionRegistry, Work
+
+
+class Handlers:
+    def __init__(self, registry: SessionRegistry, runtime: ModelRuntime, config: AppConfig, budget: Budget,
+                 upload_root: str | None):
+        self.registry = registry
+        self.runtime = runtime
+        self.config = config
+        self.budget = budget
+        self.upload_root = upload_root
+        self.kv_dims = kv_dims_from_config(runtime.model.config.get_text_config())
+        self.dtype_bytes = 4 if "32" in str(runtime.dtype) else 2
+        self.reader = Reader(runtime, config, self.view)
+        self.model_work = ModelWork(runtime, budget, self.view)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _session(self, request: gr.Request, *, touch: bool = True) -> Session:
+        if request is None or not request.session_hash:
+            raise gr.Error("This request has no session; reload the page.")
+        return self.registry.get(request.session_hash, touch=touch)
+
+    def view(self, session: Session) -> tuple:
+        """Chat, documents table, context summary and activity: the outputs of every work event."""
+        return views.session_view(session, self.budget)
+
+    def _queue_sources(self, session: Session, question: str | None, paths: list[str], *, uploads: bool) -> Work:
+        names = [os.path.basename(p.rstrip("/")) or p for p in paths]
+        if uploads:
+            accepted, refused = screen_uploads(paths, self.config.max_file_size, self.upload_root)
+        else:
+            accepted, refused = paths, []
+        work = session.new_work("turn", question, accepted)
+        session.documents.extend(refused)
+        if question or names:
+            work.question_item = ChatItem("user", "question", question or "", files=names)
+            session.chat.append(work.question_item)
+        if names:
+            title = f"Reading {views.plural(len(accepted), 'file')}" if accepted else "No file could be read"
+            lines = [f"{r.path}: {r.reason}" for r in refused]
+            work.status_item = ChatItem("assistant", "status", "\n".join(lines), title=title, pending=bool(accepted))
+            session.chat.append(work.status_item)
+        return work
+
+    # -- fast steps ------------------------------------------------------------------------------
+    def submit(self, message, request: gr.Request):
+        """Chat box: queue the attached files and the question; lock the box until the answer is done."""
+        session = self._session(request)
+        message = message or {}
+        text = (message.get("text") or "").strip()
+        files = [f if isinstance(f, str) else f.get("path") for f in (message.get("files") or [])]
+        if not text and not files:
+            return (gr.MultimodalTextbox(value=None, interactive=True), *self.view(session))
+        self._queue_sources(session, text or None, files, uploads=True)
+        return (gr.MultimodalTextbox(value=None, interactive=False), *self.view(session))
+
+    def add_files(self, files, request: gr.Request):
+        """Documents panel: queue uploaded files (no question)."""
+        session = self._session(request)
+        paths = [f if isinstance(f, str) else getattr(f, "name", f) for f in (files or [])]
+        if paths:
+            self._queue_sources(session, None, paths, uploads=True)
+        return (None, *self.view(session))
+
+    def add_server_path(self, path: str, request: gr.Request):
+        """A folder, file or git URL on the server; only with --allow-local-paths."""
+        session = self._session(request)
+        path = (path or "").strip()
+        if not self.config.allow_local_paths:
+            raise gr.Error("Reading paths on the server is off; the server owner can enable --allow-local-paths.")
+        if path:
+            self._queue_sources(session, None, [path], uploads=False)
+        return ("", *self.view(session))
+
+    def stop(self, request: gr.Request):
+        """Stop this session's running and queued work (the engine rolls back within a chunk or token)."""
+        session = self._session(request)
+        told = session.stop()
+        return f"Stopping {views.plural(told, 'action')}…" if told else "Nothing to stop."
+
+    def queue_regenerate(self, request: gr.Request):
+        session = self._session(request)
+        answer = next((c for c in reversed(session.chat) if c.kind == "answer"), None)
+        question = next((c for c in reversed(session.chat) if c.kind == "question" and c.text), None)
+        if answer is not None and answer.in_context and session.engine is not None and session.engine.can_regenerate:
+            session.new_work("regenerate")
+        elif question is not None and not question.in_context:
+            work = session.new_work("turn", question.text)
+            work.question_item = ChatItem("user", "question", question.text)
+            session.chat.append(work.question_item)
+        else:
+            gr.Warning("Nothing to regenerate: ask a question first (documents added after the last answer "
+                       "make it permanent).")
+        return self.view(session)
+
+    def queue_forget(self, request: gr.Request):
+        session = self._session(request)
+        session.new_work("forget")
+        return self.view(session)
+
+    def queue_reset(self, request: gr.Request):
+        session = self._session(request)
+        session.stop()
+        session.new_work("reset")
+        return self.view(session)
+
+    def show(self, request: gr.Request):
+        """The session as it is (page load, and for API clients)."""
+        return self.view(self._session(request))
+
+    def enable_input(self):
+        """After the model step: unlock the chat box and clear the "Stopping…" note."""
+        return gr.MultimodalTextbox(interactive=True), ""
+
+    def export(self, request: gr.Request):
+        session = self._session(request)
+        data = export_data(model=self.runtime.name, system_prompt=session.system_prompt,
+                           documents=session.documents, chat=session.chat, context_tokens=session.context_tokens)
+        return gr.File(value=write_exports(data, session.tmpdir), visible=True)
+
+    def panel(self, request: gr.Request):
+        """Timer tick: device memory, KV bytes, throughput; one sample for the plots."""
+        session = self._session(request, touch=False)
+        memory = device_memory(self.runtime.device_type)
+        session.series.record(memory, session.stats)
+        vanilla = estimate_kv_bytes(session.stats.context_tokens, **self.kv_dims,
+                                    dtype_bytes=self.dtype_bytes)["full_bytes"]
+        memory_frame, speed_frame = views.plot_frames(session.series.snapshot(), memory.kind)
+        data = stats_dict(session.stats, memory)
+        data.update(budget=self.budget.tokens, vanilla_kv_bytes=vanilla, sessions=len(self.registry),
+                    window=self.runtime.window, n_starting=self.runtime.lm_config.n_starting)
+        return (views.panel_html(session.stats, memory, self.budget.tokens, vanilla), memory_frame, speed_frame,
+                data)
+
+    def unload(self, request: gr.Request):
+        """The tab disconnected: stop its work and free its context."""
+        if request is not None and request.session_hash:
+            self.registry.close(request.session_hash)
+
+    # -- reading queue ---------------------------------------------------------------------------
+    def read(self, request: gr.Request):
+        """Parse the oldest queued files with ingest, streaming progress; the model is not touched."""
+        session = self._session(request)
+        work = session.next_work("queued")
+        if work is not None and not work.reading:
+            with session.working():
+                yield from self.reader.read(session, work)
+        yield self.view(session)
+
+    # -- model queue -----------------------------------------------------------------------------
+    def run(self, system_prompt, temperature, top_p, max_new_tokens, repetition_penalty, recall, topk,
+            request: gr.Request):
+        """Do this session's ready work in order: feed documents, answer, regenerate, clear, reset."""
+        session = self._session(request)
+        try:
+            settings = GenerationSettings.from_ui(temperature, top_p, max_new_tokens, repetition_penalty, recall, topk)
+        except (TypeError, ValueError) as exc:
+            raise gr.Error(f"Invalid setting: {exc}") from exc
+        with session.working():
+            while session.pending and not session.closed:
+                work = session.pending[0]
+                if work.stage == "queued":
+                    if work.reading:
+                        break  # its reading step is running; that action's own model step comes after it
+                    yield from self.reader.read(session, work)  # a client that skipped the reading step
+                try:
+                    yield from self.model_work.run(session, work, settings, system_prompt or "")
+                finally:
+                    session.finish_work(work)
+        yield self.view(session)

@@ -1,0 +1,131 @@
+"""Numbers for the live panel: device memory, KV-cache bytes, throughput and time to first token.
+
+The engine writes a session's ``LiveStats`` (plain floats and ints) as it works; the 1-second timer reads
+them, adds the device's memory, and appends a sample to the session's time series. Nothing here holds a
+tensor, so the UI can read it from any thread.
+"""
+
+from __future__ import annotations
+
+import resource
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+import psutil
+import torch
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """GPU memory summed over the visible devices, or this process's RSS on CPU (bytes)."""
+
+    kind: str  # "cuda" or "cpu"
+    allocated: int
+    reserved: int | None
+    peak: int
+    total: int
+    label: str
+
+
+def device_memory(device_type: str) -> DeviceMemory:
+    if device_type == "cuda" and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        allocated = sum(torch.cuda.memory_allocated(i) for i in range(n))
+        reserved = sum(torch.cuda.memory_reserved(i) for i in range(n))
+        peak = sum(torch.cuda.max_memory_allocated(i) for i in range(n))
+        total = sum(torch.cuda.get_device_properties(i).total_memory for i in range(n))
+        names = {torch.cuda.get_device_name(i) for i in range(n)}
+        return DeviceMemory("cuda", allocated, reserved, peak, total, f"{n} × {', '.join(sorted(names))}")
+    rss = psutil.Process().memory_info().rss
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return DeviceMemory("cpu", rss, None, max(peak, rss), psutil.virtual_memory().total, "CPU (process RSS)")
+
+
+@dataclass
+class LiveStats:
+    """One session's latest figures; rates are those of the running phase, else of the last one."""
+
+    phase: str = "idle"  # the model's work: idle | prefill | decode
+    detail: str = ""
+    reading: str = ""  # ingest progress, on its own queue: may overlap the model's work
+    context_tokens: int = 0
+    kv_starting: int = 0
+    kv_window: int = 0
+    kv_middle: int = 0
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+    ttft_s: float | None = None
+    done: int = 0  # units of the running phase finished / planned (tokens for prefill)
+    total: int = 0
+    eta_s: float | None = None
+
+    def set_kv(self, memory: dict[str, int]) -> None:
+        self.kv_starting, self.kv_window, self.kv_middle = memory["starting"], memory["window"], memory["middle"]
+
+    @property
+    def kv_total(self) -> int:
+        return self.kv_starting + self.kv_window + self.kv_middle
+
+
+class RateMeter:
+    """Tokens per second over one phase, measured with a monotonic clock."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.tokens = 0
+
+    def add(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    @property
+    def rate(self) -> float:
+        elapsed = self.elapsed
+        return self.tokens / elapsed if elapsed > 0 else 0.0
+
+    def eta(self, remaining: int) -> float | None:
+        rate = self.rate
+        return remaining / rate if rate > 0 else None
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # seconds since the session started
+    memory_mb: float
+    kv_mb: float
+    prefill_tps: float
+    decode_tps: float
+
+
+@dataclass
+class SessionSeries:
+    """The session's memory / throughput history for the plots (one sample per timer tick)."""
+
+    started: float = field(default_factory=time.monotonic)
+    samples: deque = field(default_factory=lambda: deque(maxlen=900))
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def record(self, memory: DeviceMemory, stats: LiveStats) -> Sample:
+        sample = Sample(
+            t=round(time.monotonic() - self.started, 1), memory_mb=memory.allocated / 2**20,
+            kv_mb=stats.kv_total / 2**20, prefill_tps=stats.prefill_tps, decode_tps=stats.decode_tps,
+        )
+        with self._lock:
+            self.samples.append(sample)
+        return sample
+
+    def snapshot(self) -> list[Sample]:
+        with self._lock:
+            return list(self.samples)
+
+
+def stats_dict(stats: LiveStats, memory: DeviceMemory) -> dict:
+    """Everything the panel shows, as JSON for the API and the tests."""
+    return {**asdict(stats), "kv_total": stats.kv_total, "memory": asdict(memory)}

@@ -1,0 +1,138 @@
+"""Which model to load, how (quantization, dtype, devices), and switching it to LM-Infinite.
+
+The default is deliberate and said out loud: Llama-2-7b-chat in 4-bit when a CUDA GPU is present and its
+weights are already in the local Hugging Face cache (it is gated: we never start a 13 GB download on our
+own), otherwise the small bundled demo model, which runs anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import lminfinite
+
+from .cli import DEMO_MODEL_DIR, LLAMA2_CHAT, AppConfig
+from .runtime import ModelRuntime
+
+log = logging.getLogger(__name__)
+
+# The paper's h = 5 for Llama-2 (App. A.3); tiny models recall from their upper half.
+PAPER_TOPK_FROM_LAYER = 5
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    name_or_path: str
+    reason: str  # shown in the UI and printed at start-up
+
+
+def cached_snapshot(repo_id: str) -> str | None:
+    """Local snapshot folder of ``repo_id`` if its config and weights are cached, without any network."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(repo_id, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached, or no hub library: either way, not available offline
+        return None
+    files = os.listdir(path)
+    has_weights = any(f.endswith((".safetensors", ".bin")) for f in files)
+    return path if has_weights and "config.json" in files else None
+
+
+def choose_model(config: AppConfig, cuda_available: bool | None = None) -> ModelChoice:
+    if config.model:
+        return ModelChoice(config.model, "chosen with --model")
+    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    wants_cpu = config.device == "cpu"
+    if cuda and not wants_cpu:
+        if cached_snapshot(LLAMA2_CHAT):
+            return ModelChoice(LLAMA2_CHAT, "CUDA is available and its weights are in the local Hugging Face cache")
+        why = (f"CUDA is available, but {LLAMA2_CHAT} is not in the local Hugging Face cache "
+               f"(accept its license, then `huggingface-cli download {LLAMA2_CHAT}`)")
+    elif wants_cpu:
+        why = "--device cpu was given"
+    else:
+        why = f"no CUDA GPU was found, and {LLAMA2_CHAT} needs one"
+    if not (DEMO_MODEL_DIR / "config.json").is_file():
+        raise SystemExit(f"{why}; the bundled demo model is missing from {DEMO_MODEL_DIR}. "
+                         "Pass --model with a Hugging Face id or a local path.")
+    return ModelChoice(str(DEMO_MODEL_DIR), f"bundled demo model: {why}")
+
+
+def resolve_dtype(config: AppConfig, on_cuda: bool) -> torch.dtype:
+    if config.dtype != "auto":
+        return getattr(torch, config.dtype)
+    if on_cuda:
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def quantization_config(kind: str, compute_dtype: torch.dtype):
+    from transformers import BitsAndBytesConfig
+
+    if kind == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                  bnb_4bit_compute_dtype=torch.bfloat16 if compute_dtype != torch.float16
+                                  else torch.float16)
+    if kind == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return None
+
+
+def device_map_for(device: str, on_cuda: bool):
+    """accelerate's 'auto' (spreads layers over every visible GPU) unless one device was named."""
+    if device == "auto":
+        return "auto" if on_cuda else None
+    return {"": device}
+
+
+def topk_from_layer_for(config: AppConfig, num_layers: int) -> int:
+    if config.topk_from_layer is not None:
+        return config.topk_from_layer
+    return min(PAPER_TOPK_FROM_LAYER, num_layers // 2)
+
+
+def load_runtime(config: AppConfig, choice: ModelChoice | None = None) -> ModelRuntime:
+    """Load tokenizer and model as configured and enable LM-Infinite on it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    choice = choice or choose_model(config)
+    if config.cpu_threads:
+        torch.set_num_threads(config.cpu_threads)
+    on_cuda = torch.cuda.is_available() and not config.device.startswith("cpu")
+    quant = config.quantization or ("4bit" if on_cuda else "none")
+    dtype = resolve_dtype(config, on_cuda)
+    kwargs: dict = {"dtype": dtype}
+    if quant != "none":
+        kwargs["quantization_config"] = quantization_config(quant, dtype)
+    device_map = device_map_for(config.device, on_cuda)
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    log.info("loading %s (%s, %s, device_map=%s)", choice.name_or_path, quant, dtype, device_map)
+    tokenizer = AutoTokenizer.from_pretrained(choice.name_or_path)
+    ingest_tokenizer = AutoTokenizer.from_pretrained(choice.name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(choice.name_or_path, **kwargs).eval()
+    num_layers = model.config.get_text_config().num_hidden_layers
+    lm_config = lminfinite.LMInfiniteConfig(
+        n_starting=config.n_starting, window=config.window, topk=0,
+        topk_from_layer=topk_from_layer_for(config, num_layers), offload_middle=config.offload_middle,
+    )
+    lminfinite.enable(model, lm_config)
+    resolved = lminfinite.get_state(model).config
+    name = choice.name_or_path.rstrip("/")
+    short = Path(name).name if os.path.isdir(name) else name
+    return ModelRuntime(
+        model=model, tokenizer=tokenizer, ingest_tokenizer=ingest_tokenizer, name=short,
+        notice=f"Model: {short} ({choice.reason}); {quant_label(quant)}, {str(dtype).removeprefix('torch.')}",
+        lm_config=resolved, prefill_chunk=config.prefill_chunk, offload_middle=config.offload_middle,
+        quantization=quant, dtype=dtype,
+    )
+
+
+def quant_label(quant: str) -> str:
+    return {"4bit": "4-bit NF4 (double quant)", "8bit": "8-bit", "none": "not quantized"}[quant]

@@ -1,0 +1,218 @@
+"""The model step: feed documents, answer, regenerate or clear, for one queued action of a session.
+
+Runs on the model queue only. Every engine operation is a transaction, so whatever happens here (Stop,
+out-of-memory, an error) the context is left consistent; this module turns the outcome into chat items and
+document rows the user can read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from . import views
+from .budget import Budget
+from .documents import fit_budget, replace_rows
+from .engine import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
+from .generation import GenerationSettings
+from .metrics import LiveStats
+from .runtime import ModelRuntime
+from .sessions import ChatItem, Session, Work
+
+log = logging.getLogger(__name__)
+
+UI_INTERVAL_S = 0.1  # streamed updates per second are capped at 10: the browser, not the model, is the limit
+
+
+class Throttle:
+    """True at most once per interval: keeps streaming from flooding the browser."""
+
+    def __init__(self, interval: float = UI_INTERVAL_S):
+        self.interval = interval
+        self.last = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            return True
+        return False
+
+
+class ModelWork:
+    def __init__(self, runtime: ModelRuntime, budget: Budget, view):
+        self.runtime = runtime
+        self.budget = budget
+        self.view = view  # session -> component values
+
+    def run(self, session: Session, work: Work, settings: GenerationSettings, system_prompt: str):
+        """Generator: carry out one ready action, yielding the session's view as it streams."""
+        if work.kind == "reset":
+            session.reset()
+            return
+        if work.kind == "forget":
+            yield from self._forget(session, work)
+            return
+        if work.cancel.is_set():
+            self._mark_not_done(session, work, "■ Stopped before it started: nothing was added")
+            return
+        engine = session.ensure_engine(system_prompt)
+        if work.kind == "regenerate":
+            yield from self._regenerate(session, work, engine, settings)
+            return
+        if work.corpus is not None:
+            fed = yield from self._feed(session, work, engine)
+            if not fed:
+                if work.question_item is not None and work.question_item.text:
+                    work.question_item.in_context = False
+                return
+        if work.question:
+            yield from self._answer(session, work, engine, settings)
+
+    def _mark_not_done(self, session: Session, work: Work, title: str) -> None:
+        for row in work.rows:
+            if row.status == "queued":
+                row.status, row.reason = "cancelled", "stopped before it reached the model; nothing was added"
+        if work.status_item is not None:
+            work.status_item.title, work.status_item.pending = title, False
+        if work.question_item is not None and work.question_item.text:
+            work.question_item.in_context = False
+            session.chat.append(ChatItem("assistant", "answer", "", stopped=True, in_context=False))
+
+    def _feed(self, session: Session, work: Work, engine: ContextEngine):
+        """Prefill the read documents that fit the budget; returns False when nothing could be committed."""
+        fitted = fit_budget(work.corpus, session.free_tokens)
+        replace_rows(session.documents, work.rows, fitted.rows)
+        work.rows = fitted.rows
+        item = work.status_item or ChatItem("assistant", "status")
+        if not fitted.chunks:
+            item.title, item.pending = "Nothing to add", False
+            item.text = "\n".join(f"{r.path}: {views.status_line(r)}" for r in fitted.rows)
+            return True
+        throttle = Throttle()
+        queued = [r for r in fitted.rows if r.status == "queued"]
+        item.title = f"Adding {views.plural(len(queued), 'file')} ({fitted.tokens:,} tokens)"
+        try:
+            for p in engine.feed_documents(fitted.chunks, work.cancel):
+                eta = f" · ETA {p.eta_s:.1f} s" if p.eta_s is not None else ""
+                item.text = f"Feeding {p.done:,} / {p.total:,} tokens · {p.tokens_per_s:,.0f} tok/s{eta}"
+                if throttle():
+                    yield self.view(session)
+        except Stopped:
+            for row in queued:
+                row.reason = f"stopped while feeding the model; none of its {row.tokens:,} tokens were added"
+                row.status, row.tokens = "cancelled", 0
+            item.title, item.pending, item.text = "■ Stopped: nothing from this upload was added", False, ""
+            return False
+        except EngineError as exc:
+            for row in queued:
+                row.status, row.reason, row.tokens = "rolled_back", str(exc), 0
+            item.title, item.pending, item.text = "⚠ Documents not added", False, str(exc)
+            return False
+        except Exception as exc:  # noqa: BLE001 - the engine rolled back; keep serving
+            log.exception("feeding documents failed")
+            for row in queued:
+                row.status, row.reason, row.tokens = "rolled_back", f"internal error: {exc}", 0
+            item.title, item.pending, item.text = "⚠ Documents not added (internal error)", False, str(exc)
+            return False
+        for row in queued:
+            row.status = row.outcome or "ingested"
+        session.fed_chunks.append(fitted.chunks)
+        item.title = f"Added {views.plural(len(queued), 'file')} · {fitted.tokens:,} tokens"
+        item.pending = False
+        item.text = "\n".join(f"{r.path}: {views.status_line(r)}" for r in fitted.rows)
+        return True
+
+    def _stream_answer(self, session: Session, item: ChatItem, events, settings: GenerationSettings,
+                       question_item: ChatItem | None):
+        throttle = Throttle()
+        try:
+            for event in events:
+                if isinstance(event, AnswerDelta):
+                    item.text = event.text
+                    if throttle():
+                        yield self.view(session)
+                elif isinstance(event, AnswerResult):
+                    self._finish_answer(item, event, settings)
+        except Stopped:
+            item.pending, item.stopped, item.in_context = False, True, False
+            if question_item is not None:
+                question_item.in_context = False
+        except EngineError as exc:
+            item.pending, item.in_context = False, False
+            item.text = (item.text + "\n\n" if item.text else "") + f"⚠ {exc}"
+            if question_item is not None:
+                question_item.in_context = False
+        except Exception as exc:  # noqa: BLE001 - the engine rolled back; keep serving
+            log.exception("answering failed")
+            item.pending, item.in_context = False, False
+            item.text = f"⚠ Internal error while answering ({type(exc).__name__}); the context was rolled back."
+            if question_item is not None:
+                question_item.in_context = False
+
+    def _answer(self, session: Session, work: Work, engine: ContextEngine, settings: GenerationSettings):
+        item = ChatItem("assistant", "answer", pending=True)
+        session.chat.append(item)
+        yield self.view(session)
+        yield from self._stream_answer(session, item, engine.ask(work.question, settings, work.cancel), settings,
+                                       work.question_item)
+
+    def _regenerate(self, session: Session, work: Work, engine: ContextEngine, settings: GenerationSettings):
+        index = next((i for i in range(len(session.chat) - 1, -1, -1) if session.chat[i].kind == "answer"), None)
+        if index is None or not engine.can_regenerate:
+            return
+        item = session.chat[index]
+        question = next((c for c in reversed(session.chat[:index]) if c.kind == "question"), None)
+        item.text, item.citations, item.stats, item.recall_note, item.pending = "", [], {}, "", True
+        yield self.view(session)
+        yield from self._stream_answer(session, item, engine.regenerate(settings, work.cancel), settings, question)
+
+    def _forget(self, session: Session, work: Work):
+        """Clear chat: drop questions and answers from the context, keep the documents."""
+        engine = session.engine
+        keep = [c for c in session.chat if c.kind == "status"]
+        if engine is None or engine.forget_conversation():
+            session.chat[:] = keep
+            return
+        # Documents were added between questions: rebuild a context of the documents alone, then swap.
+        rebuilt = ContextEngine(self.runtime, system_prompt=session.system_prompt or "", budget=self.budget.tokens,
+                                stats=LiveStats())
+        note = ChatItem("assistant", "status", title="Re-reading the documents without the conversation",
+                        pending=True)
+        session.chat.append(note)
+        throttle = Throttle()
+        try:
+            for chunks in session.fed_chunks:
+                for p in rebuilt.feed_documents(chunks, work.cancel):
+                    note.text = f"{p.done:,} / {p.total:,} tokens · {p.tokens_per_s:,.0f} tok/s"
+                    session.stats.phase, session.stats.done, session.stats.total = "prefill", p.done, p.total
+                    session.stats.prefill_tps, session.stats.eta_s = p.tokens_per_s, p.eta_s
+                    if throttle():
+                        yield self.view(session)
+        except EngineError as exc:
+            rebuilt.close()
+            session.stats.phase = "idle"
+            note.title, note.pending, note.text = "⚠ Chat not cleared; the context is unchanged", False, str(exc)
+            return
+        engine.close()
+        session.engine = rebuilt
+        rebuilt.stats = session.stats
+        session.stats.phase = "idle"
+        session.stats.context_tokens = rebuilt.length
+        session.stats.set_kv(rebuilt.memory())
+        session.chat[:] = keep
+
+    @staticmethod
+    def _finish_answer(item: ChatItem, result: AnswerResult, settings: GenerationSettings) -> None:
+        item.text, item.pending = result.text, False
+        item.citations = [c.as_dict() for c in result.citations.citations]
+        if not settings.recall:
+            item.recall_note = "Top-k recall is off: no attention-grounded sources."
+        elif not result.citations.recalled:
+            item.recall_note = ("No sources: the whole context is inside the attention window, so recall had "
+                                "nothing to pick from the middle.")
+        elif not item.citations:
+            item.recall_note = "Recall attended to the conversation rather than to documents."
+        item.stats = {"ttft_s": round(result.ttft_s, 4), "decode_tps": round(result.decode_tps, 2),
+                      "prefill_tps": round(result.prefill_tps, 2), "tokens": result.tokens, "finish": result.finish,
+                      "question_tokens": result.question_tokens}

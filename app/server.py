@@ -1,0 +1,70 @@
+"""Build the Blocks app from a loaded model and launch it with the server's safety settings."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import gradio as gr
+from gradio.utils import get_upload_folder
+
+from .budget import Budget, context_budget
+from .cli import AppConfig
+from .documents import human_size
+from .events import wire
+from .handlers import Handlers
+from .runtime import ModelRuntime
+from .sessions import SessionRegistry
+from .ui import STATIC_DIR, LayoutInfo, build_layout
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer questions about the document."
+SHARE_WARNING = """
+################################################################################
+#  WARNING: --share without --auth                                             #
+#  Anyone with the public link can use this model and upload documents.        #
+#  Add --auth USER:PASS (or --auth-file) to require a login.                   #
+################################################################################
+"""
+
+
+def default_temperature(runtime: ModelRuntime) -> tuple[float, float]:
+    """The model's own sampling defaults (Llama-2-chat: 0.6 / 0.9); greedy when it has none."""
+    config = getattr(runtime.model, "generation_config", None)
+    if config is not None and getattr(config, "do_sample", False):
+        return float(config.temperature or 0.6), float(config.top_p or 0.9)
+    return 0.0, 0.9
+
+
+def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = None) -> tuple[gr.Blocks, Handlers]:
+    budget = budget or context_budget(runtime, config.context_budget)
+    temperature, top_p = default_temperature(runtime)
+    info = LayoutInfo(
+        notice=runtime.notice, share_warning=config.share_without_auth, allow_local_paths=config.allow_local_paths,
+        budget_tokens=budget.tokens, max_file_size=human_size(config.max_file_size),
+        system_prompt=DEFAULT_SYSTEM_PROMPT, temperature=temperature, top_p=top_p, max_new_tokens=512,
+        repetition_penalty=1.0, recall=config.topk > 0, topk=config.topk or 5, window=runtime.window,
+        n_starting=runtime.lm_config.n_starting,
+    )
+    registry = SessionRegistry(runtime, config, budget)
+    handlers = Handlers(registry, runtime, config, budget, upload_root=get_upload_folder())
+    demo, components = build_layout(info)
+    with demo:
+        wire(demo, components, handlers)
+    demo.queue(max_size=config.queue_size, default_concurrency_limit=1)
+    return demo, handlers
+
+
+def launch(config: AppConfig, demo: gr.Blocks, *, block: bool = True):
+    if config.share_without_auth:
+        print(SHARE_WARNING, file=sys.stderr, flush=True)
+    css = (STATIC_DIR / "app.css").read_text(encoding="utf-8")
+    js = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
+    return demo.launch(
+        server_name=config.host, server_port=config.port, share=config.share, auth=config.auth or None,
+        auth_message="LM-Infinite chat: please log in." if config.auth else None,
+        max_file_size=config.max_file_size, allowed_paths=[str(STATIC_DIR)], css=css, js=js,
+        favicon_path=str(STATIC_DIR / "favicon.svg"), footer_links=["api", "settings"], show_error=True,
+        prevent_thread_lock=not block, ssr_mode=False, pwa=False, mcp_server=False, theme=gr.themes.Soft(),
+    )

@@ -1,0 +1,217 @@
+"""Per-browser-session state, owned by a registry keyed by Gradio's session hash.
+
+Nothing about a user lives at module level: each session has its own engine (cache), chat, documents and
+metrics. The registry frees a session when its tab disconnects (``demo.unload``) or after an idle
+time-out, so documents never outlive their user or leak into another session.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from .budget import Budget
+from .cli import AppConfig
+from .documents import DocumentRow
+from .engine import ContextEngine
+from .metrics import LiveStats, SessionSeries
+from .runtime import ModelRuntime
+
+
+@dataclass
+class ChatItem:
+    """One chat message and what the exports need to know about it."""
+
+    role: str  # "user" | "assistant"
+    kind: str  # "question" | "answer" | "status" | "notice"
+    text: str = ""
+    title: str | None = None  # status/notice messages render as collapsible, titled blocks
+    pending: bool = False
+    files: list[str] = field(default_factory=list)
+    citations: list[dict] = field(default_factory=list)
+    recall_note: str = ""
+    stats: dict = field(default_factory=dict)
+    stopped: bool = False
+    in_context: bool = True
+
+
+@dataclass
+class Work:
+    """One user action waiting for the reading queue and then the model queue."""
+
+    id: int
+    kind: str  # "turn" (documents and/or a question), "regenerate", "forget" (clear chat), "reset"
+    question: str | None = None
+    sources: list[str] = field(default_factory=list)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    stage: str = "queued"  # queued -> (reading) -> read -> done
+    reading: bool = False
+    corpus: object = None  # ingest.Corpus once read
+    rows: list[DocumentRow] = field(default_factory=list)
+    status_item: ChatItem | None = None
+    question_item: ChatItem | None = None
+
+
+class Session:
+    def __init__(self, session_hash: str, runtime: ModelRuntime, config: AppConfig, budget: Budget):
+        self.hash = session_hash
+        self.runtime = runtime
+        self.config = config
+        self.budget = budget
+        self.stats = LiveStats()
+        self.series = SessionSeries()
+        self.chat: list[ChatItem] = []
+        self.documents: list[DocumentRow] = []
+        self.fed_chunks: list[list] = []  # chunk lists in the order fed, to rebuild a context without its chat
+        self.pending: deque[Work] = deque()
+        self.engine: ContextEngine | None = None
+        self.system_prompt: str | None = None
+        self.last_active = time.monotonic()
+        self.busy = 0
+        self.closed = False
+        self.lock = threading.RLock()
+        self.tmpdir = tempfile.mkdtemp(prefix="lminfinite-session-")
+        self._ids = itertools.count(1)
+
+    # -- engine --------------------------------------------------------------------------------
+    def ensure_engine(self, system_prompt: str) -> ContextEngine:
+        """The session's engine; a new one takes the current system prompt."""
+        if self.engine is None:
+            self.engine = ContextEngine(self.runtime, system_prompt=system_prompt, budget=self.budget.tokens,
+                                        stats=self.stats)
+            self.system_prompt = system_prompt
+        return self.engine
+
+    def drop_engine(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = None
+        self.system_prompt = None
+        self.stats.context_tokens = 0
+        self.stats.kv_starting = self.stats.kv_window = self.stats.kv_middle = 0
+
+    @property
+    def context_tokens(self) -> int:
+        return self.engine.length if self.engine is not None else 0
+
+    @property
+    def free_tokens(self) -> int:
+        return self.budget.tokens - self.context_tokens
+
+    # -- work ----------------------------------------------------------------------------------
+    def new_work(self, kind: str, question: str | None = None, sources: list[str] | None = None) -> Work:
+        """Queue an action; one without files to read is ready for the model at once."""
+        work = Work(next(self._ids), kind, question, list(sources or []))
+        if not work.sources:
+            work.stage = "read"
+        with self.lock:
+            self.pending.append(work)
+        return work
+
+    def next_work(self, stage: str) -> Work | None:
+        with self.lock:
+            return next((w for w in self.pending if w.stage == stage), None)
+
+    def finish_work(self, work: Work) -> None:
+        with self.lock:
+            work.stage = "done"
+            if work in self.pending:
+                self.pending.remove(work)
+
+    def stop(self) -> int:
+        """Stop everything this session started or queued; returns how many actions were told."""
+        with self.lock:
+            for work in self.pending:
+                work.cancel.set()
+            return len(self.pending)
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+    def reset(self) -> None:
+        """New context: forget documents, chat and cache (settings and metrics history stay)."""
+        self.stop()
+        self.pending.clear()
+        self.drop_engine()
+        self.chat.clear()
+        self.documents.clear()
+        self.fed_chunks.clear()
+
+    @contextmanager
+    def working(self):
+        """Mark an operation in progress: idle sweeps skip the session, and a close waits for the end."""
+        with self.lock:
+            self.busy += 1
+        try:
+            yield self
+        finally:
+            with self.lock:
+                self.busy -= 1
+                release = self.closed and not self.busy
+            if release:
+                self._release()
+
+    def close(self) -> None:
+        """Free everything now, or, while an operation runs, stop it and free when it ends."""
+        with self.lock:
+            self.closed = True
+            self.stop()
+            if self.busy:
+                return
+        self._release()
+
+    def _release(self) -> None:
+        self.reset()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+class SessionRegistry:
+    """All live sessions of one server; created on first use, freed on disconnect or idleness."""
+
+    def __init__(self, runtime: ModelRuntime, config: AppConfig, budget: Budget):
+        self.runtime = runtime
+        self.config = config
+        self.budget = budget
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_hash: str, *, touch: bool = True) -> Session:
+        """The session for ``session_hash``; ``touch=False`` (the panel timer) does not count as activity."""
+        self.sweep()
+        with self._lock:
+            session = self._sessions.get(session_hash)
+            if session is None:
+                session = self._sessions[session_hash] = Session(session_hash, self.runtime, self.config, self.budget)
+        if touch:
+            session.touch()
+        return session
+
+    def peek(self, session_hash: str) -> Session | None:
+        return self._sessions.get(session_hash)
+
+    def close(self, session_hash: str) -> bool:
+        with self._lock:
+            session = self._sessions.pop(session_hash, None)
+        if session is None:
+            return False
+        session.close()
+        return True
+
+    def sweep(self) -> list[str]:
+        """Close sessions idle for longer than the time-out (never one that is working)."""
+        now = time.monotonic()
+        with self._lock:
+            idle = [h for h, s in self._sessions.items()
+                    if not s.busy and now - s.last_active > self.config.session_timeout_s]
+        for session_hash in idle:
+            self.close(session_hash)
+        return idle

@@ -1,0 +1,170 @@
+"""The layout: what is on screen. No behaviour here (see events.py and handlers.py)."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from .views import DOCUMENT_HEADERS
+
+STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
+ACCEPTED_TYPES = [".pdf", ".zip", ".txt", ".md", ".rst", ".py", ".js", ".ts", ".java", ".c", ".h", ".cpp",
+                  ".go", ".rs", ".json", ".yaml", ".yml", ".toml", ".html", ".css", ".sh", ".csv", "text"]
+
+
+@dataclass(frozen=True)
+class LayoutInfo:
+    """What the layout shows that depends on the server's configuration."""
+
+    notice: str
+    share_warning: bool
+    allow_local_paths: bool
+    budget_tokens: int
+    max_file_size: str
+    system_prompt: str
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    repetition_penalty: float
+    recall: bool
+    topk: int
+    window: int
+    n_starting: int
+
+
+@dataclass
+class Components:
+    chatbot: gr.Chatbot
+    chat_input: gr.MultimodalTextbox
+    stop: gr.Button
+    regenerate: gr.Button
+    clear: gr.Button
+    new_context: gr.Button
+    export: gr.Button
+    export_files: gr.File
+    stop_note: gr.Markdown
+    upload: gr.File
+    server_path: gr.Textbox | None
+    add_path: gr.Button | None
+    activity: gr.HTML
+    cancel: gr.Button
+    documents: gr.Dataframe
+    context: gr.HTML
+    panel: gr.HTML
+    panel_data: gr.JSON
+    memory_plot: gr.LinePlot
+    throughput_plot: gr.LinePlot
+    system_prompt: gr.Textbox
+    temperature: gr.Slider
+    top_p: gr.Slider
+    max_new_tokens: gr.Slider
+    repetition_penalty: gr.Slider
+    recall: gr.Checkbox
+    topk: gr.Slider
+    timer: gr.Timer
+
+    @property
+    def settings(self) -> list:
+        """Inputs of every model event, in Handlers.run's order."""
+        return [self.system_prompt, self.temperature, self.top_p, self.max_new_tokens, self.repetition_penalty,
+                self.recall, self.topk]
+
+    @property
+    def view(self) -> list:
+        """Outputs of every work event, in Handlers.view's order."""
+        return [self.chatbot, self.documents, self.context, self.activity]
+
+
+def _icon(name: str) -> str:
+    return str(STATIC_DIR / f"icon-{name}.svg")
+
+
+def header_html(info: LayoutInfo) -> str:
+    logo = (STATIC_DIR / "logo.svg").read_text(encoding="utf-8")
+    banner = ""
+    if info.share_warning:
+        banner = ('<div class="share-banner" role="alert">⚠️ This app is shared publicly without a login '
+                  "(--share without --auth): anyone with the link can use this model. Do not upload private "
+                  "documents.</div>")
+    return (f'{banner}<div class="app-header">{logo}<div><h1>LM-Infinite chat</h1>'
+            f'<p class="model-notice">{html.escape(info.notice)}</p>'
+            f'<p class="model-notice">Attention: {info.n_starting} starting tokens + a {info.window:,}-token window, '
+            f"top-k middle recall while answering. Context budget {info.budget_tokens:,} tokens per session; "
+            f"uploads up to {html.escape(info.max_file_size)}.</p></div></div>")
+
+
+def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
+    with gr.Blocks(title="LM-Infinite chat", fill_width=True, delete_cache=(3600, 3600)) as demo:
+        gr.HTML(header_html(info), elem_id="app-header")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3, min_width=480):
+                chatbot = gr.Chatbot(
+                    label="Chat", show_label=False, elem_id="chat", height=560, layout="panel",
+                    buttons=["copy", "copy_all"],
+                    avatar_images=(str(STATIC_DIR / "user.svg"), str(STATIC_DIR / "assistant.svg")),
+                    placeholder="Drop PDFs, code files or a zipped repository here or in the box below, "
+                                "then ask about them. Answers cite the pages their recall attended to.",
+                    feedback_options=None,
+                )
+                chat_input = gr.MultimodalTextbox(
+                    elem_id="chat-input", file_count="multiple", sources=["upload"], file_types=ACCEPTED_TYPES,
+                    placeholder="Ask a question, or drop PDFs, text/code files and .zip repositories…",
+                    show_label=False, autofocus=True, max_lines=8,
+                )
+                with gr.Row(elem_id="chat-actions"):
+                    stop = gr.Button("Stop", variant="stop", elem_id="stop-button", size="sm", icon=_icon("stop"))
+                    regenerate = gr.Button("Regenerate", size="sm", icon=_icon("regenerate"))
+                    clear = gr.Button("Clear chat", size="sm", icon=_icon("clear"))
+                    new_context = gr.Button("New context", size="sm", icon=_icon("new"))
+                    export = gr.Button("Export", size="sm", icon=_icon("export"))
+                stop_note = gr.Markdown(elem_id="stop-note")
+                export_files = gr.File(label="Export (Markdown and JSON)", visible=False, file_count="multiple",
+                                       interactive=False)
+            with gr.Column(scale=2, min_width=380):
+                panel = gr.HTML(elem_id="live-panel")
+                with gr.Tab("Documents", elem_id="documents-tab"):
+                    upload = gr.File(label="Add documents (PDF, text, code, .zip repository)", file_count="multiple",
+                                     file_types=ACCEPTED_TYPES, elem_id="documents-upload", height=120)
+                    server_path = add_path = None
+                    if info.allow_local_paths:
+                        with gr.Row():
+                            server_path = gr.Textbox(label="Folder, file or git URL on the server", scale=4)
+                            add_path = gr.Button("Add", scale=1)
+                    with gr.Row(equal_height=True):
+                        activity = gr.HTML(elem_id="activity")
+                        cancel = gr.Button("Cancel", variant="stop", size="sm", scale=0, min_width=90)
+                    context = gr.HTML(elem_id="context-summary")
+                    documents = gr.Dataframe(headers=DOCUMENT_HEADERS, value=[], interactive=False, wrap=True,
+                                             elem_id="documents-table", label="Files")
+                with gr.Tab("Live charts", elem_id="live-tab"):
+                    memory_plot = gr.LinePlot(x="seconds", y="value", color="series", title="Memory (MB)",
+                                              x_title="seconds", y_title="MB", height=200)
+                    throughput_plot = gr.LinePlot(x="seconds", y="value", color="series",
+                                                  title="Throughput (tokens/s)", x_title="seconds",
+                                                  y_title="tokens/s", height=200)
+                    panel_data = gr.JSON(label="Raw numbers", open=False, visible=True)
+                with gr.Tab("Settings", elem_id="settings-tab"):
+                    system_prompt = gr.Textbox(info.system_prompt, label="System prompt", lines=3,
+                                               info="Used when a context starts (new context or first message).")
+                    temperature = gr.Slider(0, 2, value=info.temperature, step=0.05, label="Temperature",
+                                            info="0 = greedy (deterministic)")
+                    top_p = gr.Slider(0.05, 1, value=info.top_p, step=0.05, label="Top-p")
+                    max_new_tokens = gr.Slider(16, 4096, value=info.max_new_tokens, step=16, label="Max new tokens")
+                    repetition_penalty = gr.Slider(1.0, 2.0, value=info.repetition_penalty, step=0.05,
+                                                   label="Repetition penalty", info="applies to the answer's tokens")
+                    recall = gr.Checkbox(value=info.recall, label="Top-k middle recall while answering",
+                                         info="Lets the answer attend to the most relevant tokens beyond the window "
+                                              "and powers the cited sources.")
+                    topk = gr.Slider(1, 64, value=max(1, info.topk), step=1, label="k (tokens recalled per head)")
+        timer = gr.Timer(1.0)
+    return demo, Components(
+        chatbot=chatbot, chat_input=chat_input, stop=stop, regenerate=regenerate, clear=clear,
+        new_context=new_context, export=export, export_files=export_files, stop_note=stop_note, upload=upload,
+        server_path=server_path, add_path=add_path, activity=activity, cancel=cancel, documents=documents,
+        context=context, panel=panel, panel_data=panel_data, memory_plot=memory_plot, throughput_plot=throughput_plot,
+        system_prompt=system_prompt, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+        repetition_penalty=repetition_penalty, recall=recall, topk=topk, timer=timer,
+    )

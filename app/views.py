@@ -1,0 +1,177 @@
+"""Session state to component values: chat messages, table rows, HTML panels and plot frames.
+
+Pure formatting: plain Python in, plain Python (and pandas for the plots) out.
+"""
+
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+
+from .documents import STATUS_LABELS, DocumentRow, human_size
+from .metrics import DeviceMemory, LiveStats, Sample
+from .budget import Budget
+from .sessions import ChatItem, Session
+
+DOCUMENT_HEADERS = ["File", "Status", "Pages", "Tokens", "Note"]
+PHASE_LABELS = {"idle": "Idle", "reading": "Reading documents", "prefill": "Feeding the model",
+                "decode": "Answering"}
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _fmt_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+def _fmt_rate(rate: float) -> str:
+    return f"{rate:,.0f} tok/s" if rate >= 10 else (f"{rate:.1f} tok/s" if rate > 0 else "–")
+
+
+# -- chat --------------------------------------------------------------------------------------
+def answer_markdown(item: ChatItem) -> str:
+    parts = [item.text or ("…" if item.pending else "(empty answer)")]
+    if item.citations:
+        cited = " · ".join(f"`{c['label']}` {c['share']:.0%}" for c in item.citations)
+        parts.append(f"**Sources** (attended by top-k recall): {cited}")
+    elif item.recall_note:
+        parts.append(f"*{item.recall_note}*")
+    if item.stats:
+        s = item.stats
+        parts.append(f"<sub>first token {_fmt_seconds(s.get('ttft_s'))} · {_fmt_rate(s.get('decode_tps', 0))} · "
+                     f"{s.get('tokens', 0)} tokens{' · stopped at max tokens' if s.get('finish') == 'length' else ''}"
+                     "</sub>")
+    if item.stopped:
+        parts.append("*■ Stopped: this exchange was not kept in the context.*")
+    return "\n\n".join(parts)
+
+
+def chat_messages(items: list[ChatItem]) -> list[dict]:
+    """Messages for gr.Chatbot; status and notices render as titled, collapsible blocks."""
+    messages = []
+    for item in items:
+        if item.kind == "question":
+            text = item.text
+            if item.files:
+                text = "*Attached: " + ", ".join(item.files) + "*" + ("\n\n" + text if text else "")
+            if not item.in_context and item.text:
+                text += "\n\n<sub>not in the context</sub>"
+            messages.append({"role": "user", "content": text})
+        elif item.kind == "answer":
+            messages.append({"role": "assistant", "content": answer_markdown(item)})
+        else:
+            metadata = {"title": item.title or ""}
+            metadata["status"] = "pending" if item.pending else "done"
+            messages.append({"role": "assistant", "content": item.text or " ", "metadata": metadata})
+    return messages
+
+
+# -- documents ---------------------------------------------------------------------------------
+def session_view(session: Session, budget: Budget) -> tuple:
+    """Chat, documents table, context summary and activity: the outputs of every work event."""
+    engine = session.engine
+    files = sum(1 for d in session.documents if d.status in ("ingested", "partial"))
+    return (
+        chat_messages(session.chat),
+        document_rows(session.documents),
+        context_html(session.context_tokens, engine.document_tokens if engine else 0, budget.tokens, budget.why,
+                     files),
+        activity_html(session.stats),
+    )
+
+
+def document_rows(rows: list[DocumentRow]) -> list[list]:
+    return [row.as_list() for row in rows]
+
+
+def status_line(row: DocumentRow) -> str:
+    """'report.pdf: ✓ in context, 3,456 tokens' style summary used in chat status blocks."""
+    extra = f", {row.tokens:,} tokens" if row.tokens else ""
+    return f"{STATUS_LABELS.get(row.status, row.status)}{extra}" + (f": {row.reason}" if row.reason else "")
+
+
+def context_html(context_tokens: int, document_tokens: int, budget: int, budget_why: str, files: int) -> str:
+    share = context_tokens / budget if budget else 0.0
+    return (
+        '<div class="ctx-summary">'
+        f'<div class="ctx-line"><b>{context_tokens:,}</b> tokens in context of a <b>{budget:,}</b>-token budget '
+        f'({share:.1%}) · {document_tokens:,} from {files} document{"s" if files != 1 else ""}</div>'
+        f'<div class="bar"><div class="bar-fill" style="width:{min(100.0, share * 100):.2f}%"></div></div>'
+        f'<div class="ctx-note">Budget: {html.escape(budget_why)}</div></div>'
+    )
+
+
+def activity_html(stats: LiveStats) -> str:
+    """Progress of the running work: what, how far, how fast, how long left."""
+    blocks = []
+    if stats.reading:
+        blocks.append(
+            '<div class="activity busy"><div class="activity-label">Reading documents</div>'
+            '<div class="bar"><div class="bar-fill striped" style="width:100%"></div></div>'
+            f'<div class="activity-detail">{html.escape(stats.reading)}</div></div>')
+    if stats.phase != "idle":
+        label = PHASE_LABELS.get(stats.phase, stats.phase)
+        if stats.phase == "prefill":
+            fraction = stats.done / stats.total if stats.total else 0.0
+            bits = [f"{stats.done:,} / {stats.total:,} tokens", _fmt_rate(stats.prefill_tps),
+                    f"ETA {_fmt_seconds(stats.eta_s)}"]
+            striped = ""
+        else:
+            fraction = 1.0
+            bits = [f"{stats.done:,} tokens", _fmt_rate(stats.decode_tps), f"first token {_fmt_seconds(stats.ttft_s)}"]
+            striped = " striped"
+        detail = f" ({html.escape(stats.detail)})" if stats.detail else ""
+        blocks.append(
+            f'<div class="activity busy"><div class="activity-label">{label}{detail}</div>'
+            f'<div class="bar"><div class="bar-fill{striped}" style="width:{fraction * 100:.1f}%"></div></div>'
+            f'<div class="activity-detail">{" · ".join(bits)}</div></div>')
+    if not blocks:
+        return '<div class="activity idle">Idle: drop files here or in the chat box.</div>'
+    return "".join(blocks)
+
+
+# -- live panel --------------------------------------------------------------------------------
+def _card(title: str, value: str, sub: str = "") -> str:
+    return (f'<div class="stat-card"><div class="stat-title">{title}</div><div class="stat-value">{value}</div>'
+            f'<div class="stat-sub">{sub}</div></div>')
+
+
+def panel_html(stats: LiveStats, memory: DeviceMemory, budget: int, vanilla_kv: int | None) -> str:
+    if memory.kind == "cuda":
+        mem = _card("GPU memory", human_size(memory.allocated),
+                    f"allocated · reserved {human_size(memory.reserved or 0)} · peak {human_size(memory.peak)} · "
+                    f"total {human_size(memory.total)}")
+    else:
+        mem = _card("Process memory (RSS)", human_size(memory.allocated),
+                    f"peak {human_size(memory.peak)} · machine {human_size(memory.total)}")
+    vanilla = f" · a full cache would hold {human_size(vanilla_kv)}" if vanilla_kv else ""
+    kv = _card("KV cache", human_size(stats.kv_total),
+               f"starting {human_size(stats.kv_starting)} · window {human_size(stats.kv_window)} · "
+               f"middle store {human_size(stats.kv_middle)}{vanilla}")
+    ctx = _card("Context", f"{stats.context_tokens:,} tokens", f"budget {budget:,}")
+    prefill = _card("Prefill", _fmt_rate(stats.prefill_tps), "documents and questions")
+    decode = _card("Decode", _fmt_rate(stats.decode_tps), f"time to first token {_fmt_seconds(stats.ttft_s)}")
+    reading_only = stats.phase == "idle" and stats.reading
+    now = PHASE_LABELS["reading"] if reading_only else PHASE_LABELS.get(stats.phase, stats.phase)
+    phase = _card("Now", now, html.escape(stats.reading if reading_only else stats.detail))
+    return f'<div class="stat-grid">{mem}{kv}{ctx}{prefill}{decode}{phase}</div>'
+
+
+def plot_frames(samples: list[Sample], memory_kind: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Long-format frames for the memory and the throughput line plots."""
+    mem_name = "GPU allocated" if memory_kind == "cuda" else "process RSS"
+    memory_rows, speed_rows = [], []
+    for s in samples:
+        memory_rows += [(s.t, s.memory_mb, mem_name), (s.t, s.kv_mb, "KV cache")]
+        speed_rows += [(s.t, s.prefill_tps, "prefill"), (s.t, s.decode_tps, "decode")]
+    columns = ["seconds", "value", "series"]
+    return pd.DataFrame(memory_rows, columns=columns), pd.DataFrame(speed_rows, columns=columns)

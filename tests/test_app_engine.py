@@ -1,0 +1,311 @@
+"""The per-session context engine without HTTP: append-only feeding, rollback, Stop, OOM, regenerate, sources."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from app.chat_format import ChatFormat, TurnState
+from app.cli import AppConfig
+from app.engine import AnswerDelta, AnswerResult, ContextEngine, ContextFull, ContextOutOfMemory, EngineError, Stopped
+from app.generation import GenerationSettings
+from app.model_loading import ModelChoice, load_runtime
+from app_fixtures import FILLER, model_dir
+
+GREEDY = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=True, topk=5)
+# Sampling at temperature 2 rambles on instead of ending after one sentence: room to stop mid-answer.
+RAMBLE = GenerationSettings(temperature=2.0, top_p=1.0, max_new_tokens=200)
+SYSTEM = "You are a helpful assistant. Answer questions about the document."
+
+
+@dataclass
+class Chunk:
+    text: str
+    source: str
+    page: int | None = None
+    page_label: str | None = None
+    line_start: int | None = None
+    line_end: int | None = None
+
+
+def pdf_like(pages: int = 8, secret_page: int = 5) -> list[Chunk]:
+    """One chunk per page, several windows long in total; the pass key sits on one page."""
+    chunks = []
+    for page in range(1, pages + 1):
+        body = " ".join([FILLER] * 5)
+        if page == secret_page:
+            body += " The pass key is 71432. Remember it. 71432 is the pass key."
+        header = "### report.pdf\n" if page == 1 else ""
+        chunks.append(Chunk(f"{header}--- page {page} ---\n{body}\n", "report.pdf", page=page))
+    return chunks
+
+
+def code_file() -> list[Chunk]:
+    lines = [f"def function_{i}(x):\n    return x + {i}\n" for i in range(12)]
+    return [Chunk("### src/funcs.py\n" + "".join(lines[:6]), "src/funcs.py", line_start=1, line_end=12),
+            Chunk("".join(lines[6:]), "src/funcs.py", line_start=13, line_end=24)]
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    threads = torch.get_num_threads()
+    torch.manual_seed(0)
+    directory = str(model_dir())
+    # One thread: on a small shared machine, more threads only spin against each other.
+    yield load_runtime(AppConfig(model=directory, prefill_chunk=64, cpu_threads=1), ModelChoice(directory, "test"))
+    torch.set_num_threads(threads)
+
+
+def new_engine(runtime, budget: int = 1_000_000) -> ContextEngine:
+    return ContextEngine(runtime, system_prompt=SYSTEM, budget=budget)
+
+
+def run(operation):
+    """Exhaust an engine operation; returns the AnswerResult or the last progress item."""
+    last = None
+    for last in operation:
+        pass
+    return last
+
+
+def answer(engine, question, settings=GREEDY) -> AnswerResult:
+    result = run(engine.ask(question, settings))
+    assert isinstance(result, AnswerResult)
+    return result
+
+
+class StopAfter:
+    """A cancel flag that sets itself after ``n`` progress items (only answer tokens with ``tokens=True``)."""
+
+    def __init__(self, items: int, tokens: bool = False):
+        self.remaining = items
+        self.tokens = tokens
+        self.event = threading.Event()
+
+    def drive(self, operation):
+        torch.manual_seed(1234)  # RAMBLE samples: make it the same ramble every run
+        with pytest.raises(Stopped):
+            for item in operation:
+                if self.tokens and not isinstance(item, AnswerDelta):
+                    continue
+                self.remaining -= 1
+                if self.remaining <= 0:
+                    self.event.set()
+
+
+def test_pieces_match_the_chat_template(runtime):
+    """Fed piece by piece, the conversation is tokenised exactly as the chat template tokenises it whole."""
+    tokenizer = runtime.tokenizer
+    fmt = ChatFormat(tokenizer)
+    for system, documents in ((SYSTEM, ["Some text.\n\n", "More text,  indented.\n"]), ("", ["Some text.\n"])):
+        user = "".join(documents) + "What is it?"
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": user}, {"role": "assistant", "content": "It is text."},
+            {"role": "user", "content": "Why?"}]
+        expected = list(tokenizer.apply_chat_template(messages, tokenize=True)["input_ids"])
+        ours, carry = fmt.start(system)
+        for document in documents:
+            ids, carry = fmt.document(document, carry)
+            ours += ids
+        ours += fmt.question("What is it?", carry)
+        ours += fmt.encode(" It is text. ") + fmt.close_answer()
+        opened, carry = fmt.open_turn()
+        ours += opened + fmt.question("Why?", carry)
+        assert ours == expected
+
+
+def test_feeding_is_append_only(runtime):
+    engine = new_engine(runtime)
+    forwarded = runtime.tokens_forwarded
+    run(engine.feed_documents(pdf_like()))
+    after_docs = engine.length
+    first = answer(engine, "What is the pass key?")
+    run(engine.feed_documents(code_file()))
+    second = answer(engine, "Which file defines function_3?")
+    # Every token reached the model exactly once, in order: nothing was re-encoded.
+    assert runtime.tokens_forwarded - forwarded == engine.length == engine.tokens_fed
+    assert engine.cache.get_seq_length() == engine.length
+    fmt = engine.format
+    ids = list(engine.token_ids)
+    assert ids[0] == fmt.bos and ids.count(fmt.bos) == 2  # the system turn, then the turn after answer 1
+    assert ids.count(fmt.eos) == 2 and ids[-1] == fmt.eos
+    kinds = [s.kind for s in engine.spans]
+    assert kinds == ["system"] + ["document"] * 8 + ["question", "answer", "format"] + ["document"] * 2 + \
+        ["question", "answer"]
+    assert engine.spans[8].end == after_docs
+    assert first.tokens >= 1 and second.tokens >= 1
+
+
+def test_answer_streams_and_reports_timings(runtime):
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like()))
+    items = list(engine.ask("What is the pass key?", GREEDY))
+    deltas = [i for i in items if isinstance(i, AnswerDelta)]
+    result = items[-1]
+    assert isinstance(result, AnswerResult)
+    assert len(deltas) == result.tokens  # one streamed update per generated token
+    assert deltas[-1].text == result.text
+    assert result.ttft_s > 0 and result.decode_tps > 0
+    assert result.finish in ("eos", "length")
+
+
+def test_stop_mid_prefill_rolls_back_exactly(runtime):
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like()))
+    answer(engine, "What is the pass key?")
+    length, spans, state = engine.length, len(engine.spans), engine.state
+    stopper = StopAfter(2)  # two chunks of 64 tokens in: mid-prefill
+    stopper.drive(engine.feed_documents(code_file() * 3, stopper.event))
+    assert engine.tokens_fed > length  # it did feed before stopping
+    assert (engine.length, len(engine.spans), engine.state) == (length, spans, state)
+    assert engine.cache.get_seq_length() == length
+
+    fresh = new_engine(runtime)
+    run(fresh.feed_documents(pdf_like()))
+    answer(fresh, "What is the pass key?")
+    question = "Say the pass key again."
+    assert answer(engine, question).text == answer(fresh, question).text
+    assert list(engine.token_ids) == list(fresh.token_ids)
+
+
+def test_stop_mid_answer_removes_the_turn(runtime):
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like()))
+    length = engine.length
+    stopper = StopAfter(3, tokens=True)  # three answer tokens streamed
+    stopper.drive(engine.ask("Write a long story about the sky.", RAMBLE, stopper.event))
+    assert engine.length == length and engine.state is TurnState.IN_TURN and not engine.turns
+
+    fresh = new_engine(runtime)
+    run(fresh.feed_documents(pdf_like()))
+    assert answer(engine, "What is the pass key?").text == answer(fresh, "What is the pass key?").text
+    assert list(engine.token_ids) == list(fresh.token_ids)
+
+
+def test_out_of_memory_rolls_back_and_keeps_serving(runtime, monkeypatch):
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like()))
+    answer(engine, "What is the pass key?")
+    length = engine.length
+    model_forward = runtime.model.forward
+    failures = {"prefill": torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                "decode": RuntimeError("CUDA error: out of memory")}
+    calls = {"n": 0, "fail": "prefill"}
+
+    def failing_forward(*args, **kwargs):  # inside the model, after some layers may have updated the cache
+        calls["n"] += 1
+        n_ids = kwargs["input_ids"].shape[1]
+        if calls["fail"] == "prefill" and calls["n"] == 3 or calls["fail"] == "decode" and n_ids == 1:
+            raise failures[calls["fail"]]
+        return model_forward(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.model, "forward", failing_forward)
+    with pytest.raises(ContextOutOfMemory, match="rolled back"):
+        run(engine.feed_documents(code_file() * 3))
+    assert calls["n"] == 3
+    assert engine.length == length and engine.cache.get_seq_length() == length
+
+    calls["fail"] = "decode"
+    with pytest.raises(ContextOutOfMemory):
+        run(engine.ask("And now?", GenerationSettings(max_new_tokens=20)))
+    assert engine.length == length and engine.cache.get_seq_length() == length
+    monkeypatch.setattr(runtime.model, "forward", model_forward)
+
+    fresh = new_engine(runtime)
+    run(fresh.feed_documents(pdf_like()))
+    answer(fresh, "What is the pass key?")
+    assert answer(engine, "Once more?").text == answer(fresh, "Once more?").text
+    assert list(engine.token_ids) == list(fresh.token_ids)
+
+
+def test_other_errors_roll_back_too(runtime, monkeypatch):
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like()))
+    length = engine.length
+
+    def broken(ids, cache, *, topk):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(runtime, "forward", broken)
+    with pytest.raises(ValueError):
+        run(engine.ask("Anything?", GREEDY))
+    assert engine.length == length and engine.state is TurnState.IN_TURN
+
+
+def test_abandoned_operation_is_rolled_back(runtime):
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like()))
+    length = engine.length
+    torch.manual_seed(1234)
+    operation = engine.ask("Write a long story about the sky.", RAMBLE)
+    for _, item in zip(range(4), operation):  # a closed browser tab: the generator is never resumed
+        pass
+    assert isinstance(item, AnswerDelta)
+    assert engine.length > length
+    del operation
+    gc.collect()
+    assert engine.length == length and engine.cache.get_seq_length() == length
+
+
+def test_budget_refuses_before_any_work(runtime):
+    engine = new_engine(runtime, budget=600)
+    forwarded = runtime.tokens_forwarded
+    with pytest.raises(ContextFull, match="budget"):
+        run(engine.feed_documents(pdf_like(pages=20)))
+    assert runtime.tokens_forwarded == forwarded and engine.length == 0
+
+
+def test_regenerate_reuses_the_question_prefill(runtime):
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like()))
+    first = answer(engine, "What is the pass key?")
+    length, fed = engine.length, engine.tokens_fed
+    again = run(engine.regenerate(GREEDY))
+    assert again.text == first.text and engine.length == length
+    # only the answer (and its </s>) was decoded again, the question was not re-encoded
+    assert engine.tokens_fed - fed == first.tokens + 1  # the answer's tokens and its </s>
+    stopper = StopAfter(2, tokens=True)
+    stopper.drive(engine.regenerate(RAMBLE, stopper.event))
+    assert not engine.turns and engine.state is TurnState.IN_TURN
+    with pytest.raises(EngineError):
+        run(engine.regenerate(GREEDY))
+
+
+def test_forget_conversation_keeps_documents(runtime):
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like()))
+    docs_only = engine.length
+    answer(engine, "What is the pass key?")
+    assert engine.forget_conversation()
+    assert engine.length == docs_only and not engine.turns
+    run(engine.feed_documents(code_file()))
+    answer(engine, "Which file?")
+    run(engine.feed_documents(code_file()))
+    assert not engine.forget_conversation()  # a document after a question: the caller must rebuild
+
+
+def test_sources_come_from_recalled_document_tokens(runtime):
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like(pages=10)))
+    result = answer(engine, "What is the pass key?")
+    report = result.citations
+    assert report.recalled and report.citations
+    assert 0 < report.document_share <= 1
+    assert all(c.source == "report.pdf" and 1 <= c.page <= 10 for c in report.citations)
+    assert sum(c.share for c in report.citations) <= 1 + 1e-9
+    assert [c.share for c in report.citations] == sorted((c.share for c in report.citations), reverse=True)
+
+    no_recall = answer(engine, "And again?", GenerationSettings(max_new_tokens=8, recall=False))
+    assert not no_recall.citations.recalled and no_recall.citations.citations == ()
+
+
+def test_context_inside_the_window_has_nothing_to_recall(runtime):
+    engine = new_engine(runtime)
+    run(engine.feed_documents([Chunk("### a.txt\nShort.\n", "a.txt", line_start=1, line_end=1)]))
+    result = answer(engine, "What?")
+    assert engine.length < runtime.window
+    assert not result.citations.recalled

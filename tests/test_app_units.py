@@ -1,0 +1,322 @@
+"""Fast unit tests of the app's plain-Python parts: flags, model choice, uploads, budget, sampling, citations,
+sessions, views and exports. No model, no server."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from app import cli, model_loading
+from app.citations import RecallTally, cite
+from app.documents import DocumentRow, fit_budget, screen_uploads
+from app.exporting import export_data, to_markdown, write_exports
+from app.generation import GenerationSettings, next_token
+from app.metrics import LiveStats, device_memory
+from app.sessions import ChatItem, SessionRegistry
+from app.spans import Span, SpanIndex
+from app import views
+from ingest import Corpus, FileReport
+from ingest.corpus import Chunk
+from lminfinite import TopKSelection
+
+
+# -- command line --------------------------------------------------------------------------------
+def test_cli_defaults_are_safe():
+    config = cli.parse_args([])
+    assert config.host == "127.0.0.1" and not config.share and not config.allow_local_paths
+    assert config.quantization is None and config.topk == 5 and config.model is None
+    assert config.max_file_size == 200 * 1024**2
+
+
+def test_cli_parses_auth_sizes_and_quantization(tmp_path):
+    auth_file = tmp_path / "users.txt"
+    auth_file.write_text("# team\nbob:s3cret\n\ncarol:pa:ss\n")
+    config = cli.parse_args(["--auth", "alice:pw", "--auth-file", str(auth_file), "--max-file-size", "1.5GB",
+                             "--load-in-8bit", "--share", "--topk", "8", "--window", "2048"])
+    assert config.auth == [("alice", "pw"), ("bob", "s3cret"), ("carol", "pa:ss")]
+    assert config.max_file_size == int(1.5 * 1024**3)
+    assert config.quantization == "8bit" and config.topk == 8 and config.window == 2048
+    assert not config.share_without_auth
+    assert cli.parse_args(["--share"]).share_without_auth
+    assert cli.parse_size("10KiB") == 10240 and cli.parse_size("5000") == 5000
+
+
+@pytest.mark.parametrize("argv", [["--auth", "nopassword"], ["--load-in-4bit", "--no-quant"], ["--max-file-size", "x"]])
+def test_cli_rejects_bad_flags(argv):
+    with pytest.raises(SystemExit):
+        cli.parse_args(argv)
+
+
+def test_help_lists_every_flag_of_the_issue(capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--help"])
+    text = capsys.readouterr().out
+    for flag in ("--model", "--load-in-4bit", "--load-in-8bit", "--no-quant", "--device", "--n-starting", "--window",
+                 "--topk", "--topk-from-layer", "--host", "--port", "--share", "--auth", "--auth-file",
+                 "--max-file-size", "--allow-local-paths", "--context-budget"):
+        assert flag in text
+
+
+# -- model choice --------------------------------------------------------------------------------
+def test_model_choice_says_which_and_why(monkeypatch, tmp_path):
+    demo = tmp_path / "demo_model"
+    demo.mkdir()
+    (demo / "config.json").write_text("{}")
+    monkeypatch.setattr(model_loading, "DEMO_MODEL_DIR", demo)
+    monkeypatch.setattr(model_loading, "cached_snapshot", lambda repo: None)
+    config = cli.AppConfig()
+
+    choice = model_loading.choose_model(config, cuda_available=False)
+    assert choice.name_or_path == str(demo) and "no CUDA GPU" in choice.reason
+    choice = model_loading.choose_model(config, cuda_available=True)
+    assert choice.name_or_path == str(demo) and "not in the local Hugging Face cache" in choice.reason
+
+    monkeypatch.setattr(model_loading, "cached_snapshot", lambda repo: "/cache/llama")
+    choice = model_loading.choose_model(config, cuda_available=True)
+    assert choice.name_or_path == cli.LLAMA2_CHAT and "local Hugging Face cache" in choice.reason
+    assert model_loading.choose_model(cli.AppConfig(device="cpu"), cuda_available=True).name_or_path == str(demo)
+    assert model_loading.choose_model(cli.AppConfig(model="x/y"), cuda_available=True).reason == "chosen with --model"
+
+
+def test_quantization_and_device_map_follow_the_flags():
+    q4 = model_loading.quantization_config("4bit", torch.bfloat16)
+    assert q4.load_in_4bit and q4.bnb_4bit_quant_type == "nf4" and q4.bnb_4bit_use_double_quant
+    assert q4.bnb_4bit_compute_dtype == torch.bfloat16
+    assert model_loading.quantization_config("8bit", torch.bfloat16).load_in_8bit
+    assert model_loading.quantization_config("none", torch.float32) is None
+    assert model_loading.device_map_for("auto", on_cuda=True) == "auto"
+    assert model_loading.device_map_for("auto", on_cuda=False) is None
+    assert model_loading.device_map_for("cuda:1", on_cuda=True) == {"": "cuda:1"}
+    assert model_loading.topk_from_layer_for(cli.AppConfig(), 32) == 5
+    assert model_loading.topk_from_layer_for(cli.AppConfig(), 4) == 2
+    assert model_loading.topk_from_layer_for(cli.AppConfig(topk_from_layer=1), 32) == 1
+
+
+# -- uploads and budget --------------------------------------------------------------------------
+def test_screen_uploads_refuses_big_files_and_foreign_paths(tmp_path):
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    small, big = uploads / "small.txt", uploads / "big.txt"
+    small.write_text("hello\n")
+    big.write_text("x" * 5000)
+    outside = tmp_path / "etc_passwd"
+    outside.write_text("root:x:0:0\n")
+    accepted, refused = screen_uploads([str(small), str(big), str(outside)], 1000, str(uploads))
+    assert accepted == [str(small.resolve())]
+    assert [(r.path, r.status) for r in refused] == [("big.txt", "refused"), ("etc_passwd", "refused")]
+    assert "over the 1000 B upload limit" in refused[0].reason
+    assert "--allow-local-paths" in refused[1].reason
+
+
+def _chunk(source, tokens, index):
+    return Chunk(text="x", source=source, page=None, page_label=None, line_start=1, line_end=2, char_start=0,
+                 char_end=1, tokens=tokens, index=index)
+
+
+def test_fit_budget_refuses_whole_files_that_do_not_fit():
+    reports = [FileReport("a.py", "ingested", tokens=300), FileReport("b.py", "partial", tokens=500, reason="lossy"),
+               FileReport("c.bin", "skipped", reason="binary file"), FileReport("d.py", "ingested", tokens=100)]
+    chunks = [_chunk("a.py", 200, 0), _chunk("a.py", 100, 1), _chunk("b.py", 500, 2), _chunk("d.py", 100, 3)]
+    fitted = fit_budget(Corpus(reports=reports, chunks=chunks), free_tokens=450)
+    statuses = [(r.path, r.status) for r in fitted.rows]
+    assert statuses == [("a.py", "queued"), ("b.py", "refused"), ("c.bin", "skipped"), ("d.py", "queued")]
+    assert [c.index for c in fitted.chunks] == [0, 1, 3] and fitted.tokens == 400
+    assert "needs 500 tokens" in fitted.rows[1].reason and fitted.rows[0].outcome == "ingested"
+
+
+# -- sampling ------------------------------------------------------------------------------------
+def test_greedy_top_p_and_repetition_penalty():
+    logits = torch.tensor([1.0, 3.0, 2.9, -5.0])
+    assert next_token(logits, [], GenerationSettings(temperature=0)) == 1
+    penalised = GenerationSettings(temperature=0, repetition_penalty=2.0)
+    assert next_token(logits, [1], penalised) == 2  # 3.0 / 2 < 2.9
+    generator = torch.Generator().manual_seed(0)
+    narrow = GenerationSettings(temperature=1.0, top_p=0.4)
+    picks = {next_token(logits, [], narrow, generator) for _ in range(50)}
+    assert picks == {1}  # token 1 alone holds 49% of the mass, more than top_p
+    wide = GenerationSettings(temperature=1.0, top_p=1.0)
+    assert {next_token(logits, [], wide, generator) for _ in range(200)} >= {1, 2}
+    with pytest.raises(ValueError):
+        GenerationSettings(top_p=0)
+
+
+# -- citations -----------------------------------------------------------------------------------
+def test_citations_group_recall_weight_by_page_and_line_range():
+    spans = SpanIndex()
+    spans.append(Span(0, 10, "system"))
+    spans.append(Span(10, 50, "document", source="r.pdf", page=3, page_label="iii"))
+    spans.append(Span(50, 90, "document", source="r.pdf", page=4, page_label="4"))
+    spans.append(Span(90, 120, "document", source="src/a.py", line_start=10, line_end=30))
+    spans.append(Span(120, 130, "question"))
+    tally = RecallTally()
+    positions = torch.tensor([[[[12, 55, 95, 5, 0]]]])  # (B, H, c, k)
+    weights = torch.tensor([[[[0.30, 0.10, 0.20, 0.05, 0.0]]]])  # the last slot is empty (weight 0)
+    tally(TopKSelection(6, torch.tensor([130]), positions, weights))
+    tally(TopKSelection(7, torch.tensor([130]), torch.tensor([[[[13, 96]]]]), torch.tensor([[[[0.10, 0.05]]]])))
+    report = cite(tally, spans)
+    labels = [(c.label(), round(c.share, 3)) for c in report.citations]
+    # documents received 0.75 of the 0.80 recalled: page 3 0.40, a.py 0.25, page 4 0.10
+    assert labels == [("r.pdf p. 3 (iii)", 0.533), ("src/a.py:10-30", 0.333), ("r.pdf p. 4", 0.133)]
+    assert report.recalled and report.document_share == pytest.approx(0.75 / 0.80)
+    assert cite(RecallTally(), spans).recalled is False
+
+
+def test_span_index_lookup_and_truncation():
+    spans = SpanIndex()
+    spans.append(Span(0, 5, "system"))
+    spans.append(Span(5, 9, "document", source="a"))
+    with pytest.raises(ValueError):
+        spans.append(Span(10, 12, "question"))  # a gap
+    assert spans.at(4).kind == "system" and spans.at(5).source == "a" and spans.at(9) is None
+    spans.truncate(1)
+    assert spans.end == 5 and len(spans) == 1
+
+
+# -- sessions ------------------------------------------------------------------------------------
+class _Runtime:
+    """Sessions never touch the model until they answer; this stands in for it."""
+
+
+def _registry(timeout_s=3600.0):
+    from app.budget import Budget
+
+    return SessionRegistry(_Runtime(), cli.AppConfig(session_timeout_s=timeout_s), Budget(1000, "test", 10))
+
+
+def test_sessions_are_separate_and_freed():
+    registry = _registry()
+    a, b = registry.get("hash-a"), registry.get("hash-b")
+    assert a is not b and registry.get("hash-a") is a
+    a.documents.append(DocumentRow("secret.pdf", "ingested"))
+    assert b.documents == []
+    tmpdir = Path(a.tmpdir)
+    assert registry.close("hash-a") and not tmpdir.exists() and a.documents == []
+    assert registry.peek("hash-a") is None and registry.get("hash-a") is not a
+
+
+def test_idle_sessions_expire_but_working_ones_wait():
+    registry = _registry(timeout_s=0.05)
+    idle, busy = registry.get("idle"), registry.get("busy")
+    work = busy.new_work("turn", "q?")
+    with busy.working():
+        time.sleep(0.1)
+        assert registry.sweep() == ["idle"]
+        assert registry.peek("busy") is busy
+        registry.close("busy")  # a disconnect mid-answer: stop now, free when the work ends
+        assert work.cancel.is_set() and busy.closed and Path(busy.tmpdir).exists()
+    assert not Path(busy.tmpdir).exists()
+    assert idle.closed
+
+
+def test_stop_sets_every_pending_action():
+    session = _registry().get("s")
+    first, second = session.new_work("turn", "a"), session.new_work("regenerate")
+    assert session.stop() == 2 and first.cancel.is_set() and second.cancel.is_set()
+    assert session.next_work("read") is first
+
+
+# -- views and exports ---------------------------------------------------------------------------
+def test_chat_messages_render_answers_sources_and_stops():
+    items = [
+        ChatItem("user", "question", "What is the key?", files=["r.pdf"]),
+        ChatItem("assistant", "status", "r.pdf: ✓ in context", title="Added 1 file"),
+        ChatItem("assistant", "answer", "It is 42.", citations=[{"label": "r.pdf p. 3", "share": 0.6}],
+                 stats={"ttft_s": 0.25, "decode_tps": 31.0, "tokens": 5, "finish": "eos"}),
+        ChatItem("user", "question", "More?", in_context=False),
+        ChatItem("assistant", "answer", "Well", stopped=True, in_context=False),
+    ]
+    messages = views.chat_messages(items)
+    assert messages[0] == {"role": "user", "content": "*Attached: r.pdf*\n\nWhat is the key?"}
+    assert messages[1]["metadata"] == {"title": "Added 1 file", "status": "done"}
+    assert "It is 42.\n\n**Sources** (attended by top-k recall): `r.pdf p. 3` 60%" in messages[2]["content"]
+    assert "first token 250 ms · 31 tok/s · 5 tokens</sub>" in messages[2]["content"]
+    assert "not in the context" in messages[3]["content"]
+    assert "Stopped: this exchange was not kept" in messages[4]["content"]
+
+
+def test_panel_and_activity_show_the_numbers():
+    stats = LiveStats(phase="prefill", detail="documents", context_tokens=1234, kv_starting=1024, kv_window=2048,
+                      kv_middle=4096, prefill_tps=812.0, decode_tps=0.0, done=500, total=1000, eta_s=0.6)
+    memory = device_memory("cpu")
+    html = views.panel_html(stats, memory, 10_000, vanilla_kv=50_000)
+    assert "1,234 tokens" in html and "812 tok/s" in html and "7.0 KB" in html and "48.8 KB" in html
+    activity = views.activity_html(stats)
+    assert "500 / 1,000 tokens" in activity and "ETA 600 ms" in activity and "width:50.0%" in activity
+    assert memory.kind == "cpu" and memory.allocated > 0 and memory.peak >= memory.allocated
+
+
+def test_exports_hold_documents_sources_and_flags(tmp_path):
+    data = export_data(model="demo", system_prompt="Be brief.", context_tokens=99,
+                       documents=[DocumentRow("r.pdf", "ingested", 3, 90),
+                                  DocumentRow("x.bin", "skipped", reason="binary | file")],
+                       chat=[ChatItem("user", "question", "Q?"),
+                             ChatItem("assistant", "answer", "A.", citations=[{"label": "r.pdf p. 2", "share": 1.0}]),
+                             ChatItem("user", "question", "Q2?", in_context=False),
+                             ChatItem("assistant", "answer", "Par", stopped=True, in_context=False)])
+    markdown = to_markdown(data)
+    assert "| r.pdf | ingested | 3 | 90 |" in markdown and "binary \\| file" in markdown
+    assert "**You**:\n\nQ?" in markdown and "Sources: r.pdf p. 2 (100%)" in markdown
+    assert "*Stopped; not kept in the context.*" in markdown
+    md_path, json_path = write_exports(data, str(tmp_path))
+    loaded = json.loads(Path(json_path).read_text())
+    assert loaded["messages"][3]["stopped"] is True and loaded["documents"][0]["tokens"] == 90
+    assert Path(md_path).read_text() == markdown
+
+
+def test_share_without_auth_warns_loudly(capsys, monkeypatch):
+    from app import server
+    from app.ui import LayoutInfo, header_html
+
+    info = dict(notice="Model: demo", allow_local_paths=False, budget_tokens=10, max_file_size="1 MB",
+                system_prompt="", temperature=0.0, top_p=0.9, max_new_tokens=16, repetition_penalty=1.0,
+                recall=True, topk=5, window=256, n_starting=10)
+    assert "share-banner" in header_html(LayoutInfo(share_warning=True, **info))
+    assert "share-banner" not in header_html(LayoutInfo(share_warning=False, **info))
+
+    launched = {}
+
+    class FakeDemo:
+        def launch(self, **kwargs):
+            launched.update(kwargs)
+
+    server.launch(cli.parse_args(["--share"]), FakeDemo())
+    assert "WARNING: --share without --auth" in capsys.readouterr().err
+    assert launched["share"] is True and launched["auth"] is None and launched["server_name"] == "127.0.0.1"
+    server.launch(cli.parse_args(["--share", "--auth", "a:b", "--max-file-size", "5MB"]), FakeDemo())
+    assert "WARNING" not in capsys.readouterr().err
+    assert launched["auth"] == [("a", "b")] and launched["max_file_size"] == 5 * 1024**2
+
+
+# -- chat format with a SentencePiece-style tokenizer (how Llama-2's marks word boundaries) -----------
+def _metaspace_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    alphabet = ["\u2581"] + [f"<0x{i:02X}>" for i in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=alphabet)
+    tok.train_from_iterator(["What is the pass key? It is 123. [INST] <<SYS>> Be brief. <</SYS>> [/INST]"] * 20,
+                            trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def test_chat_format_adds_no_double_spaces_with_sentencepiece_tokenizers():
+    from app.chat_format import ChatFormat
+
+    tokenizer = _metaspace_tokenizer()
+    fmt = ChatFormat(tokenizer)
+    assert fmt.sentencepiece  # the tokenizer marks the word boundary of every piece itself
+    ids, carry = fmt.start("")
+    assert carry == ""
+    ids += fmt.question("What is the pass key?", carry)
+    assert tokenizer.decode(ids) == "<s> [INST] What is the pass key? [/INST]"
+    ids, carry = fmt.open_turn()
+    document, carry = fmt.document("It is 123.", carry)
+    assert carry == "" and tokenizer.decode(ids + document) == "<s> [INST] It is 123."
