@@ -118,13 +118,14 @@ def plot(results, path: Path, window: int) -> None:
     for method in dict.fromkeys(r["method"] for r in results):
         rows = [r for r in results if r["method"] == method and not r["error"]]
         xs = [r["context"] / window for r in rows]
-        for ax, key, scale in zip(axes, ("prefill_tok_s", "decode_ms", "kv_bytes"), (1, 1, 2**-20)):
+        for ax, key, scale in zip(axes, ("prefill_s", "decode_ms", "kv_bytes"), (1, 1, 2**-20)):
             ax.plot(xs, [r[key] * scale for r in rows], marker="o", label=method)
-    for ax, title in zip(axes, ("prefill tokens/s", "decode ms/token", "KV cache MiB")):
+    for ax, title in zip(axes, ("prefill seconds (truncate encodes only the last L)", "decode ms/token", "KV cache MiB")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context / L")
         ax.set_title(title)
         ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
     axes[2].set_yscale("log")
     axes[0].legend()
     fig.tight_layout()
