@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from ingest import citation_label
 
 from .spans import Span, SpanIndex
 
@@ -27,13 +28,7 @@ class Citation:
 
     def label(self) -> str:
         """'report.pdf p. 12 (xii)', 'src/app.py:40-88' or just the file name."""
-        if self.page is not None:
-            shown = f" ({self.page_label})" if self.page_label and self.page_label != str(self.page) else ""
-            return f"{self.source} p. {self.page}{shown}"
-        if self.line_start is not None:
-            end = f"-{self.line_end}" if self.line_end and self.line_end != self.line_start else ""
-            return f"{self.source}:{self.line_start}{end}"
-        return self.source
+        return citation_label(self.source, self.page, self.page_label, self.line_start, self.line_end)
 
     def as_dict(self) -> dict:
         return {"source": self.source, "page": self.page, "page_label": self.page_label,

@@ -74,11 +74,12 @@ from .limits import IngestLimits
 from .pdf import shutdown_pdf_worker
 from .pipeline import ingest
 from .report import format_table, to_json
-from .results import FileReport, IngestCancelled, ProgressEvent, Provenance
+from .results import FileReport, IngestCancelled, ProgressEvent, Provenance, citation_label
 from .tokens import TokenCounter, estimate_tokens
 
 __all__ = [
     "Chunk", "Corpus", "FileReport", "IngestCancelled", "IngestLimits", "ProgressEvent", "Provenance",
-    "TokenCounter", "estimate_kv_bytes", "estimate_tokens", "format_table", "ingest", "kv_dims_from_config",
+    "TokenCounter", "citation_label", "estimate_kv_bytes", "estimate_tokens", "format_table", "ingest",
+    "kv_dims_from_config",
     "shutdown_pdf_worker", "to_json",
 ]

@@ -50,12 +50,19 @@ class Provenance:
 
     def cite(self) -> str:
         """Compact citation such as 'paper.pdf p. 12 (xii)' or 'src/app.py:40'."""
-        if self.page is not None:
-            label = f" ({self.page_label})" if self.page_label and self.page_label != str(self.page) else ""
-            return f"{self.source} p. {self.page}{label}"
-        if self.line is not None:
-            return f"{self.source}:{self.line}"
-        return self.source
+        return citation_label(self.source, self.page, self.page_label, self.line)
+
+
+def citation_label(source: str, page: int | None = None, page_label: str | None = None,
+                   line_start: int | None = None, line_end: int | None = None) -> str:
+    """'paper.pdf p. 12 (xii)' (the label only when it differs), 'src/app.py:40-88', or the bare source."""
+    if page is not None:
+        shown = f" ({page_label})" if page_label and page_label != str(page) else ""
+        return f"{source} p. {page}{shown}"
+    if line_start is not None:
+        end = f"-{line_end}" if line_end and line_end != line_start else ""
+        return f"{source}:{line_start}{end}"
+    return source
 
 
 @dataclass(frozen=True)
