@@ -20,7 +20,7 @@ class AppConfig:
     n_starting: int = 10
     window: int | None = None
     topk: int = 5
-    topk_from_layer: int | None = None  # None: 5 (the paper's h for Llama-2), at most half the layers
+    topk_from_layer: int | None = None  # None: lminfinite.suggested_topk_from_layer (5 for Llama-2, 1 for the demo)
     offload_middle: bool = False
     prefill_chunk: int = 512
     context_budget: int | None = None  # tokens; None: sized from memory (1M on CPU)
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     li.add_argument("--topk", type=int, default=5,
                     help="middle tokens recalled per head while answering; 0 turns recall off by default (default: 5)")
     li.add_argument("--topk-from-layer", type=int, default=None,
-                    help="first layer that recalls middle tokens (default: 5, at most half the layers)")
+                    help="first layer that recalls middle tokens (default: 5 for 30+ layers as in the paper, 1 for the demo model)")
     li.add_argument("--offload-middle", action="store_true",
                     help="keep the evicted middle tokens in CPU memory (GPU memory stays bounded)")
     li.add_argument("--prefill-chunk", type=int, default=512,

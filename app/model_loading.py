@@ -22,7 +22,6 @@ from .runtime import ModelRuntime
 log = logging.getLogger(__name__)
 
 # The paper's h = 5 for Llama-2 (App. A.3); tiny models recall from their upper half.
-PAPER_TOPK_FROM_LAYER = 5
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ def device_map_for(device: str, on_cuda: bool):
 def topk_from_layer_for(config: AppConfig, num_layers: int) -> int:
     if config.topk_from_layer is not None:
         return config.topk_from_layer
-    return min(PAPER_TOPK_FROM_LAYER, num_layers // 2)
+    return lminfinite.suggested_topk_from_layer(num_layers)
 
 
 def load_runtime(config: AppConfig, choice: ModelChoice | None = None) -> ModelRuntime:

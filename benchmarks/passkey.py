@@ -37,7 +37,7 @@ def _prompt_ids(tokenizer, user_message: str) -> list[int]:
 
 
 @torch.no_grad()
-def answer(variants: Variants, method: str, case: PasskeyCase, tokenizer, max_new_tokens: int = 12) -> str:
+def answer(variants: Variants, method: str, case: PasskeyCase, tokenizer, max_new_tokens: int = 32) -> str:
     model = variants.model_for(method)
     device = next(model.parameters()).device
     ids = case.ids[-variants.window :] if method == "truncate" else case.ids

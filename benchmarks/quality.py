@@ -36,7 +36,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--n-starting", type=int, default=10)
     p.add_argument("--topk", type=int, default=5)
-    p.add_argument("--topk-from-layer", type=int, default=None, help="default: 5, or 1 for models under 6 layers")
+    p.add_argument("--topk-from-layer", type=int, default=None, help="default: lminfinite.suggested_topk_from_layer (5 for 32 layers, 1 for 4)")
     p.add_argument("--nll-mult", type=int, default=32, help="NLL sequences of this many × L tokens")
     p.add_argument("--nll-sequences", type=int, default=4)
     p.add_argument("--no-ablations", action="store_true", help="skip the dense Λ-only / ceiling-only (O(n²) memory)")
@@ -46,6 +46,8 @@ def parse_args(argv=None):
     p.add_argument("--skip-nll", action="store_true")
     p.add_argument("--skip-passkey", action="store_true")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--jobs", type=int, default=1,
+                   help="pass-key lengths measured in this many processes at once (each with --threads)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--readme", action="store_true")
     return p.parse_args(argv)
@@ -57,7 +59,7 @@ def main(argv=None) -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, device_map=args.device, attn_implementation="sdpa").eval()
     layers = model.config.num_hidden_layers
-    topk_from = args.topk_from_layer if args.topk_from_layer is not None else (5 if layers >= 6 else 1)
+    topk_from = args.topk_from_layer if args.topk_from_layer is not None else lminfinite.suggested_topk_from_layer(layers)
     variants = Variants(model, lminfinite.LMInfiniteConfig(n_starting=args.n_starting), args.topk, topk_from)
     L = variants.window
     stamp = (f"Measured {datetime.date.today()}; model `{Path(args.model).name}` (L = {L}, {layers} layers), "
@@ -65,10 +67,12 @@ def main(argv=None) -> None:
              f"top-k distance L/2.")
     args.out.mkdir(parents=True, exist_ok=True)
     sections = [stamp]
+    # With --jobs the pass-key workers start first and run while this process measures NLL.
+    passkey_section = None if args.skip_passkey else start_passkey(args, tokenizer, variants, L)
     if not args.skip_nll:
         sections.append(run_nll(args, tokenizer, variants, L))
-    if not args.skip_passkey:
-        sections.append(run_passkey(args, tokenizer, variants, L))
+    if passkey_section is not None:
+        sections.append(passkey_section())
     body = "\n\n".join(sections)
     (args.out / "quality.md").write_text(body + "\n")
     if args.readme:
@@ -90,17 +94,31 @@ def run_nll(args, tokenizer, variants: Variants, L: int) -> str:
             + "\n\n![NLL by position](benchmarks/results/quality_nll.png)")
 
 
-def run_passkey(args, tokenizer, variants: Variants, L: int) -> str:
+def start_passkey(args, tokenizer, variants: Variants, L: int):
+    """Start the pass-key runs (in worker processes with --jobs); returns a function that finishes them."""
     mults = [int(m) for m in args.passkey_mults.split(",")]
     rng = random.Random(args.seed)
     cases = {m: [passkey_bench.make_case(tokenizer, rng, m * L) for _ in range(args.samples)] for m in mults}
-    hits = {method: {m: [] for m in mults} for method in PASSKEY_METHODS}
-    for m in mults:  # methods interleaved per length
-        for method in PASSKEY_METHODS:
-            for case in cases[m]:
-                text = passkey_bench.answer(variants, method, case, tokenizer)
-                hits[method][m].append((case.depth, passkey_bench.is_correct(text, case.key)))
-            print(f"passkey {m}L {method}: {sum(h for _, h in hits[method][m]) / len(cases[m]):.0%}", flush=True)
+    if args.jobs <= 1:
+        return lambda: passkey_table(args, L, mults, {m: _passkey_at_length(variants, tokenizer, m, cases[m])
+                                                       for m in mults})
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    settings = (args.model, args.device, args.threads, args.n_starting, args.topk, variants.topk_config.topk_from_layer)
+    pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"))
+    # Longest first, so the slowest length is not the one left running alone at the end.
+    futures = {m: pool.submit(_passkey_worker, settings, m, cases[m]) for m in sorted(mults, reverse=True)}
+
+    def finish() -> str:
+        with pool:
+            return passkey_table(args, L, mults, {m: futures[m].result() for m in mults})
+
+    return finish
+
+
+def passkey_table(args, L: int, mults: list[int], per_length: dict) -> str:
+    hits = {method: {m: per_length[m][method] for m in mults} for method in PASSKEY_METHODS}
     header = ["method"] + [f"{m}·L ({m * L:,} tok)" for m in mults] + ["average"]
     rows = []
     for method in PASSKEY_METHODS:
@@ -111,6 +129,26 @@ def run_passkey(args, tokenizer, variants: Variants, L: int) -> str:
     _plot_heatmap(hits, mults, args.out / "quality_passkey.png")
     return (f"**Pass-key retrieval**, {args.samples} prompts per length, key at a uniform random depth:\n\n"
             + markdown_table(header, rows) + "\n\n![pass-key depth × length](benchmarks/results/quality_passkey.png)")
+
+
+def _passkey_at_length(variants: Variants, tokenizer, mult: int, cases) -> dict:
+    """(depth, correct) per prompt for every method, methods interleaved at one length."""
+    hits = {}
+    for method in PASSKEY_METHODS:
+        hits[method] = [(case.depth, passkey_bench.is_correct(passkey_bench.answer(variants, method, case, tokenizer),
+                                                              case.key)) for case in cases]
+        print(f"passkey {mult}L {method}: {sum(h for _, h in hits[method]) / len(cases):.0%}", flush=True)
+    return hits
+
+
+def _passkey_worker(settings, mult: int, cases) -> dict:
+    """One pass-key length in its own process (``--jobs``): load the model, then as above."""
+    model_path, device, threads, n_starting, topk, topk_from = settings
+    torch.set_num_threads(threads)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, device_map=device, attn_implementation="sdpa").eval()
+    variants = Variants(model, lminfinite.LMInfiniteConfig(n_starting=n_starting), topk, topk_from)
+    return _passkey_at_length(variants, tokenizer, mult, cases)
 
 
 def _plot_nll(curves, L, path):

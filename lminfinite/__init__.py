@@ -9,7 +9,7 @@ See README.md for the semantics (Λ-mask, distance ceiling, top-k middle recall)
 """
 
 from .cache import CacheSnapshot, InfiniteCache
-from .config import LMInfiniteConfig
+from .config import LMInfiniteConfig, suggested_topk_from_layer
 from .observe import TopKObserver, TopKSelection, observe_topk
 from .patch import disable, enable, get_state
 
@@ -23,4 +23,5 @@ __all__ = [
     "enable",
     "get_state",
     "observe_topk",
+    "suggested_topk_from_layer",
 ]

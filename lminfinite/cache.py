@@ -92,8 +92,7 @@ class InfiniteLayer(CacheLayerMixin):
         self.ring_k[..., slot, :] = rotated[..., 0, :]
         self.ring_v[..., slot, :] = value_states[..., 0, :]
         # Start keys at exactly distance `window` from this query: the distance ceiling.
-        offsets = torch.full((n_starting,), position - self.frame - window, device=rotated.device)
-        self.ring_k[..., :n_starting, :] = self.rope.rotate(self.start_k, offsets)
+        self.ring_k[..., :n_starting, :] = self.rope.rotate_uniform(self.start_k, position - self.frame - window)
         self.ring_v[..., :n_starting, :] = self.start_v
         middle_k, middle_v = self.middle.view() if self.middle is not None else (None, None)
         self.context = KeyContext(

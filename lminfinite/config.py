@@ -70,3 +70,12 @@ def _require_int(name: str, value: object, *, minimum: int) -> None:
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def suggested_topk_from_layer(num_layers: int) -> int:
+    """The paper's h = 5 for Llama-2's 32 layers, scaled down for shallower models, never below 1.
+
+    Recall needs heads that match on what earlier layers wrote into each token (its neighbours); the
+    first layer only builds those features, so even a 4-layer model recalls from layer 1 on.
+    """
+    return min(5, max(1, num_layers // 6))

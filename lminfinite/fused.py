@@ -27,10 +27,3 @@ def attend_with_lse(q, k, v, additive_mask, scale: float) -> tuple[torch.Tensor,
     probs = torch.exp(logits - lse[..., None])
     return (probs.to(v.dtype) @ v).float(), lse
 
-
-def band_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int, groups: int) -> torch.Tensor:
-    """(groups·nq, nk) additive mask: 0 where 0 <= i - j < window, else -inf; rows ordered (group, query)."""
-    distance = query_pos[:, None] - key_pos[None, :]
-    allowed = (distance >= 0) & (distance < window)
-    mask = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill_(~allowed, float("-inf"))
-    return mask.repeat(groups, 1)

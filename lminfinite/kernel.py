@@ -1,13 +1,14 @@
-"""LM-Infinite attention over a KeyContext, one block of queries at a time (paper §4).
+"""LM-Infinite attention over a KeyContext (paper §4).
 
 Each query i sees three kinds of keys, scored in one softmax:
   window  j with 0 <= i - j < L, at its true distance i - j           (Λ-mask, ending span)
   start   j < n_starting with i - j >= L, at distance exactly L        (Λ-mask, starting span + distance ceiling)
   middle  the top-k of the rest, at distance topk_distance, if enabled (App. A.3)
-The window span runs through a fused kernel that returns its log-sum-exp; the start and middle spans
-(n_starting + k keys per query) are scored directly and merged with it exactly. A block of nb queries
-touches L + nb window keys: prefill is O(n · L), never n × n. Rotations use offsets from the context's
-frame, which the cache keeps within a bounded distance of the queries.
+The window span runs through a fused kernel that returns its log-sum-exp, in bands of queries
+(window.py); the start and middle spans (n_starting + k keys per query) are scored directly and
+merged with it exactly, for all queries at once, or a block at a time when top-k scans the middle.
+Prefill is O(n · L), never n × n. Rotations use offsets from the context's frame, which the cache
+keeps within a bounded distance of the queries.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import torch.nn.functional as F
 
 from .config import LMInfiniteConfig
 from .context import KeyContext
-from .fused import attend_with_lse, band_mask
+from .fused import attend_with_lse
 from .recall import Recalled, recall_topk
 from .rotary import Rope
+from .window import window_attention
 
 
 def default_block_size(window: int) -> int:
-    """Queries per block: the window span costs L + nb keys per query, so nb is a fraction of L."""
+    """Queries per top-k block: the scan holds nb × chunk scores, so nb is a fraction of L."""
     return max(16, min(256, window // 4))
 
 
@@ -56,34 +58,39 @@ def lm_infinite_attention(
             q_frame, ctx.decode_keys, ctx.decode_values, scale=scale, enable_gqa=groups > 1
         )
 
+    if ctx.decode_keys is None:
+        # Prefill: the window span for every query at once, as causal triangles (window.py).
+        win_out, win_lse = window_attention(query, ctx, config.window_, scale)
     # Query head h reads key/value head h // groups, as HF's repeat_kv lays them out.
     q_frame = q_frame.view(batch, kv_heads, groups, c, dim)
     out = torch.empty(batch, kv_heads, groups, c, dim, dtype=query.dtype, device=query.device)
-    step = block_size or default_block_size(config.window_)
+    # Blocks bound the top-k scan's memory; without it the start span is n_starting keys per query.
+    step = (block_size or default_block_size(config.window_)) if config.uses_topk(layer_idx) else c
     for lo in range(0, c, step):
         hi = min(c, lo + step)
+        window_part = None
+        if ctx.decode_keys is None:
+            window_part = (win_out.view(batch, kv_heads, groups, c, dim)[:, :, :, lo:hi],
+                           win_lse.view(batch, kv_heads, groups, c)[:, :, :, lo:hi])
         block = _attend_block(
-            q_frame[:, :, :, lo:hi], query_pos[lo:hi], ctx, config, rope, layer_idx, scale, observer,
+            q_frame[:, :, :, lo:hi], query_pos[lo:hi], ctx, config, rope, layer_idx, scale, observer, window_part,
         )
         out[:, :, :, lo:hi] = block.view(batch, kv_heads, groups, hi - lo, dim)
     return out.view(batch, heads, c, dim)
 
 
-def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer_idx, scale, observer):
+def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer_idx, scale, observer, window_part):
+    """One block of queries: the window span (given, or the decode keys), then the start and middle spans."""
     batch, kv_heads, groups, nb, dim = q_frame.shape
     rows = groups * nb
     window = config.window_
     p0 = int(query_pos[0])
 
-    # Window span (and, in steady decoding, the start keys already placed at distance L).
-    if ctx.decode_keys is not None:
-        keys, values, mask = ctx.decode_keys, ctx.decode_values, None
+    if window_part is None:  # decoding with top-k: the start keys are already placed at distance L
+        out, lse = attend_with_lse(q_frame.reshape(batch, kv_heads, rows, dim), ctx.decode_keys,
+                                   ctx.decode_values, None, scale)
     else:
-        lo, hi = max(p0 - window + 1, ctx.recent_start), p0 + nb
-        keys = ctx.recent_k[..., lo - ctx.recent_start : hi - ctx.recent_start, :]
-        values = ctx.recent_v[..., lo - ctx.recent_start : hi - ctx.recent_start, :]
-        mask = band_mask(query_pos, torch.arange(lo, hi, device=q_frame.device), window, groups)
-    out, lse = attend_with_lse(q_frame.reshape(batch, kv_heads, rows, dim), keys, values, mask, scale)
+        out, lse = window_part[0].reshape(batch, kv_heads, rows, dim), window_part[1].reshape(batch, kv_heads, rows)
 
     extra_logits, extra_values = [], []
     # Starting span beyond the window: keys unrotated, queries rotated to exactly L (distance ceiling).
@@ -112,6 +119,8 @@ def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer
 
 def _rotate_to(q_frame, distance: int, query_pos, frame: int, rope: Rope) -> torch.Tensor:
     """Queries rotated by exactly ``distance`` (for unrotated keys), from their frame rotation i - frame."""
+    if query_pos.numel() == 1:
+        return rope.rotate_uniform(q_frame, distance - (int(query_pos[0]) - frame))
     return rope.rotate(q_frame, distance - (query_pos - frame))
 
 

@@ -39,6 +39,21 @@ class Rope:
         sign = torch.where(offsets < 0, -1.0, 1.0).to(dtype)[:, None]
         return cos_table[index], sin_table[index] * sign
 
+    def rotate_uniform(self, x: torch.Tensor, offset: int) -> torch.Tensor:
+        """``rotate`` with one offset for every row: a decode step's start keys or query.
+
+        Every layer of a step asks for the same offset, so the last one's cos/sin row is kept.
+        """
+        work = torch.promote_types(x.dtype, torch.float32)
+        key = (offset, x.device, work)
+        memo = self._tables.get("uniform")
+        if memo is None or memo[0] != key:
+            memo = (key, self.cos_sin(torch.tensor([offset], device=x.device), work))
+            self._tables["uniform"] = memo
+        cos, sin = memo[1]
+        xw = x.to(work)
+        return (xw * cos + _rotate_half(xw) * sin).to(x.dtype)
+
     def _table(self, size: int, device: torch.device, dtype: torch.dtype):
         key = (device, dtype)
         table = self._tables.get(key)

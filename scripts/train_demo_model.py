@@ -2,7 +2,7 @@
 """Train the shipped demo model (demo_model/) from scratch on this machine.
 
 Reproducible: fixed seed, fixed step counts, data from the local Python
-standard library.  Takes about 35 minutes on one CPU thread; not run in CI.
+standard library.  Takes about 45 minutes on one CPU thread; not run in CI.
 
     python scripts/train_demo_model.py --out demo_model --threads 1
 """
@@ -20,6 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from training.train import TrainConfig, train  # noqa: E402
 
 
+def _flag(text: str) -> bool:
+    return text.lower() in ("1", "true", "yes", "on")
+
+
 def parse_args(argv=None) -> TrainConfig:
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,8 +31,8 @@ def parse_args(argv=None) -> TrainConfig:
         default = getattr(defaults, f.name)
         if f.name == "threads":
             default = os.cpu_count() or 1
-        parser.add_argument("--" + f.name.replace("_", "-"), type=type(default), default=default,
-                            help=f"default: {default}")
+        kind = _flag if isinstance(default, bool) else type(default)
+        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=default, help=f"default: {default}")
     return TrainConfig(**vars(parser.parse_args(argv)))
 
 

@@ -92,7 +92,7 @@ def test_quantization_and_device_map_follow_the_flags():
     assert model_loading.device_map_for("auto", on_cuda=False) is None
     assert model_loading.device_map_for("cuda:1", on_cuda=True) == {"": "cuda:1"}
     assert model_loading.topk_from_layer_for(cli.AppConfig(), 32) == 5
-    assert model_loading.topk_from_layer_for(cli.AppConfig(), 4) == 2
+    assert model_loading.topk_from_layer_for(cli.AppConfig(), 4) == 1
     assert model_loading.topk_from_layer_for(cli.AppConfig(topk_from_layer=1), 32) == 1
 
 

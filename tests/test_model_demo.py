@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import sys
 from pathlib import Path
@@ -22,11 +23,11 @@ MODEL_DIR = ROOT / "demo_model"
 sys.path.insert(0, str(ROOT))
 
 from training.evaluate import greedy_answer, heldout_windows, nll_per_byte  # noqa: E402
-from training.tasks import passkey_prompt  # noqa: E402
+from training.tasks import PASSKEY_INTRO_SHORT, passkey_prompt  # noqa: E402
 
-# Measured on the shipped weights: 1.09 nats/byte on these windows (demo_model/README.md reports 1.06 on its
-# own evaluation set); margin for other Python versions' stdlib and CPU rounding.
-MAX_HELDOUT_NLL_PER_BYTE = 1.15
+# Measured on the shipped weights: 1.23 nats/byte on these 16 windows (demo_model/README.md reports 1.08 on its
+# 64); margin for other Python versions' stdlib and CPU rounding. An untrained model scores about 5.6.
+MAX_HELDOUT_NLL_PER_BYTE = 1.30
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +121,19 @@ def test_heldout_nll_per_byte(model, tokenizer):
     windows = heldout_windows(tokenizer, model.config.max_position_embeddings, n_windows=16)
     result = nll_per_byte(model, tokenizer, windows)
     assert result["nll_per_byte"] < MAX_HELDOUT_NLL_PER_BYTE, result
+
+
+def test_answers_pass_key_questions_within_its_training_length(model, tokenizer):
+    """The skill LM-Infinite's top-k recall stretches beyond L must exist within L first."""
+    rng = random.Random(5)
+    hits = []
+    for _ in range(10):
+        key = str(rng.randrange(10000, 100000))
+        if rng.random() < 0.5:  # the first two sentences of the paper's intro, or one filler sentence
+            ids = _passkey_ids(tokenizer, key, 0, 0, intro=PASSKEY_INTRO_SHORT)
+        else:
+            before = rng.randint(0, 1)
+            ids = _passkey_ids(tokenizer, key, before, 1 - before)
+        assert len(ids) + 24 <= model.config.max_position_embeddings
+        hits.append(greedy_answer(model, tokenizer, ids, max_new_tokens=24).startswith(f"The pass key is {key}."))
+    assert sum(hits) >= 9, hits  # measured: 10 of 10

@@ -49,6 +49,11 @@ def encode_sample(tokenizer, sample: Sample) -> list[int]:
     ]
 
 
+def printable_ids(tokenizer) -> list[int]:
+    """Token ids of the printable ASCII characters '!'..'~'."""
+    return [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(chr(c))[0]) for c in range(33, 127)]
+
+
 class BatchMaker:
     """Mixes code windows with synthetic tasks at a given task fraction."""
 
@@ -61,6 +66,7 @@ class BatchMaker:
         self.tasks = corpus.task_maker(tokenizer)
         self.seq_len = seq_len
         self.rng = random.Random(seed)
+        self.printable = printable_ids(tokenizer)
 
     def code_window(self) -> list[int]:
         n = self.seq_len - 1
@@ -98,13 +104,35 @@ class BatchMaker:
             seq += more
         return seq
 
-    def batch(self, size: int, task_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def copy_sequence(self, length: int) -> list[int]:
+        """<s>, then random printable-character strings, each followed by a repeat.
+
+        Only an induction head can predict the repeats; a few hundred steps of
+        this (with the hand-set previous-token head, see prev_token.py) is
+        what teaches the model to copy from context at all.
+        """
+        seq = [self.tok.bos_token_id]
+        while True:
+            k = self.rng.randint(4, 16)
+            if len(seq) + 2 * k > length:
+                return seq
+            chunk = [self.rng.choice(self.printable) for _ in range(k)]
+            seq += chunk + chunk
+
+    def batch(self, size: int, task_fraction: float, copy_fraction: float = 0.0,
+              copy_len: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_ids, labels), at most seq_len wide; padding is ignored by the loss."""
         ids = torch.full((size, self.seq_len), self.tok.pad_token_id, dtype=torch.long)
         labels = torch.full((size, self.seq_len), IGNORE, dtype=torch.long)
         width = 0
         for row in range(size):
-            seq = self.task_sequence() if self.rng.random() < task_fraction else self.code_window()
+            r = self.rng.random()
+            if r < copy_fraction:
+                seq = self.copy_sequence(min(copy_len, self.seq_len))
+            elif r < copy_fraction + task_fraction:
+                seq = self.task_sequence()
+            else:
+                seq = self.code_window()
             ids[row, : len(seq)] = torch.tensor(seq)
             labels[row, : len(seq)] = torch.tensor(seq)
             width = max(width, len(seq))

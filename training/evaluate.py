@@ -96,14 +96,15 @@ def task_accuracy(model, tokenizer, maker: TaskMaker, task: str, n: int, seq_len
 
 
 @torch.no_grad()
-def copy_gain(model, vocab_size: int, length: int = 60, rows: int = 8) -> float:
+def copy_gain(model, token_ids: list[int], length: int = 60, rows: int = 8) -> float:
     """NLL drop (nats/token) on the second copy of a repeated random token sequence.
 
     Near 0 means the model has no induction heads, and so cannot recall a pass
     key from far away; a trained copier scores several nats.
     """
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(100, vocab_size - 10, (rows, length), generator=g)
+    pool = torch.tensor(token_ids)
+    x = pool[torch.randint(0, len(pool), (rows, length), generator=g)]
     ids = torch.cat([torch.ones(rows, 1, dtype=torch.long), x, x], dim=1)
     was_training = model.training
     model.eval()

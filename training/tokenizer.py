@@ -3,10 +3,9 @@
 The shipped model is byte-level (``byte_tokenizer``): 256 byte tokens, so any
 UTF-8 text round-trips exactly and a pass key is one token per digit.  A small
 locally trained BPE (``train_tokenizer``, ``--tokenizer bpe``) packs ~3 bytes
-per token and reaches a lower NLL per byte in the same time, but in our budget
-a model trained with it never learned to copy from context (no induction
-heads), so it cannot do pass-key retrieval; byte-level code is full of
-repeated spans and teaches copying early.
+per token and reaches a lower NLL per byte in the same time; the byte-level one
+was kept because every digit of a key is then one token, the same unit the
+copy phase (train.py) teaches the model to repeat.
 The chat markers [INST], [/INST], <<SYS>>, <</SYS>> are ordinary (non-special)
 added tokens: one token each, and kept by ``decode(skip_special_tokens=True)``.
 """

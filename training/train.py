@@ -1,9 +1,11 @@
-"""The training loop: a tiny Llama, pre-trained on code, then fine-tuned on chat tasks.
+"""The training loop: a tiny Llama taught to copy, pre-trained on code, then fine-tuned on chat tasks.
 
-Both phases are fixed step counts (never wall-clock) drawn from one seeded data
-stream, so a rerun with the same arguments and thread count reproduces the
-weights.  The second phase raises the share of synthetic chat tasks, as in the
-scratch study that showed pass-key recall survives LM-Infinite at 4-16x length.
+It starts with a hand-set previous-token head (prev_token.py) and a short phase
+of repeated random strings, so induction heads form; without them the model
+never retrieves a pass key.  Every phase is a fixed step count (never
+wall-clock) drawn from one seeded data stream, so a rerun with the same
+arguments and thread count reproduces the weights.  The last phase raises the
+share of synthetic chat tasks.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from .card import write_model_card
 from .corpus import list_files, read_text
-from .data import BatchMaker, Corpus
+from .data import BatchMaker, Corpus, printable_ids
+from .prev_token import install_previous_token_head
 from .evaluate import copy_gain, heldout_windows, nll_per_byte, task_accuracy
 from .tokenizer import byte_tokenizer, train_tokenizer
 
@@ -32,6 +35,8 @@ class Phase:
     lr: float
     warmup: int
     task_fraction: float
+    copy_fraction: float = 0.0
+    decay: bool = True  # cosine decay after warm-up; else constant
 
 
 @dataclass
@@ -47,16 +52,23 @@ class TrainConfig:
     hidden: int = 192
     heads: int = 4
     ffn: int = 512
-    pretrain_steps: int = 1400
+    prev_token_head: bool = True
+    prev_token_offsets: str = "1"  # comma-separated; head i of layer 0 looks offsets[i] back
+    copy_steps: int = 1200
+    copy_lr: float = 1e-3
+    copy_len: int = 64
+    pretrain_steps: int = 1100
     pretrain_lr: float = 2e-3
-    finetune_steps: int = 500
+    finetune_steps: int = 400
     finetune_lr: float = 1e-3
     pretrain_task_fraction: float = 0.25
     finetune_task_fraction: float = 0.6
+    pretrain_copy_fraction: float = 0.0
+    finetune_copy_fraction: float = 0.0
     weight_decay: float = 0.1
     min_lr_ratio: float = 0.05
     log_every: int = 25
-    eval_every: int = 250
+    eval_every: int = 300
     eval_tasks: int = 50
     eval_windows: int = 64
 
@@ -65,6 +77,8 @@ def lr_at(step: int, phase: Phase, min_ratio: float) -> float:
     """Linear warm-up, then cosine decay to ``min_ratio`` of the peak."""
     if step < phase.warmup:
         return phase.lr * (step + 1) / phase.warmup
+    if not phase.decay:
+        return phase.lr
     t = (step - phase.warmup) / max(1, phase.steps - phase.warmup)
     return phase.lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
@@ -98,8 +112,8 @@ def make_optimizer(model, weight_decay: float) -> torch.optim.AdamW:
 
 def evaluate(model, tokenizer, windows, maker, cfg: TrainConfig, n_tasks: int, seed: int) -> dict:
     metrics = nll_per_byte(model, tokenizer, windows)
-    metrics["copy_gain"] = copy_gain(model, len(tokenizer))
-    for task in ("passkey", "kv_lookup", "which_file"):
+    metrics["copy_gain"] = copy_gain(model, printable_ids(tokenizer))
+    for task in ("passkey", "kv_lookup", "which_file", "repeat"):
         metrics[f"{task}_acc"] = task_accuracy(model, tokenizer, maker, task, n_tasks, cfg.seq_len, seed)
     return metrics
 
@@ -123,12 +137,18 @@ def train(cfg: TrainConfig) -> dict:
           f"({time.time() - t_start:.0f}s)", flush=True)
 
     model = build_model(cfg, tokenizer)
+    if cfg.prev_token_head:
+        for head, offset in enumerate(int(o) for o in cfg.prev_token_offsets.split(",")):
+            install_previous_token_head(model, head=head, offset=offset)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model {n_params:,} parameters", flush=True)
     opt = make_optimizer(model, cfg.weight_decay)
     phases = [
-        Phase("pretrain", cfg.pretrain_steps, cfg.pretrain_lr, 50, cfg.pretrain_task_fraction),
-        Phase("finetune", cfg.finetune_steps, cfg.finetune_lr, 20, cfg.finetune_task_fraction),
+        Phase("copy", cfg.copy_steps, cfg.copy_lr, 50, 0.0, copy_fraction=1.0, decay=False),
+        Phase("pretrain", cfg.pretrain_steps, cfg.pretrain_lr, 50, cfg.pretrain_task_fraction,
+              cfg.pretrain_copy_fraction),
+        Phase("finetune", cfg.finetune_steps, cfg.finetune_lr, 20, cfg.finetune_task_fraction,
+              cfg.finetune_copy_fraction),
     ]
     history = []
     t_train = time.time()
@@ -140,7 +160,7 @@ def train(cfg: TrainConfig) -> dict:
             lr = lr_at(step, phase, cfg.min_lr_ratio)
             for group in opt.param_groups:
                 group["lr"] = lr
-            ids, labels = batches.batch(cfg.batch_size, phase.task_fraction)
+            ids, labels = batches.batch(cfg.batch_size, phase.task_fraction, phase.copy_fraction, cfg.copy_len)
             loss = model(input_ids=ids, labels=labels).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
