@@ -59,7 +59,7 @@ def lm_infinite_attention(
         )
 
     if ctx.decode_keys is None:
-        # Prefill: the window span for every query at once, as causal triangles (window.py).
+        # Prefill: the window span for every query at once, in bands (window.py).
         win_out, win_lse = window_attention(query, ctx, config.window_, scale)
     # Query head h reads key/value head h // groups, as HF's repeat_kv lays them out.
     q_frame = q_frame.view(batch, kv_heads, groups, c, dim)
