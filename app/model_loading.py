@@ -21,8 +21,6 @@ from .runtime import ModelRuntime
 
 log = logging.getLogger(__name__)
 
-# The paper's h = 5 for Llama-2 (App. A.3); tiny models recall from their upper half.
-
 
 @dataclass(frozen=True)
 class ModelChoice:

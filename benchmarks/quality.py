@@ -56,11 +56,9 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, device_map=args.device, attn_implementation="sdpa").eval()
-    layers = model.config.num_hidden_layers
-    topk_from = args.topk_from_layer if args.topk_from_layer is not None else lminfinite.suggested_topk_from_layer(layers)
-    variants = Variants(model, lminfinite.LMInfiniteConfig(n_starting=args.n_starting), args.topk, topk_from)
+    tokenizer, variants = load_variants(args.model, args.device, args.n_starting, args.topk, args.topk_from_layer)
+    layers = variants.model.config.num_hidden_layers
+    topk_from = variants.topk_config.topk_from_layer
     L = variants.window
     stamp = (f"Measured {datetime.date.today()}; model `{Path(args.model).name}` (L = {L}, {layers} layers), "
              f"n_starting = {args.n_starting}, top-k = {args.topk} from layer {topk_from}, "
@@ -145,10 +143,17 @@ def _passkey_worker(settings, mult: int, cases) -> dict:
     """One pass-key length in its own process (``--jobs``): load the model, then as above."""
     model_path, device, threads, n_starting, topk, topk_from = settings
     torch.set_num_threads(threads)
+    tokenizer, variants = load_variants(model_path, device, n_starting, topk, topk_from)
+    return _passkey_at_length(variants, tokenizer, mult, cases)
+
+
+def load_variants(model_path, device, n_starting: int, topk: int, topk_from_layer: int | None):
+    """Tokenizer and model, with recall from ``topk_from_layer`` (None: lminfinite's suggestion)."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, device_map=device, attn_implementation="sdpa").eval()
-    variants = Variants(model, lminfinite.LMInfiniteConfig(n_starting=n_starting), topk, topk_from)
-    return _passkey_at_length(variants, tokenizer, mult, cases)
+    if topk_from_layer is None:
+        topk_from_layer = lminfinite.suggested_topk_from_layer(model.config.num_hidden_layers)
+    return tokenizer, Variants(model, lminfinite.LMInfiniteConfig(n_starting=n_starting), topk, topk_from_layer)
 
 
 def _plot_nll(curves, L, path):

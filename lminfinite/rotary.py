@@ -24,6 +24,7 @@ class Rope:
     inv_freq: torch.Tensor
     attention_scaling: float = 1.0
     _tables: dict = field(default_factory=dict, repr=False)
+    _last_uniform: dict = field(default_factory=dict, repr=False)
 
     @property
     def head_dim(self) -> int:
@@ -46,13 +47,9 @@ class Rope:
         """
         work = torch.promote_types(x.dtype, torch.float32)
         key = (offset, x.device, work)
-        memo = self._tables.get("uniform")
-        if memo is None or memo[0] != key:
-            memo = (key, self.cos_sin(torch.tensor([offset], device=x.device), work))
-            self._tables["uniform"] = memo
-        cos, sin = memo[1]
-        xw = x.to(work)
-        return (xw * cos + _rotate_half(xw) * sin).to(x.dtype)
+        if self._last_uniform.get("key") != key:
+            self._last_uniform.update(key=key, cos_sin=self.cos_sin(torch.tensor([offset], device=x.device), work))
+        return _apply(x, *self._last_uniform["cos_sin"])
 
     def _table(self, size: int, device: torch.device, dtype: torch.dtype):
         key = (device, dtype)
@@ -70,10 +67,13 @@ class Rope:
 
         The scalar ``attention_scaling`` is not applied here; callers fold its square into the logit scale.
         """
-        work = torch.promote_types(x.dtype, torch.float32)
-        cos, sin = self.cos_sin(offsets, work)
-        xw = x.to(work)
-        return (xw * cos + _rotate_half(xw) * sin).to(x.dtype)
+        return _apply(x, *self.cos_sin(offsets, torch.promote_types(x.dtype, torch.float32)))
+
+
+def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x·cos + rotate_half(x)·sin in the dtype of cos/sin, returned in x's dtype."""
+    xw = x.to(cos.dtype)
+    return (xw * cos + _rotate_half(xw) * sin).to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
