@@ -117,14 +117,14 @@ class InfiniteLayer(CacheLayerMixin):
         contiguous = self.win_start == n_start  # nothing evicted yet: [0, seen) is all here
         if contiguous:
             start_pos = torch.arange(n_start, device=rotated.device)
-            recent_k = torch.cat((self.rope.rotate(self.start_k, start_pos - self.frame), ordered_k, rotated), dim=-2)
-            recent_v = torch.cat((self.start_v, ordered_v, value_states), dim=-2)
+            recent_k = _join(self.rope.rotate(self.start_k, start_pos - self.frame), ordered_k, rotated)
+            recent_v = _join(self.start_v, ordered_v, value_states)
             recent_start = 0
             new_start = self._unrotate(rotated[..., : max(0, min(n_starting, end) - first), :], first)
             start_k = torch.cat((self.start_k, new_start), dim=-2)
             start_v = torch.cat((self.start_v, value_states), dim=-2)[..., :n_starting, :]
         else:
-            recent_k, recent_v = torch.cat((ordered_k, rotated), dim=-2), torch.cat((ordered_v, value_states), dim=-2)
+            recent_k, recent_v = _join(ordered_k, rotated), _join(ordered_v, value_states)
             recent_start, start_k, start_v = self.win_start, self.start_k, self.start_v
         middle_k, middle_v = self.middle.view() if self.middle is not None else (None, None)
         self.context = KeyContext(recent_k, recent_v, recent_start, self.frame, start_k, start_v, middle_k, middle_v)
@@ -180,6 +180,12 @@ class InfiniteLayer(CacheLayerMixin):
             "window": row * window,
             "middle": 0 if self.middle is None else self.middle.nbytes,
         }
+
+
+def _join(*parts: torch.Tensor) -> torch.Tensor:
+    """Concatenate along positions, without a copy when only one part holds any (a first chunk)."""
+    filled = [part for part in parts if part.shape[-2]]
+    return filled[0] if len(filled) == 1 else torch.cat(filled, dim=-2)
 
 
 @dataclass(frozen=True)

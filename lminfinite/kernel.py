@@ -59,28 +59,36 @@ def lm_infinite_attention(
         )
 
     if ctx.decode_keys is None:
-        # Prefill: the window span for every query at once, in bands (window.py).
+        # Prefill: the window span for every query at once, in bands (window.py). Queries before
+        # position L see nothing beyond it; the others get the start (and middle) spans merged in place.
         win_out, win_lse = window_attention(query, ctx, config.window_, scale)
+        out = win_out.view(batch, kv_heads, groups, c, dim)
+        lse = win_lse.view(batch, kv_heads, groups, c)
+        first_far = min(c, max(0, config.window_ - (ctx.end - c)))
+    else:  # decoding with top-k: one query, over the decode keys plus its recalled tokens
+        out = torch.empty(batch, kv_heads, groups, c, dim, dtype=torch.float32, device=query.device)
+        lse, first_far = None, 0
     # Query head h reads key/value head h // groups, as HF's repeat_kv lays them out.
-    q_frame = q_frame.view(batch, kv_heads, groups, c, dim)
-    out = torch.empty(batch, kv_heads, groups, c, dim, dtype=query.dtype, device=query.device)
+    q_frame = query.view(batch, kv_heads, groups, c, dim)
     # Blocks bound the top-k scan's memory; without it the start span is n_starting keys per query.
     step = (block_size or default_block_size(config.window_)) if config.uses_topk(layer_idx) else c
-    for lo in range(0, c, step):
+    for lo in range(first_far, c, step):
         hi = min(c, lo + step)
-        window_part = None
-        if ctx.decode_keys is None:
-            window_part = (win_out.view(batch, kv_heads, groups, c, dim)[:, :, :, lo:hi],
-                           win_lse.view(batch, kv_heads, groups, c)[:, :, :, lo:hi])
+        target = out[:, :, :, lo:hi]
+        window_part = None if lse is None else (target, lse[:, :, :, lo:hi])
         block = _attend_block(
             q_frame[:, :, :, lo:hi], query_pos[lo:hi], ctx, config, rope, layer_idx, scale, observer, window_part,
         )
-        out[:, :, :, lo:hi] = block.view(batch, kv_heads, groups, hi - lo, dim)
-    return out.view(batch, heads, c, dim)
+        if block.data_ptr() != target.data_ptr():  # merged out of place (grouped heads, or decoding)
+            target.copy_(block.view(batch, kv_heads, groups, hi - lo, dim))
+    return out.view(batch, heads, c, dim).to(query.dtype)
 
 
 def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer_idx, scale, observer, window_part):
-    """One block of queries: the window span (given, or the decode keys), then the start and middle spans."""
+    """One block of queries: the window span (given, or the decode keys), then the start and middle spans.
+
+    Returns float32 (B, Hkv, g·nb, D); with a given window span of one head per key head, that span's
+    own storage, merged in place."""
     batch, kv_heads, groups, nb, dim = q_frame.shape
     rows = groups * nb
     window = config.window_
@@ -98,8 +106,10 @@ def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer
     if n_start:
         q_ceiling = _rotate_to(q_frame, window, query_pos, ctx.frame, rope).reshape(batch, kv_heads, rows, dim)
         logits = (q_ceiling @ ctx.start_k[..., :n_start, :].transpose(-1, -2)).float() * scale
-        beyond = (query_pos[:, None] - torch.arange(n_start, device=q_frame.device)[None, :]) >= window
-        extra_logits.append(logits.masked_fill(~beyond.repeat(groups, 1), float("-inf")))
+        if p0 - (n_start - 1) < window:  # some start keys are still inside some queries' windows
+            beyond = (query_pos[:, None] - torch.arange(n_start, device=q_frame.device)[None, :]) >= window
+            logits = logits.masked_fill(~beyond.repeat(groups, 1), float("-inf"))
+        extra_logits.append(logits)
         extra_values.append(ctx.start_v[..., :n_start, :])
 
     # Middle tokens: the top-k logits at distance topk_distance, per query row and head.
@@ -113,8 +123,8 @@ def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer
             extra_logits.append(recalled.logits)
 
     if extra_logits:
-        out = _merge(out, lse, extra_logits, extra_values, recalled, layer_idx, query_pos, observer, groups)
-    return out.to(q_frame.dtype)
+        _merge_into(out, lse, extra_logits, extra_values, recalled, layer_idx, query_pos, observer, groups)
+    return out
 
 
 def _rotate_to(q_frame, distance: int, query_pos, frame: int, rope: Rope) -> torch.Tensor:
@@ -124,23 +134,22 @@ def _rotate_to(q_frame, distance: int, query_pos, frame: int, rope: Rope) -> tor
     return rope.rotate(q_frame, distance - (query_pos - frame))
 
 
-def _merge(out, lse, extra_logits, extra_values, recalled, layer_idx, query_pos, observer, groups):
-    """Fold directly scored spans into the fused window output: softmax over the union, exactly."""
-    logits = torch.cat(extra_logits, dim=-1)
+def _merge_into(out, lse, extra_logits, extra_values, recalled, layer_idx, query_pos, observer, groups):
+    """Fold directly scored spans into the fused window output, in place: softmax over the union, exactly."""
+    logits = torch.cat(extra_logits, dim=-1) if len(extra_logits) > 1 else extra_logits[0]
     total = torch.logaddexp(lse, torch.logsumexp(logits, dim=-1))
     probs = torch.exp(logits - total[..., None])  # each extra key's share of the whole softmax
-    merged = out * torch.exp(lse - total)[..., None]
+    out.mul_(torch.exp(lse - total)[..., None])
     offset = 0
     for value in extra_values:
         span = value.shape[-2]
-        merged = merged + (probs[..., offset : offset + span].to(value.dtype) @ value).float()
+        out.add_(probs[..., offset : offset + span].to(value.dtype) @ value)
         offset += span
     if recalled is not None:
         weights = probs[..., offset:]
-        merged = merged + (weights[..., None] * recalled.values.float()).sum(dim=-2)
+        out.add_((weights[..., None] * recalled.values.float()).sum(dim=-2))
         if observer is not None:
             batch, kv_heads, rows, k = weights.shape
             nb = rows // groups
             observer(layer_idx, query_pos, recalled.positions.view(batch, kv_heads * groups, nb, k),
                      weights.view(batch, kv_heads * groups, nb, k))
-    return merged

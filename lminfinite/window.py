@@ -1,10 +1,12 @@
 """The window span of a prefill: every query's last L keys, through the fused kernel, in bands.
 
-Query i sees the window keys j with 0 <= i - j < L. A band of nb queries touches the L + nb keys
-[p - L + 1, p + nb) under a mask, so it computes nb · (L + nb) scores for nb · L useful ones: small
-bands waste little, and each is one fused call that also returns its log-sum-exp. Causal triangles
-(``is_causal``) do not pay on the CPU kernel: it tiles keys 512 at a time, so for L <= 512 a triangle
-costs a whole square, and for larger L a band of 256 already wastes under 6%.
+Query i sees the window keys j with 0 <= i - j < L. A band of nb queries touches the L + nb - 1 keys
+[p - L + 1, p + nb) under a mask, so it computes nb · (L + nb - 1) scores for nb · L useful ones: small
+bands waste little, and each is one fused call that also returns its log-sum-exp. Every band has the
+same mask relative to its first query, so it is built once per call; a band clipped at the oldest
+cached key uses its right-hand columns. Causal triangles (``is_causal``) do not pay on the CPU kernel:
+it tiles keys 512 at a time, so for L <= 512 a triangle costs a whole square, and for larger L a band
+of 256 already wastes under 6%.
 """
 
 from __future__ import annotations
@@ -31,27 +33,31 @@ def window_attention(query: torch.Tensor, ctx: KeyContext, window: int, scale: f
     # Query head h reads key/value head h // groups (HF's repeat_kv): fold groups into rows.
     q = query.view(batch, kv_heads, groups, c, dim)
     first = ctx.end - c
-    out = torch.empty(batch, kv_heads, groups, c, dim, dtype=torch.float32, device=query.device)
+    # Laid out (B, c, H, D) in memory, as the attention interface returns it: no transpose copy later.
+    out = torch.empty(batch, c, kv_heads, groups, dim, dtype=torch.float32, device=query.device).permute(0, 2, 3, 1, 4)
     lse = torch.empty(batch, kv_heads, groups, c, dtype=torch.float32, device=query.device)
-    step = band_size(window)
+    step = min(band_size(window), c)
+    mask = band_mask(step, window, groups, query.dtype, query.device)  # (groups, step, window + step - 1)
     for lo in range(0, c, step):
         hi = min(c, lo + step)
         nb = hi - lo
-        k_lo, k_hi = max(first + lo - window + 1, ctx.recent_start), first + hi
+        lowest = first + lo - window + 1  # the band's first query sees keys from here on
+        k_lo, k_hi = max(lowest, ctx.recent_start), first + hi
         keys = ctx.recent_k[..., k_lo - ctx.recent_start : k_hi - ctx.recent_start, :]
         values = ctx.recent_v[..., k_lo - ctx.recent_start : k_hi - ctx.recent_start, :]
-        query_pos = torch.arange(first + lo, first + hi, device=query.device)
-        mask = band_mask(query_pos, torch.arange(k_lo, k_hi, device=query.device), window, groups)
+        band = mask[:, :nb, k_lo - lowest : k_hi - lowest].reshape(groups * nb, k_hi - k_lo)
         rows = q[:, :, :, lo:hi].reshape(batch, kv_heads, groups * nb, dim)
-        band_out, band_lse = attend_with_lse(rows, keys, values, mask, scale)
+        band_out, band_lse = attend_with_lse(rows, keys, values, band, scale)
         out[:, :, :, lo:hi] = band_out.view(batch, kv_heads, groups, nb, dim)
         lse[:, :, :, lo:hi] = band_lse.view(batch, kv_heads, groups, nb)
     return out.view(batch, heads, c, dim), lse.view(batch, heads, c)
 
 
-def band_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int, groups: int) -> torch.Tensor:
-    """(groups·nq, nk) additive mask: 0 where 0 <= i - j < window, else -inf; rows ordered (group, query)."""
-    distance = query_pos[:, None] - key_pos[None, :]
+def band_mask(queries: int, window: int, groups: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """(groups, queries, window + queries - 1) additive mask, 0 where 0 <= i - j < window, else -inf:
+    query t of a band against the keys from ``window - 1`` before its first query; rows are repeated
+    per group of query heads sharing a key head."""
+    distance = torch.arange(queries, device=device)[:, None] + (window - 1) - torch.arange(window + queries - 1, device=device)
     allowed = (distance >= 0) & (distance < window)
-    mask = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill_(~allowed, float("-inf"))
-    return mask.repeat(groups, 1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
+    return mask.expand(groups, *mask.shape)

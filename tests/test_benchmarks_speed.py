@@ -1,0 +1,48 @@
+"""The speed benchmark's machinery on a tiny random Llama: what it counts, not how fast it runs.
+
+KV-cache bytes are exact functions of the shapes, so they are checked exactly: vanilla's grow with the
+context, LM-Infinite's stay at n_starting + L rows per layer, top-k adds the middle store.
+"""
+
+import torch
+
+from benchmarks import measure
+from benchmarks.models import cpu_default_shape
+from benchmarks.speed import summary_table, vanilla_decode_at_window
+
+WINDOW, N_STARTING, DECODE = 64, 4, 3
+
+
+def measure_one(method, context):
+    job = dict(method=method, context=context, model_spec="random", window=WINDOW, device="cpu", dtype="float32",
+               load_in_4bit=False, decode_tokens=DECODE, prefill_chunk=2 * WINDOW, n_starting=N_STARTING, topk=2,
+               threads=torch.get_num_threads())
+    return measure.run(job)
+
+
+def kv_row_bytes():
+    shape = cpu_default_shape(WINDOW)
+    head_dim = shape["hidden_size"] // shape["num_attention_heads"]
+    return shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * head_dim * 4  # key + value, float32
+
+
+def test_kv_bytes_and_summary_table():
+    results = [measure_one(m, c) for c in (2 * WINDOW, 4 * WINDOW)
+               for m in ("vanilla", "truncate", "lminfinite", "lminfinite-topk")]
+    by = {(r["method"], r["context"]): r for r in results}
+    assert not any(r["error"] for r in results)
+    assert all(r["prefill_s"] > 0 and r["decode_ms"] > 0 and r["peak_bytes"] >= 0 for r in results)
+    for context in (2 * WINDOW, 4 * WINDOW):
+        assert by[("vanilla", context)]["kv_bytes"] == kv_row_bytes() * (context + DECODE)
+        assert by[("truncate", context)]["kv_bytes"] == kv_row_bytes() * (WINDOW + DECODE)
+        # The start keys twice (unrotated, and placed for the decode step) plus the ring of L slots.
+        assert by[("lminfinite", context)]["kv_bytes"] == kv_row_bytes() * (2 * N_STARTING + WINDOW)
+    topk_growth = by[("lminfinite-topk", 4 * WINDOW)]["kv_bytes"] - by[("lminfinite-topk", 2 * WINDOW)]["kv_bytes"]
+    assert topk_growth > 0  # the middle store keeps every evicted token of the top-k layers
+
+    table = summary_table(results, WINDOW).splitlines()
+    assert len(table) == 2 + len(results)
+    assert "| vanilla | 128 |" in table[2] and "1.00×" in table[2]
+    baseline = vanilla_decode_at_window(results, WINDOW)
+    truncations = sorted(r["decode_ms"] for r in results if r["method"] == "truncate")
+    assert baseline == (truncations[0] + truncations[1]) / 2  # no vanilla row at L here: the truncation runs
