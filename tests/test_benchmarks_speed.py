@@ -8,7 +8,7 @@ import torch
 
 from benchmarks import measure
 from benchmarks.models import cpu_default_shape
-from benchmarks.speed import summary_table, vanilla_decode_at_window
+from benchmarks.speed import best_of_rounds, summary_table, vanilla_decode_at_window
 
 WINDOW, N_STARTING, DECODE = 64, 4, 3
 
@@ -46,3 +46,17 @@ def test_kv_bytes_and_summary_table():
     baseline = vanilla_decode_at_window(results, WINDOW)
     truncations = sorted(r["decode_ms"] for r in results if r["method"] == "truncate")
     assert baseline == (truncations[0] + truncations[1]) / 2  # no vanilla row at L here: the truncation runs
+
+
+def test_best_of_rounds_keeps_each_cells_fastest_times_and_any_error():
+    def row(method, prefill_s, decode_ms, peak, error=""):
+        return dict(method=method, context=1024, prefill_s=prefill_s, prefill_tok_s=1024 / prefill_s if prefill_s else 0,
+                    decode_ms=decode_ms, peak_bytes=peak, kv_bytes=7, error=error)
+
+    first = [row("vanilla", 2.0, 30.0, 100), row("lminfinite", 1.5, 20.0, 50), row("truncate", 0.5, 9.0, 10, "OOM")]
+    second = [row("vanilla", 1.6, 33.0, 90), row("lminfinite", 1.7, 19.0, 60), row("truncate", 0, 0, 0, "too slow")]
+    merged = {r["method"]: r for r in best_of_rounds([first, second])}
+    assert (merged["vanilla"]["prefill_s"], merged["vanilla"]["prefill_tok_s"]) == (1.6, 1024 / 1.6)
+    assert (merged["vanilla"]["decode_ms"], merged["vanilla"]["peak_bytes"]) == (30.0, 100)
+    assert (merged["lminfinite"]["prefill_s"], merged["lminfinite"]["decode_ms"], merged["lminfinite"]["peak_bytes"]) == (1.5, 19.0, 60)
+    assert merged["truncate"]["error"] == "OOM"
