@@ -42,6 +42,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=1,
                    help="sweep everything this many times (fresh processes) and keep each cell's fastest prefill "
                         "and decode: on a shared machine one process can run 10-30 %% slow throughout")
+    p.add_argument("--extend", action="store_true",
+                   help="add --rounds rounds to those already saved under --out (<tag>_rounds.json)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--tag", default=None, help="results file stem (default speed_<device>)")
     p.add_argument("--readme", action="store_true", help="write the summary table into README.md")
@@ -56,8 +58,11 @@ def main(argv=None) -> None:
         contexts.append(n)
         n *= 2
     methods = [m for m in args.methods.split(",") if m]
-    rounds: list[list[dict]] = []
+    saved = rounds_path(args)
+    rounds: list[list[dict]] = json.loads(saved.read_text()) if args.extend and saved.is_file() else []
     stop_at: dict[str, int] = {}  # method -> the smallest context it is no longer run at (failed, or too slow)
+    for row in (row for results in rounds for row in results):
+        note_stop(stop_at, row, args.vanilla_budget_s)
     context_ = multiprocessing.get_context("spawn")
     for _ in range(args.rounds):
         results = []
@@ -74,12 +79,29 @@ def main(argv=None) -> None:
                     row = pool.apply(measure.run, (job,))
                 results.append(row)
                 print(json.dumps(row), flush=True)
-                if row["error"]:  # later rounds skip this context too; the first round's error is kept
-                    stop_at.setdefault(method, context)
-                elif method == "vanilla" and row["prefill_s"] * 4.2 > args.vanilla_budget_s:  # quadratic
-                    stop_at.setdefault(method, 2 * context)
+                note_stop(stop_at, row, args.vanilla_budget_s)
         rounds.append(results)
-    write_results(args, best_of_rounds(rounds), dtype)
+        args.out.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(rounds))
+    write_results(args, best_of_rounds(rounds), dtype, len(rounds))
+
+
+def results_stem(args) -> str:
+    return args.tag or f"speed_{args.device.split(':')[0]}"
+
+
+def rounds_path(args) -> Path:
+    """Every round's raw rows, so that ``--extend`` can add rounds later."""
+    return args.out / f"{results_stem(args)}_rounds.json"
+
+
+def note_stop(stop_at: dict[str, int], row: dict, vanilla_budget_s: float) -> None:
+    """After a failure, later rounds skip that context too (the first round's error is kept); vanilla stops
+    where its quadratic prefill is predicted to exceed the budget."""
+    if row["error"]:
+        stop_at.setdefault(row["method"], row["context"])
+    elif row["method"] == "vanilla" and row["prefill_s"] * 4.2 > vanilla_budget_s:
+        stop_at.setdefault(row["method"], 2 * row["context"])
 
 
 def best_of_rounds(rounds: list[list[dict]]) -> list[dict]:
@@ -101,15 +123,15 @@ def best_of_rounds(rounds: list[list[dict]]) -> list[dict]:
     return list(merged.values())
 
 
-def write_results(args, results, dtype) -> None:
+def write_results(args, results, dtype, n_rounds: int) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.tag or f"speed_{args.device.split(':')[0]}"
+    stem = results_stem(args)
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     table = summary_table(results, args.window)
     hardware = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{platform.processor() or 'CPU'}, {args.threads} threads"
     header = (f"Measured {datetime.date.today()} on {hardware}; model `{args.model}` (L = {args.window}, {dtype}"
               f"{', 4-bit NF4' if args.load_in_4bit else ''}), n_starting = {args.n_starting}, top-k = {args.topk}. "
-              f"{args.rounds} round(s), each cell's best. Decode: median of {args.decode_tokens} tokens; vanilla@L is the median decode of vanilla at L and of "
+              f"{n_rounds} round(s), each cell's best. Decode: median of {args.decode_tokens} tokens; vanilla@L is the median decode of vanilla at L and of "
               f"every truncation run (transformers with the last L tokens cached). Peak: "
               f"{'CUDA max allocated' if args.device.startswith('cuda') else 'process RSS'} above the loaded model.")
     (args.out / f"{stem}.md").write_text(header + "\n\n" + table + "\n")

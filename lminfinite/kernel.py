@@ -6,7 +6,8 @@ Each query i sees three kinds of keys, scored in one softmax:
   middle  the top-k of the rest, at distance topk_distance, if enabled (App. A.3)
 The window span runs through a fused kernel that returns its log-sum-exp, in bands of queries
 (window.py); the start and middle spans (n_starting + k keys per query) are scored directly and
-merged with it exactly, for all queries at once, or a block at a time when top-k scans the middle.
+merged into it exactly, in place, for every query past position L at once, or a block at a time when
+top-k scans the middle (queries before L have nothing beyond their window).
 Prefill is O(n · L), never n × n. Rotations use offsets from the context's frame, which the cache
 keeps within a bounded distance of the queries.
 """
@@ -50,12 +51,11 @@ def lm_infinite_attention(
     # HF's rotary scale multiplies cos and sin for both q and k, hence appears squared in the logit.
     scale = scaling * rope.attention_scaling**2
     query_pos = torch.arange(ctx.end - c, ctx.end, device=query.device)
-    q_frame = query
 
     if ctx.decode_keys is not None and not config.uses_topk(layer_idx):
         # Steady-state decoding: every cached key is visible, so one unmasked fused call does it all.
         return F.scaled_dot_product_attention(
-            q_frame, ctx.decode_keys, ctx.decode_values, scale=scale, enable_gqa=groups > 1
+            query, ctx.decode_keys, ctx.decode_values, scale=scale, enable_gqa=groups > 1
         )
 
     if ctx.decode_keys is None:
