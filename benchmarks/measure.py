@@ -33,6 +33,9 @@ class Measurement:
     peak_bytes: int
     kv_bytes: int
     error: str = ""
+    # Chunked prefills: seconds to the first half of the context within the fastest run, so that
+    # scaling (t(n) / t(n/2)) is read from one prefill, free of process-to-process noise.
+    half_prefill_s: float = 0.0
 
 
 def run(job: dict) -> dict:
@@ -70,16 +73,19 @@ def _measure(method, context, model_spec, window, device, dtype, load_in_4bit, d
     with torch.no_grad():
         # Short prefills are repeated (fresh cache each time) and the fastest kept: one run of a second
         # or two is at the mercy of the scheduler; long ones are measured once.
-        while not timings or (len(timings) < PREFILL_REPEATS and sum(timings) < REPEAT_BUDGET_S):
+        while not timings or (len(timings) < PREFILL_REPEATS and sum(t for t, _ in timings) < REPEAT_BUDGET_S):
             cache = out = None  # the last run's cache must not count towards this one's peak
             gc.collect()
             cache = new_cache()
-            start = time.perf_counter()
+            start, half = time.perf_counter(), 0.0
             for lo in range(0, ids.shape[1], chunk):
+                if lo and lo == ids.shape[1] // 2:
+                    _sync(device)
+                    half = time.perf_counter() - start
                 out = model(input_ids=ids[:, lo : lo + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
             _sync(device)
-            timings.append(time.perf_counter() - start)
-        prefill_s = min(timings)
+            timings.append((time.perf_counter() - start, half))
+        prefill_s, half_prefill_s = min(timings)
         token = out.logits[:, -1:].argmax(-1)
         steps = []
         for _ in range(decode_tokens):
@@ -90,7 +96,7 @@ def _measure(method, context, model_spec, window, device, dtype, load_in_4bit, d
             steps.append(time.perf_counter() - t0)
     kv = sum(cache.memory().values()) if hasattr(cache, "memory") else _dynamic_bytes(cache)
     return Measurement(method, context, prefill_s, context / prefill_s, 1000 * statistics.median(steps),
-                       _peak(device) - baseline, kv)
+                       _peak(device) - baseline, kv, half_prefill_s=half_prefill_s)
 
 
 def _warm_up(model, device, vocab):

@@ -117,7 +117,8 @@ def best_of_rounds(rounds: list[list[dict]]) -> list[dict]:
                 best["error"] = best["error"] or row["error"]
                 continue
             if row["prefill_s"] < best["prefill_s"]:
-                best.update(prefill_s=row["prefill_s"], prefill_tok_s=row["prefill_tok_s"])
+                best.update(prefill_s=row["prefill_s"], prefill_tok_s=row["prefill_tok_s"],
+                            half_prefill_s=row.get("half_prefill_s", 0.0))
             best["decode_ms"] = min(best["decode_ms"], row["decode_ms"])
             best["peak_bytes"] = max(best["peak_bytes"], row["peak_bytes"])
     return list(merged.values())
@@ -128,6 +129,8 @@ def write_results(args, results, dtype, n_rounds: int) -> None:
     stem = results_stem(args)
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     table = summary_table(results, args.window)
+    scaling = scaling_note(results, args.window)
+    table += f"\n\n{scaling}" if scaling else ""
     hardware = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{platform.processor() or 'CPU'}, {args.threads} threads"
     header = (f"Measured {datetime.date.today()} on {hardware}; model `{args.model}` (L = {args.window}, {dtype}"
               f"{', 4-bit NF4' if args.load_in_4bit else ''}), n_starting = {args.n_starting}, top-k = {args.topk}. "
@@ -157,6 +160,18 @@ def summary_table(results, window) -> str:
     header = ["method", "context", "prefill tok/s", "prefill speed-up vs vanilla", "decode ms/token",
               "decode ÷ vanilla@L", "peak MiB", "KV-cache MiB"]
     return markdown_table(header, rows)
+
+
+def scaling_note(results, window) -> str:
+    """t(n) / t(n/2) read inside one chunked prefill (the fastest run), at each method's largest context:
+    linear prefill gives 2, and no other process's luck enters the ratio."""
+    parts = []
+    for method in dict.fromkeys(r["method"] for r in results):
+        rows = [r for r in results if r["method"] == method and not r["error"] and r.get("half_prefill_s")]
+        if rows:
+            row = max(rows, key=lambda r: r["context"])
+            parts.append(f"{method} {row['prefill_s'] / row['half_prefill_s']:.2f} at {row['context'] // window}·L")
+    return f"Prefill scaling inside one prefill, t(n) / t(n/2): {', '.join(parts)}." if parts else ""
 
 
 def vanilla_decode_at_window(results, window) -> float | None:

@@ -8,7 +8,7 @@ import torch
 
 from benchmarks import measure
 from benchmarks.models import cpu_default_shape
-from benchmarks.speed import best_of_rounds, summary_table, vanilla_decode_at_window
+from benchmarks.speed import best_of_rounds, scaling_note, summary_table, vanilla_decode_at_window
 
 WINDOW, N_STARTING, DECODE = 64, 4, 3
 
@@ -40,6 +40,12 @@ def test_kv_bytes_and_summary_table():
     topk_growth = by[("lminfinite-topk", 4 * WINDOW)]["kv_bytes"] - by[("lminfinite-topk", 2 * WINDOW)]["kv_bytes"]
     assert topk_growth > 0  # the middle store keeps every evicted token of the top-k layers
 
+    for method in ("lminfinite", "lminfinite-topk"):  # chunks of 2·L: the first half ends at a chunk boundary
+        row = by[(method, 4 * WINDOW)]
+        assert 0 < row["half_prefill_s"] < row["prefill_s"]
+    assert by[("vanilla", 4 * WINDOW)]["half_prefill_s"] == 0  # one call: no halfway point
+    assert scaling_note(results, WINDOW).startswith("Prefill scaling inside one prefill, t(n) / t(n/2): lminfinite ")
+
     table = summary_table(results, WINDOW).splitlines()
     assert len(table) == 2 + len(results)
     assert "| vanilla | 128 |" in table[2] and "1.00×" in table[2]
@@ -51,12 +57,13 @@ def test_kv_bytes_and_summary_table():
 def test_best_of_rounds_keeps_each_cells_fastest_times_and_any_error():
     def row(method, prefill_s, decode_ms, peak, error=""):
         return dict(method=method, context=1024, prefill_s=prefill_s, prefill_tok_s=1024 / prefill_s if prefill_s else 0,
-                    decode_ms=decode_ms, peak_bytes=peak, kv_bytes=7, error=error)
+                    decode_ms=decode_ms, peak_bytes=peak, kv_bytes=7, error=error, half_prefill_s=prefill_s / 3)
 
     first = [row("vanilla", 2.0, 30.0, 100), row("lminfinite", 1.5, 20.0, 50), row("truncate", 0.5, 9.0, 10, "OOM")]
     second = [row("vanilla", 1.6, 33.0, 90), row("lminfinite", 1.7, 19.0, 60), row("truncate", 0, 0, 0, "too slow")]
     merged = {r["method"]: r for r in best_of_rounds([first, second])}
     assert (merged["vanilla"]["prefill_s"], merged["vanilla"]["prefill_tok_s"]) == (1.6, 1024 / 1.6)
+    assert merged["vanilla"]["half_prefill_s"] == 1.6 / 3  # from the same (fastest) run
     assert (merged["vanilla"]["decode_ms"], merged["vanilla"]["peak_bytes"]) == (30.0, 100)
     assert (merged["lminfinite"]["prefill_s"], merged["lminfinite"]["decode_ms"], merged["lminfinite"]["peak_bytes"]) == (1.5, 19.0, 60)
     assert merged["truncate"]["error"] == "OOM"
