@@ -63,12 +63,13 @@ def main(argv=None) -> None:
     stop_at: dict[str, int] = {}  # method -> the smallest context it is no longer run at (failed, or too slow)
     for row in (row for results in rounds for row in results):
         note_stop(stop_at, row, args.vanilla_budget_s)
+    args.out.mkdir(parents=True, exist_ok=True)
     context_ = multiprocessing.get_context("spawn")
     for _ in range(args.rounds):
         results = []
         for context in contexts:  # methods interleaved per context: ratios come from the same conditions
             for method in methods:
-                if context >= stop_at.get(method, context + 1):
+                if method in stop_at and context >= stop_at[method]:
                     results.append(measure.Measurement(method, context, 0, 0, 0, 0, 0, error="too slow").__dict__)
                     continue
                 job = dict(method=method, context=context, model_spec=args.model, window=args.window,
@@ -81,7 +82,6 @@ def main(argv=None) -> None:
                 print(json.dumps(row), flush=True)
                 note_stop(stop_at, row, args.vanilla_budget_s)
         rounds.append(results)
-        args.out.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps(rounds))
     write_results(args, best_of_rounds(rounds), dtype, len(rounds))
 
@@ -125,7 +125,6 @@ def best_of_rounds(rounds: list[list[dict]]) -> list[dict]:
 
 
 def write_results(args, results, dtype, n_rounds: int) -> None:
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = results_stem(args)
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     table = summary_table(results, args.window)

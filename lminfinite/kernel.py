@@ -58,28 +58,28 @@ def lm_infinite_attention(
             query, ctx.decode_keys, ctx.decode_values, scale=scale, enable_gqa=groups > 1
         )
 
-    if ctx.decode_keys is None:
-        # Prefill: the window span for every query at once, in bands (window.py). Queries before
-        # position L see nothing beyond it; the others get the start (and middle) spans merged in place.
-        win_out, win_lse = window_attention(query, ctx, config.window_, scale)
-        out = win_out.view(batch, kv_heads, groups, c, dim)
-        lse = win_lse.view(batch, kv_heads, groups, c)
-        first_far = min(c, max(0, config.window_ - (ctx.end - c)))
-    else:  # decoding with top-k: one query, over the decode keys plus its recalled tokens
-        out = torch.empty(batch, kv_heads, groups, c, dim, dtype=torch.float32, device=query.device)
-        lse, first_far = None, 0
     # Query head h reads key/value head h // groups, as HF's repeat_kv lays them out.
     q_frame = query.view(batch, kv_heads, groups, c, dim)
+    if ctx.decode_keys is not None:  # decoding with top-k: one query, over the decode keys and its recalled tokens
+        block = _attend_block(q_frame, query_pos, ctx, config, rope, layer_idx, scale, observer, None)
+        return block.view(batch, heads, c, dim).to(query.dtype)
+
+    # Prefill: the window span for every query at once, in bands (window.py). Queries before position L
+    # see nothing beyond it; the others get the start (and middle) spans merged in place.
+    win_out, win_lse = window_attention(query, ctx, config.window_, scale)
+    out = win_out.view(batch, kv_heads, groups, c, dim)
+    lse = win_lse.view(batch, kv_heads, groups, c)
+    first_far = min(c, max(0, config.window_ - (ctx.end - c)))
     # Blocks bound the top-k scan's memory; without it the start span is n_starting keys per query.
     step = (block_size or default_block_size(config.window_)) if config.uses_topk(layer_idx) else c
     for lo in range(first_far, c, step):
         hi = min(c, lo + step)
         target = out[:, :, :, lo:hi]
-        window_part = None if lse is None else (target, lse[:, :, :, lo:hi])
         block = _attend_block(
-            q_frame[:, :, :, lo:hi], query_pos[lo:hi], ctx, config, rope, layer_idx, scale, observer, window_part,
+            q_frame[:, :, :, lo:hi], query_pos[lo:hi], ctx, config, rope, layer_idx, scale, observer,
+            (target, lse[:, :, :, lo:hi]),
         )
-        if block.data_ptr() != target.data_ptr():  # merged out of place (grouped heads, or decoding)
+        if block.data_ptr() != target.data_ptr():  # grouped heads: the rows were merged in a copy
             target.copy_(block.view(batch, kv_heads, groups, hi - lo, dim))
     return out.view(batch, heads, c, dim).to(query.dtype)
 
