@@ -11,8 +11,13 @@ import gradio as gr
 from .views import DOCUMENT_HEADERS
 
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
-ACCEPTED_TYPES = [".pdf", ".zip", ".txt", ".md", ".rst", ".py", ".js", ".ts", ".java", ".c", ".h", ".cpp",
-                  ".go", ".rs", ".json", ".yaml", ".yml", ".toml", ".html", ".css", ".sh", ".csv", "text"]
+ACCEPTED_TYPES = [  # a hint for the file picker: ingest decides what it reads, and says why it skips the rest
+    ".pdf", ".zip", ".tar", ".tgz", ".gz", ".bz2", ".xz", ".tbz2", ".txz", ".txt", ".md", ".rst", ".ipynb", ".html",
+    ".htm", ".xhtml", ".xml", ".json", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".conf", ".csv", ".py", ".js",
+    ".mjs", ".cjs", ".ts", ".tsx", ".jsx", ".vue", ".svelte", ".java", ".kt", ".kts", ".scala", ".groovy",
+    ".gradle", ".c", ".h", ".cpp", ".cc", ".cxx", ".hpp", ".hh", ".cs", ".fs", ".m", ".mm", ".swift", ".go", ".rs",
+    ".rb", ".php", ".pl", ".pm", ".lua", ".r", ".jl", ".dart", ".ex", ".exs", ".erl", ".hs", ".ml", ".clj", ".sql",
+    ".proto", ".tf", ".sh", ".bat", ".ps1", ".cmake", ".mk", ".css", "text"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,10 @@ class Components:
     recall: gr.Checkbox
     topk: gr.Slider
     timer: gr.Timer
+    ask_question: gr.Textbox  # the /ask API's inputs and output: in the layout, never shown
+    ask_files: gr.File
+    ask_result: gr.JSON
+    ask_trigger: gr.Button
 
     @property
     def settings(self) -> list:
@@ -160,11 +169,17 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                                               "and powers the cited sources.")
                     topk = gr.Slider(1, 64, value=max(1, info.topk), step=1, label="k (tokens recalled per head)")
         timer = gr.Timer(1.0)
+        with gr.Group(visible=False):
+            ask_question = gr.Textbox(label="question")
+            ask_files = gr.File(label="files", file_count="multiple")
+            ask_result = gr.JSON(label="result")
+            ask_trigger = gr.Button("ask")
     return demo, Components(
         chatbot=chatbot, chat_input=chat_input, stop=stop, regenerate=regenerate, clear=clear,
         new_context=new_context, export=export, export_files=export_files, stop_note=stop_note, upload=upload,
         server_path=server_path, add_path=add_path, activity=activity, cancel=cancel, documents=documents,
         context=context, panel=panel, panel_data=panel_data, memory_plot=memory_plot, throughput_plot=throughput_plot,
         system_prompt=system_prompt, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-        repetition_penalty=repetition_penalty, recall=recall, topk=topk, timer=timer,
+        repetition_penalty=repetition_penalty, recall=recall, topk=topk, timer=timer, ask_question=ask_question,
+        ask_files=ask_files, ask_result=ask_result, ask_trigger=ask_trigger,
     )

@@ -1,10 +1,17 @@
-"""List a .zip upload as a repository, without extracting it to disk.
+"""List an uploaded archive (.zip, .tar, .tar.gz ...) as a repository, never extracting it to disk.
 
-Entries are read into memory on demand with hard caps, so zip slip (`../`,
-absolute names) cannot write anywhere, and zip bombs are refused by entry
-count, declared total size, per-entry compression ratio, and by reading at
-most the allowed number of bytes (zipfile checks the CRC of what it reads,
-so an entry that lies about its size fails instead of expanding).
+Entries are read into memory on demand with hard caps, so archive slip
+(`../`, absolute names) cannot write anywhere, and bombs are refused by
+entry count, declared total size, per-entry compression ratio (zip) or a
+cap on the decompressed stream (tar), and by reading at most the allowed
+number of bytes (zipfile checks the CRC of what it reads, so an entry that
+lies about its size fails instead of expanding).  Symlinks, hard links and
+device/FIFO entries are reported, never followed.
+
+Display paths are `<archive name>/<path inside the archive>`
+('repo.zip/demo_repo/README.md') whether the archive came alone or with
+other sources.  Filters, .gitignore rules and README-first ordering see the
+path below a single common top folder ('README.md'), as in a clone.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ from __future__ import annotations
 import re
 import stat
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .entries import FileEntry, Item, Listing, repo_order_key
 from .filters import VCS_DIRS, dir_skip_reason, file_skip_reason
@@ -22,7 +31,20 @@ from .results import ERROR, SKIPPED, FileReport
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _BLOCK = 64 * 1024
-_MAX_IGNORE_FILE_BYTES = 1024 * 1024
+MAX_IGNORE_FILE_BYTES = 1024 * 1024
+
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tbz", ".tar.xz", ".txz")
+ZIP_SUFFIXES = (".zip",)
+
+
+def archive_type(name: str) -> str | None:
+    """'zip' or 'tar' for an upload name this module reads (by name only), else None."""
+    lower = name.lower()
+    if lower.endswith(ZIP_SUFFIXES):
+        return "zip"
+    if lower.endswith(TAR_SUFFIXES):
+        return "tar"
+    return None
 
 
 def unsafe_name(name: str) -> bool:
@@ -32,22 +54,23 @@ def unsafe_name(name: str) -> bool:
             or any(part == ".." for part in norm.split("/")))
 
 
-def _is_symlink(info: zipfile.ZipInfo) -> bool:
-    return stat.S_ISLNK(info.external_attr >> 16)
+@dataclass
+class Member:
+    """One non-folder entry of an archive, whatever the format."""
+
+    name: str  # as stored
+    size: int  # declared uncompressed size
+    read: Callable[[int], bytes]  # read(n): at most n bytes of the content
+    kind: str = "file"  # 'file' | 'symlink' | 'hardlink' | 'special' (device, FIFO, unknown type)
+    encrypted: bool = False
+    compressed_size: int | None = None  # None when the format does not say (tar)
 
 
-def _entry_reader(zf: zipfile.ZipFile, info: zipfile.ZipInfo):
-    def read(n: int) -> bytes:
-        out = bytearray()
-        with zf.open(info) as f:
-            while len(out) < n:
-                block = f.read(min(_BLOCK, n - len(out)))
-                if not block:
-                    break
-                out += block
-        return bytes(out)
-
-    return read
+_KIND_REASONS = {
+    "symlink": "symlink entry in archive (not followed)",
+    "hardlink": "hard link entry in archive (not followed)",
+    "special": "device, FIFO or unknown entry type in archive (not read)",
+}
 
 
 def _common_top_folder(names: list[str]) -> str:
@@ -58,56 +81,66 @@ def _common_top_folder(names: list[str]) -> str:
     return ""
 
 
-def list_zip(path: Path, limits: IngestLimits, prefix: str = "", display: str | None = None) -> Listing:
-    """List the files of a zip archive; display paths are `prefix + path in repo`."""
-    display = display or Path(path).name
-    try:
-        zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        return Listing(items=[FileReport(path=display, status=ERROR, reason=f"not a readable zip archive: {exc}")])
-    listing = Listing(cleanups=[zf.close])
-    infos = [i for i in zf.infolist() if not i.is_dir()]
-    declared = sum(i.file_size for i in infos)
+def normalise_name(name: str) -> str:
+    """'/'-separated, no repeated or leading './' parts (for already-safe names)."""
+    name = re.sub(r"/+", "/", name.replace("\\", "/"))
+    while name.startswith("./"):
+        name = name[2:]
+    return name
 
-    def refuse(reason: str) -> Listing:
-        listing.close()
-        return Listing(items=[FileReport(path=display, status=ERROR, reason=reason, bytes=declared)])
 
-    if len(infos) > limits.max_files:
-        return refuse(f"archive lists {len(infos)} files, more than the limit of {limits.max_files}")
+def refused(display: str, reason: str, size: int = 0) -> Listing:
+    """The whole archive as one error report."""
+    return Listing(items=[FileReport(path=display, status=ERROR, reason=reason, bytes=size)])
+
+
+def check_totals(count: int, declared: int, limits: IngestLimits, bomb: str) -> str | None:
+    """Reason to refuse a whole archive by its entry count or declared size, else None."""
+    if count > limits.max_files:
+        return f"archive lists {count} files, more than the limit of {limits.max_files}"
     if declared > limits.max_total_bytes:
-        return refuse(f"archive would expand to {human_bytes(declared)}, "
-                      f"over the limit of {human_bytes(limits.max_total_bytes)} (zip bomb?)")
+        return (f"archive would expand to {human_bytes(declared)}, "
+                f"over the limit of {human_bytes(limits.max_total_bytes)} ({bomb} bomb?)")
+    return None
 
+
+def list_members(members: list[Member], limits: IngestLimits, display: str, listing: Listing,
+                 bomb: str = "zip") -> Listing:
+    """Apply the repository rules to archive members; fills and returns `listing`.
+
+    `display` is the archive's own display name; entries are shown as
+    `display/<name inside>`.
+    """
+    prefix = display.rstrip("/") + "/"
     found: list[tuple[str, Item]] = []
 
-    def skip(rel: str, reason: str, size: int = 0) -> None:
-        found.append((rel, FileReport(path=prefix + rel, status=SKIPPED, reason=reason, bytes=size)))
+    def skip(rel: str, shown: str, reason: str, size: int = 0) -> None:
+        found.append((rel, FileReport(path=prefix + shown, status=SKIPPED, reason=reason, bytes=size)))
 
-    safe: list[tuple[str, zipfile.ZipInfo]] = []
+    safe: list[tuple[str, Member]] = []
     seen_names: set[str] = set()
-    for info in infos:
-        if unsafe_name(info.filename):
-            skip(info.filename, "unsafe path in archive (absolute or '..'); refused", info.file_size)
+    for member in members:
+        if unsafe_name(member.name):
+            skip(member.name, member.name, "unsafe path in archive (absolute or '..'); refused", member.size)
             continue
-        name = re.sub(r"/+", "/", info.filename.replace("\\", "/"))
-        while name.startswith("./"):
-            name = name[2:]
+        name = normalise_name(member.name)
+        if not name or name.endswith("/"):
+            continue
         if name in seen_names:
-            skip(name, "duplicate entry name in archive", info.file_size)
+            skip(name, name, "duplicate entry name in archive", member.size)
             continue
         seen_names.add(name)
-        safe.append((name, info))
+        safe.append((name, member))
 
     top = _common_top_folder([n for n, _ in safe])
-    by_rel = {n[len(top):]: info for n, info in safe}
+    by_rel = {n[len(top):]: m for n, m in safe}
 
     def read_ignore(folder: str) -> list[str] | None:
-        info = by_rel.get(f"{folder}/.gitignore" if folder else ".gitignore")
-        if info is None or info.file_size > _MAX_IGNORE_FILE_BYTES or info.flag_bits & 0x1:
+        member = by_rel.get(f"{folder}/.gitignore" if folder else ".gitignore")
+        if member is None or member.kind != "file" or member.encrypted or member.size > MAX_IGNORE_FILE_BYTES:
             return None
         try:
-            return _entry_reader(zf, info)(_MAX_IGNORE_FILE_BYTES).decode("utf-8", errors="replace").splitlines()
+            return member.read(MAX_IGNORE_FILE_BYTES).decode("utf-8", errors="replace").splitlines()
         except Exception:  # noqa: BLE001 - a broken .gitignore just means no patterns
             return None
 
@@ -125,7 +158,7 @@ def list_zip(path: Path, limits: IngestLimits, prefix: str = "", display: str | 
             dir_verdict[folder] = reason
         return dir_verdict[folder]
 
-    for rel, info in by_rel.items():
+    for rel, member in by_rel.items():
         parts = rel.split("/")
         blocked = None
         for depth in range(1, len(parts)):
@@ -137,34 +170,90 @@ def list_zip(path: Path, limits: IngestLimits, prefix: str = "", display: str | 
         if blocked:
             record = skipped_dirs.setdefault(blocked[0], [blocked[1], 0, 0])
             record[1] += 1
-            record[2] += info.file_size
+            record[2] += member.size
             continue
-        if _is_symlink(info):
-            skip(rel, "symlink entry in archive (not followed)", info.file_size)
-        elif info.flag_bits & 0x1:
-            skip(rel, "encrypted zip entry", info.file_size)
+        shown = top + rel
+        if member.kind != "file":
+            skip(rel, shown, _KIND_REASONS.get(member.kind, _KIND_REASONS["special"]), member.size)
+        elif member.encrypted:
+            skip(rel, shown, f"encrypted {bomb} entry", member.size)
         elif parts[-1] in VCS_DIRS:
-            skip(rel, "version-control metadata", info.file_size)
+            skip(rel, shown, "version-control metadata", member.size)
         elif matcher.ignored(rel):
-            skip(rel, "ignored by .gitignore", info.file_size)
+            skip(rel, shown, "ignored by .gitignore", member.size)
         elif (reason := file_skip_reason(rel)) is not None:
-            skip(rel, reason, info.file_size)
-        elif (info.file_size >= limits.zip_ratio_min_bytes
-              and info.file_size > limits.max_zip_ratio * max(info.compress_size, 1)):
-            ratio = info.file_size / max(info.compress_size, 1)
-            skip(rel, f"compression ratio {ratio:.0f}:1 is over the limit of {limits.max_zip_ratio:.0f}:1 "
-                      f"(zip bomb?)", info.file_size)
+            skip(rel, shown, reason, member.size)
+        elif (member.compressed_size is not None and member.size >= limits.zip_ratio_min_bytes
+              and member.size > limits.max_zip_ratio * max(member.compressed_size, 1)):
+            ratio = member.size / max(member.compressed_size, 1)
+            skip(rel, shown, f"compression ratio {ratio:.0f}:1 is over the limit of {limits.max_zip_ratio:.0f}:1 "
+                             f"({bomb} bomb?)", member.size)
         else:
-            found.append((rel, FileEntry(path=prefix + rel, rel=rel, size=info.file_size,
-                                         read=_entry_reader(zf, info))))
+            found.append((rel, FileEntry(path=prefix + shown, rel=rel, size=member.size, read=member.read)))
 
     for folder, (reason, count, size) in skipped_dirs.items():
         plural = "s" if count != 1 else ""
-        skip(folder + "/", f"{reason} ({count} file{plural} not read)", size)
+        skip(folder + "/", top + folder + "/", f"{reason} ({count} file{plural} not read)", size)
 
     # A refused duplicate name sorts after the entry that was kept.
     found.sort(key=lambda pair: (repo_order_key(pair[0]), isinstance(pair[1], FileReport)))
-    listing.items = [item for _, item in found]
+    listing.items = [item for _, item in found] + listing.items
     if not listing.items:
         listing.items.append(FileReport(path=display, status=SKIPPED, reason="archive contains no files"))
     return listing
+
+
+# -- zip ---------------------------------------------------------------------------------------
+def _zip_reader(zf: zipfile.ZipFile, info: zipfile.ZipInfo):
+    def read(n: int) -> bytes:
+        out = bytearray()
+        with zf.open(info) as f:
+            while len(out) < n:
+                block = f.read(min(_BLOCK, n - len(out)))
+                if not block:
+                    break
+                out += block
+        return bytes(out)
+
+    return read
+
+
+def _zip_kind(info: zipfile.ZipInfo) -> str:
+    mode = info.external_attr >> 16
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if mode and stat.S_IFMT(mode) and not stat.S_ISREG(mode):
+        return "special"
+    return "file"
+
+
+def list_zip(path: Path, limits: IngestLimits, display: str | None = None) -> Listing:
+    """List the files of a zip archive; display paths are `display/<name inside>`."""
+    display = display or Path(path).name
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        return refused(display, f"not a readable zip archive: {exc}")
+    infos = [i for i in zf.infolist() if not i.is_dir()]
+    declared = sum(i.file_size for i in infos)
+    reason = check_totals(len(infos), declared, limits, "zip")
+    if reason:
+        zf.close()
+        return refused(display, reason, declared)
+    members = [Member(name=i.filename, size=i.file_size, read=_zip_reader(zf, i), kind=_zip_kind(i),
+                      encrypted=bool(i.flag_bits & 0x1), compressed_size=i.compress_size) for i in infos]
+    return list_members(members, limits, display, Listing(cleanups=[zf.close]), bomb="zip")
+
+
+def list_archive(path: Path, limits: IngestLimits, display: str | None = None, prefetch: bool = True) -> Listing:
+    """list_zip or list_tar (prefetch: see list_tar), by content when it starts like a zip, else by name."""
+    try:
+        with open(path, "rb") as f:
+            is_zip = f.read(4) in (b"PK\x03\x04", b"PK\x05\x06")
+    except OSError:
+        is_zip = False
+    if not is_zip and archive_type(Path(path).name) == "tar":
+        from .tar_archive import list_tar
+
+        return list_tar(path, limits, display, prefetch=prefetch)
+    return list_zip(path, limits, display)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .languages import PROSE_LANGUAGES
+from .visible import visible
 
 
 @dataclass
@@ -34,12 +35,13 @@ class Document:
 
 def page_header(page: int, label: str | None, first: bool) -> str:
     """'--- page 12 ---' or '--- page 12 (xii) ---' when the label differs."""
-    shown = f" ({label})" if label and label != str(page) else ""
+    shown = f" ({visible(label)})" if label and label != str(page) else ""
     return ("" if first else "\n") + f"--- page {page}{shown} ---\n"
 
 
 def file_header(path: str, language: str, first: bool) -> str:
     """'### src/app.py (python)' for code, '### notes.md' for prose and PDFs;
-    separated from the previous document by a blank line."""
+    separated from the previous document by a blank line.  Control characters
+    in the path are escaped so a file name cannot fake a line of the context."""
     tag = "" if language in PROSE_LANGUAGES else f" ({language})"
-    return ("" if first else "\n") + f"### {path}{tag}\n"
+    return ("" if first else "\n") + f"### {visible(path)}{tag}\n"

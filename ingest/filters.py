@@ -30,6 +30,8 @@ LOCK_FILES = {
 }
 GENERATED_PATTERNS = ("*.min.js", "*.min.css", "*.map", "*.lock", "*.pyc", "*.pyo")
 SECRET_PATTERNS = (".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "*.p12", "*.pfx", ".netrc")
+# Committed templates of secret files: names and placeholders only.
+SECRET_TEMPLATES = {".env.example", ".env.sample", ".env.template", ".env.dist", ".env.defaults.example"}
 
 BINARY_EXTENSIONS = {
     # images, audio, video, fonts
@@ -44,6 +46,22 @@ BINARY_EXTENSIONS = {
     # office documents we do not parse
     ".doc", ".docx", ".xls", ".xlsx", ".ppt", ".pptx", ".odt", ".ods", ".odp", ".epub",
 }
+# Why an explicitly picked binary document is not read, and what to do instead.
+UNSUPPORTED_DOCUMENTS = {
+    ".doc": "Word", ".docx": "Word", ".odt": "OpenDocument text", ".epub": "EPUB",
+    ".xls": "Excel", ".xlsx": "Excel", ".ods": "OpenDocument spreadsheet",
+    ".ppt": "PowerPoint", ".pptx": "PowerPoint", ".odp": "OpenDocument presentation",
+}
+
+
+def unsupported_document_reason(suffix: str) -> str | None:
+    """'Word documents (.docx) are not read; ...' for office formats, else None."""
+    kind = UNSUPPORTED_DOCUMENTS.get(suffix)
+    if kind is None:
+        return None
+    return f"{kind} documents ({suffix}) are not read; export the file as PDF or text"
+
+
 ARCHIVE_EXTENSIONS = {".zip", ".jar", ".war", ".whl", ".egg", ".apk", ".tar", ".gz", ".tgz", ".bz2", ".xz",
                       ".zst", ".7z", ".rar", ".lz", ".lzma", ".iso", ".dmg", ".deb", ".rpm", ".nupkg"}
 
@@ -66,7 +84,7 @@ def file_skip_reason(path: str) -> str | None:
     lower = name.lower()
     if name in LOCK_FILES:
         return "lock file"
-    if any(fnmatch.fnmatchcase(lower, pat) for pat in SECRET_PATTERNS):
+    if lower not in SECRET_TEMPLATES and any(fnmatch.fnmatchcase(lower, pat) for pat in SECRET_PATTERNS):
         return "may contain secrets"
     if any(fnmatch.fnmatchcase(lower, pat) for pat in GENERATED_PATTERNS):
         return "generated or minified file"

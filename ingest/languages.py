@@ -9,38 +9,72 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 _BY_EXTENSION = {
-    ".py": "python", ".pyi": "python", ".pyw": "python",
+    ".py": "python", ".pyi": "python", ".pyw": "python", ".pyx": "python", ".pxd": "python",
     ".js": "js", ".mjs": "js", ".cjs": "js", ".jsx": "js",
-    ".ts": "ts", ".tsx": "ts", ".mts": "ts",
-    ".java": "java", ".kt": "kotlin", ".kts": "kotlin", ".scala": "scala",
-    ".go": "go", ".rs": "rust", ".rb": "ruby", ".php": "php", ".swift": "swift",
-    ".c": "c", ".h": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".hpp": "cpp", ".hh": "cpp",
-    ".hxx": "cpp", ".cu": "cpp", ".cuh": "cpp", ".cs": "csharp", ".lua": "lua", ".pl": "perl",
-    ".pm": "perl", ".hs": "haskell", ".ex": "elixir", ".exs": "elixir", ".ps1": "powershell",
-    ".r": "r", ".sol": "sol", ".proto": "proto", ".cob": "cobol", ".cbl": "cobol",
-    ".md": "markdown", ".markdown": "markdown", ".rst": "rst", ".tex": "latex",
-    ".html": "html", ".htm": "html",
-    ".sh": "shell", ".bash": "shell", ".zsh": "shell", ".fish": "shell",
-    ".css": "css", ".scss": "css", ".sql": "sql", ".json": "json", ".jsonl": "json",
-    ".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".ini": "ini", ".cfg": "ini",
-    ".xml": "xml", ".svg": "xml", ".csv": "csv", ".tsv": "csv", ".ipynb": "json",
+    ".ts": "ts", ".tsx": "ts", ".mts": "ts", ".cts": "ts",
+    ".java": "java", ".kt": "kotlin", ".kts": "kotlin", ".scala": "scala", ".sc": "scala", ".sbt": "scala",
+    ".groovy": "groovy", ".gradle": "groovy", ".gvy": "groovy",
+    ".go": "go", ".rs": "rust", ".rb": "ruby", ".rake": "ruby", ".gemspec": "ruby", ".php": "php",
+    ".swift": "swift", ".dart": "dart", ".zig": "zig", ".nim": "nim", ".v": "verilog", ".sv": "verilog",
+    ".vhd": "vhdl", ".vhdl": "vhdl",
+    ".c": "c", ".h": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".c++": "cpp", ".hpp": "cpp", ".hh": "cpp",
+    ".hxx": "cpp", ".h++": "cpp", ".ipp": "cpp", ".inl": "cpp", ".cu": "cpp", ".cuh": "cpp",
+    ".m": "objc", ".mm": "objc",
+    ".cs": "csharp", ".csx": "csharp", ".fs": "fsharp", ".fsi": "fsharp", ".fsx": "fsharp",
+    ".vb": "visualbasic6", ".bas": "visualbasic6",
+    ".lua": "lua", ".pl": "perl", ".pm": "perl", ".t": "perl", ".hs": "haskell", ".lhs": "haskell",
+    ".ex": "elixir", ".exs": "elixir", ".heex": "elixir", ".erl": "erlang", ".hrl": "erlang",
+    ".ml": "ocaml", ".mli": "ocaml", ".clj": "clojure", ".cljs": "clojure", ".cljc": "clojure", ".edn": "clojure",
+    ".lisp": "lisp", ".el": "lisp", ".scm": "scheme", ".rkt": "racket", ".elm": "elm", ".purs": "purescript",
+    ".r": "r", ".rmd": "markdown", ".jl": "julia", ".f90": "fortran", ".f95": "fortran", ".f03": "fortran",
+    ".f": "fortran", ".for": "fortran", ".pas": "pascal", ".d": "d", ".cr": "crystal", ".hx": "haxe",
+    ".coffee": "coffeescript", ".tcl": "tcl", ".awk": "awk", ".asm": "asm", ".s": "asm",
+    ".glsl": "glsl", ".vert": "glsl", ".frag": "glsl", ".hlsl": "hlsl", ".wgsl": "wgsl", ".metal": "metal",
+    ".ps1": "powershell", ".psm1": "powershell", ".psd1": "powershell", ".bat": "batch", ".cmd": "batch",
+    ".sol": "sol", ".proto": "proto", ".thrift": "thrift", ".graphql": "graphql", ".gql": "graphql",
+    ".prisma": "prisma", ".cob": "cobol", ".cbl": "cobol",
+    ".vue": "vue", ".svelte": "svelte", ".astro": "astro",
+    ".md": "markdown", ".markdown": "markdown", ".mdx": "markdown", ".rst": "rst", ".tex": "latex",
+    ".sty": "latex", ".cls": "latex", ".bib": "bibtex", ".adoc": "asciidoc", ".asciidoc": "asciidoc",
+    ".org": "org", ".textile": "text",
+    ".html": "html", ".htm": "html", ".xhtml": "html", ".ipynb": "notebook",
+    ".sh": "shell", ".bash": "shell", ".zsh": "shell", ".fish": "shell", ".ksh": "shell",
+    ".css": "css", ".scss": "css", ".sass": "css", ".less": "css", ".styl": "css",
+    ".sql": "sql", ".psql": "sql", ".json": "json", ".jsonl": "json", ".json5": "json", ".jsonc": "json",
+    ".geojson": "json",
+    ".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".ini": "ini", ".cfg": "ini", ".conf": "ini",
+    ".properties": "ini",
+    ".tf": "hcl", ".tfvars": "hcl", ".hcl": "hcl", ".nomad": "hcl", ".nix": "nix", ".bicep": "bicep",
+    ".cmake": "cmake", ".mk": "make", ".mak": "make", ".bazel": "starlark", ".bzl": "starlark",
+    ".star": "starlark", ".dockerfile": "docker",
+    ".xml": "xml", ".xsd": "xml", ".xsl": "xml", ".xslt": "xml", ".plist": "xml", ".csproj": "xml",
+    ".fsproj": "xml", ".vbproj": "xml", ".props": "xml", ".targets": "xml", ".svg": "xml", ".wsdl": "xml",
+    ".csv": "csv", ".tsv": "csv",
     ".txt": "text", ".text": "text", ".log": "text",
+    ".patch": "diff", ".diff": "diff",
 }
 
 _BY_NAME = {
-    "makefile": "make", "gnumakefile": "make", "dockerfile": "docker", "cmakelists.txt": "cmake",
-    "gemfile": "ruby", "rakefile": "ruby", "jenkinsfile": "groovy", "license": "text",
-    "copying": "text", "readme": "text", "authors": "text", "notice": "text",
+    "makefile": "make", "gnumakefile": "make", "dockerfile": "docker", "containerfile": "docker",
+    "cmakelists.txt": "cmake", "gemfile": "ruby", "rakefile": "ruby", "podfile": "ruby", "vagrantfile": "ruby",
+    "brewfile": "ruby", "fastfile": "ruby", "jenkinsfile": "groovy", "build.bazel": "starlark", "workspace.bazel": "starlark", "tiltfile": "starlark",
+    "sconstruct": "python", "sconscript": "python", "snakefile": "python", "pipfile": "toml",
+    "meson.build": "meson", "justfile": "make", "procfile": "text", "caddyfile": "text",
+    ".bashrc": "shell", ".zshrc": "shell", ".profile": "shell", ".bash_profile": "shell",
+    ".gitignore": "text", ".gitattributes": "text", ".dockerignore": "text", ".editorconfig": "ini",
+    ".env.example": "dotenv", ".env.sample": "dotenv", ".env.template": "dotenv", ".env.dist": "dotenv",
+    "license": "text", "copying": "text", "readme": "text", "authors": "text", "notice": "text",
+    "changelog": "text", "contributing": "text",
 }
 
 # Labels that langchain_text_splitters.Language knows (its enum values).
 SPLITTER_LANGUAGES = {
     "cpp", "go", "java", "kotlin", "js", "ts", "php", "proto", "python", "r", "rst", "ruby", "rust",
     "scala", "swift", "markdown", "latex", "html", "sol", "csharp", "cobol", "c", "lua", "perl",
-    "haskell", "elixir", "powershell",
+    "haskell", "elixir", "powershell", "visualbasic6",
 }
 
-PROSE_LANGUAGES = {"text", "markdown", "rst", "latex", "pdf"}
+PROSE_LANGUAGES = {"text", "markdown", "rst", "latex", "pdf", "asciidoc", "org", "html"}
 
 
 def language_for(path: str) -> str:
@@ -60,8 +94,11 @@ def is_readme(name: str) -> bool:
     return stem == "readme"
 
 
-_SHEBANG = {"python": "python", "python3": "python", "bash": "shell", "sh": "shell", "zsh": "shell",
-            "node": "js", "ruby": "ruby", "perl": "perl"}
+_SHEBANG = {"python": "python", "python3": "python", "python2": "python", "bash": "shell", "sh": "shell",
+            "zsh": "shell", "ksh": "shell", "dash": "shell", "fish": "shell", "node": "js", "deno": "ts",
+            "ruby": "ruby", "perl": "perl", "php": "php", "lua": "lua", "Rscript": "r", "julia": "julia",
+            "tclsh": "tcl", "awk": "awk", "pwsh": "powershell", "elixir": "elixir", "escript": "erlang",
+            "runghc": "haskell", "kotlin": "kotlin", "scala": "scala", "swift": "swift", "groovy": "groovy"}
 
 
 def language_from_shebang(text: str) -> str:

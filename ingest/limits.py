@@ -25,11 +25,13 @@ class IngestLimits:
     max_pdf_bytes: int = 256 * MiB
     # Total bytes read or decompressed across one ingest() call.
     max_total_bytes: int = 1 * GiB
-    # Files read across one ingest() call; also the most entries a zip may list
-    # and the most files listed from one folder.
+    # Files read across one ingest() call; also the most files an archive may
+    # list and the most files listed from one folder.
     max_files: int = 10_000
     # Zip entries expanding more than this (uncompressed / compressed) are
     # treated as bombs, once they are at least zip_ratio_min_bytes large.
+    # (Tar members have no per-member compressed size: a compressed tar's
+    # decompressed stream is capped at max_total_bytes plus header room.)
     max_zip_ratio: float = 100.0
     zip_ratio_min_bytes: int = 64 * KiB
     # Characters of extracted text across one ingest() call (~4 characters a

@@ -23,6 +23,8 @@ import os
 import re
 import time
 
+from .pdf_labels import decode_pdf_string, page_labels
+
 _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
 
 
@@ -57,6 +59,28 @@ def _page_text(pymupdf, page) -> str:
     return dehyphenate("\n\n".join(paragraphs))
 
 
+def _labels(doc, page_count: int) -> list[str] | None:
+    """Every page's label, decoded ('' without /PageLabels); None to fall back to Page.get_label().
+
+    PyMuPDF's own label parser returns raw PDF strings ('<FEFF0031>' for
+    '1'), so the rules are read with Document._get_page_labels() and
+    formatted by ingest.pdf_labels.
+    """
+    try:
+        rules = doc._get_page_labels()
+    except Exception:  # noqa: BLE001 - private API or a broken /PageLabels tree
+        rules = None
+    if rules is None:
+        try:
+            return None if doc.get_page_labels() else [""] * page_count
+        except Exception:  # noqa: BLE001
+            return [""] * page_count
+    try:
+        return page_labels(list(rules), page_count)
+    except Exception:  # noqa: BLE001 - a malformed rule must not cost the pages
+        return None
+
+
 def _send(conn, *message) -> None:
     conn.send_bytes(json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
@@ -77,10 +101,7 @@ def _extract(conn, pymupdf, data: bytes, password: str | None, options: dict) ->
                 return
         page_count = doc.page_count
         repaired = bool(doc.is_repaired)
-        try:
-            has_labels = bool(doc.get_page_labels())
-        except Exception:  # noqa: BLE001
-            has_labels = False
+        labels = _labels(doc, page_count)
         _send(conn, "meta", {"page_count": page_count, "repaired": repaired,
                              "encrypted": bool(doc.is_encrypted or password)})
         delay = float(options.get("debug_delay_s", 0))  # tests simulate a hanging PDF
@@ -95,10 +116,13 @@ def _extract(conn, pymupdf, data: bytes, password: str | None, options: dict) ->
                     doc.xref_object(page.xref)
                 text = _page_text(pymupdf, page)
                 has_images = not text and bool(page.get_images(full=False))
-                label = page.get_label() if has_labels else ""
             except Exception as exc:  # noqa: BLE001
                 _send(conn, "page_error", index, str(exc) or type(exc).__name__)
                 continue
+            try:
+                label = labels[index] if labels is not None else decode_pdf_string(page.get_label())
+            except Exception:  # noqa: BLE001 - a bad label costs the label, not the page
+                label = ""
             _send(conn, "page", index, label, text, has_images)
         warnings = pymupdf.TOOLS.mupdf_warnings(reset=True)
         _send(conn, "end", {"warnings": warnings[-2000:]})

@@ -16,11 +16,12 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Mapping, Union
 
-from .archive import list_zip
+from .archive import archive_type, list_archive
 from .corpus import Corpus, CorpusBuilder
 from .documents import Document, Section, page_header
 from .entries import FileEntry, Listing
-from .filters import ARCHIVE_EXTENSIONS, BINARY_EXTENSIONS
+from .filters import ARCHIVE_EXTENSIONS, BINARY_EXTENSIONS, unsupported_document_reason
+from .formats import HTML_EXTENSIONS, NOTEBOOK_EXTENSIONS, html_declared_charset, html_to_text, notebook_to_text
 from .git_url import CloneRefused, check_https_url, clone_https, looks_like_url, repo_name
 from .languages import language_for, language_from_shebang
 from .limits import IngestLimits, human_bytes
@@ -28,7 +29,7 @@ from .pdf import PdfExtraction, PdfPage, extract_pdf
 from .repo import disk_reader, walk_folder
 from .results import ERROR, INGESTED, PARTIAL, SKIPPED, FileReport, IngestCancelled, ProgressEvent
 from .sniff import archive_format, content_kind
-from .text import decode_text
+from .text import cut_long_lines, decode_text
 from .tokens import TokenCounter
 
 Source = Union[str, "os.PathLike[str]"]
@@ -69,27 +70,13 @@ class _Run:
                                     tokens_done=self.builder.tokens))
 
     # -- sources -------------------------------------------------------------------------
-    def list_source(self, source: Source, multi: bool) -> Listing:
+    def list_source(self, source: Source) -> Listing:
         text = os.fspath(source)
         if isinstance(source, str) and looks_like_url(text):
-            return self.list_url(text, multi)
-        path = Path(text).expanduser()
-        name = path.name or path.resolve().name or text
-        if not os.path.lexists(path):
-            return Listing(items=[FileReport(path=text, status=ERROR, reason="not found")])
-        if path.is_dir():
-            return walk_folder(path, self.limits, prefix=f"{name}/" if multi else "")
-        if path.suffix.lower() == ".zip":
-            stem = path.name[:-4] or name
-            return list_zip(path, self.limits, prefix=f"{stem}/" if multi else "", display=name)
-        try:
-            size = path.stat().st_size
-        except OSError as exc:
-            return Listing(items=[FileReport(path=name, status=ERROR, reason=f"cannot read: {exc.strerror}")])
-        return Listing(items=[FileEntry(path=name, rel=name, size=size, read=disk_reader(str(path)),
-                                        explicit=True, origin=text)])
+            return self.list_url(text)
+        return list_local(text, self.limits)
 
-    def list_url(self, url: str, multi: bool) -> Listing:
+    def list_url(self, url: str) -> Listing:
         if not self.allow_urls:
             return Listing(items=[FileReport(path=url, status=SKIPPED, reason="URL sources are disabled")])
         try:
@@ -106,17 +93,16 @@ class _Run:
         except CloneRefused as exc:
             shutil.rmtree(workdir, ignore_errors=True)
             return Listing(items=[FileReport(path=url, status=ERROR, reason=str(exc))])
-        listing = walk_folder(Path(dest), self.limits, prefix=f"{repo_name(url)}/" if multi else "")
+        listing = walk_folder(Path(dest), self.limits, prefix=f"{repo_name(url)}/")
         listing.cleanups.append(lambda: shutil.rmtree(workdir, ignore_errors=True))
         return listing
 
     def run(self, sources: list[Source]) -> Corpus:
-        multi = len(sources) > 1
         for source in sources:
             self.check_cancel()
             self.current = os.fspath(source)
             try:
-                listing = self.list_source(source, multi)
+                listing = self.list_source(source)
             except IngestCancelled:
                 raise
             except Exception as exc:  # noqa: BLE001 - an unlistable source is one error report
@@ -162,10 +148,11 @@ class _Run:
         limits = self.limits
         suffix = PurePosixPath(entry.rel).suffix.lower()
         if entry.explicit and suffix in BINARY_EXTENSIONS:
-            report.reason = f"binary file ({suffix})"
+            report.reason = unsupported_document_reason(suffix) or f"binary file ({suffix})"
             return
         if entry.explicit and suffix in ARCHIVE_EXTENSIONS:
-            report.reason = f"unsupported archive format ({suffix}); upload repositories as .zip"
+            report.reason = (f"unsupported archive format ({suffix}); upload repositories as .zip, .tar, "
+                             ".tar.gz or .tgz")
             return
         if self.files_read >= limits.max_files:
             report.reason = f"file limit reached ({limits.max_files} files)"
@@ -220,19 +207,53 @@ class _Run:
         self.emit("chunks")
 
     def read_text(self, entry: FileEntry, data: bytes, report: FileReport) -> None:
-        decoded = decode_text(data, max_line_chars=self.limits.max_line_chars)
-        if not decoded.text.strip():
-            report.reason = "empty file (whitespace only)"
+        suffix = PurePosixPath(entry.rel).suffix.lower()
+        if suffix in NOTEBOOK_EXTENSIONS or suffix in HTML_EXTENSIONS:
+            self.read_converted(entry, data, report, suffix)
             return
-        text = decoded.text if decoded.text.endswith("\n") else decoded.text + "\n"
+        decoded = decode_text(data, max_line_chars=self.limits.max_line_chars)
+        if report.language == "text":
+            report.language = language_from_shebang(decoded.text)
+        self.add_text(entry, report, decoded.text, report.language, status=PARTIAL if decoded.lossy else INGESTED,
+                      notes=decoded.notes)
+
+    def read_converted(self, entry: FileEntry, data: bytes, report: FileReport, suffix: str) -> None:
+        """Notebooks and HTML: decode whole (long lines intact for the parser), convert, then cut lines."""
+        declared = html_declared_charset(data) if suffix in HTML_EXTENSIONS else None
+        decoded = decode_text(data, max_line_chars=0, declared=declared)
+        notes = list(decoded.notes)
+        if suffix in NOTEBOOK_EXTENSIONS:
+            converted = notebook_to_text(decoded.text)
+            if converted is None:
+                notes.append("not a valid Jupyter notebook; read as plain text")
+                text, language = decoded.text, "json"
+                report.language = "json"
+            else:
+                text, language = converted.text, converted.language
+                notes.extend(converted.notes)
+        else:
+            converted = html_to_text(decoded.text)
+            text, language = converted.text, converted.language
+        text, cut = cut_long_lines(text, self.limits.max_line_chars)
+        if cut:
+            notes.append(f"{cut} line{'s' if cut > 1 else ''} longer than {self.limits.max_line_chars} "
+                         "characters cut")
+        lossy = decoded.replaced_chars > 0 or decoded.uncertain or cut > 0
+        self.add_text(entry, report, text, language, status=PARTIAL if lossy else INGESTED, notes=notes,
+                      empty_reason="no text in the file (only markup or empty cells)")
+
+    def add_text(self, entry: FileEntry, report: FileReport, text: str, language: str, *, status: str,
+                 notes: list[str], empty_reason: str = "empty file (whitespace only)") -> None:
+        if not text.strip():
+            report.reason = empty_reason
+            return
+        text = text if text.endswith("\n") else text + "\n"
         if (reason := self.chars_limit_reason(len(text))) is not None:
             report.reason = reason
             return
-        if report.language == "text":
-            report.language = language_from_shebang(text)
-        report.status = PARTIAL if decoded.lossy else INGESTED
-        report.reason = "; ".join(decoded.notes)
-        self.add_document(Document(entry.path, report.language, [Section(text=text, line_start=1)]), report)
+        report.status = status
+        report.reason = "; ".join(notes)
+        self.add_document(Document(entry.path, language, [Section(text=text, line_start=1)]), report)
 
     # -- PDFs ----------------------------------------------------------------------------
     def password_for(self, entry: FileEntry) -> str | None:
@@ -269,6 +290,29 @@ class _Run:
                                             header=page_header(number, page.label, first=not doc.sections),
                                             page=number, page_label=page.label or None))
         self.add_document(doc, report)
+
+
+def list_local(text: str, limits: IngestLimits, prefetch: bool = True) -> Listing:
+    """List a local source: a folder or an archive as a repository, any other path as one file.
+
+    Display paths: 'name' for a file, 'folder/<path inside>' for a folder
+    and 'archive.zip/<path inside>' for an archive, whatever other sources
+    come with it.
+    """
+    path = Path(text).expanduser()
+    name = path.name or path.resolve().name or text
+    if not os.path.lexists(path):
+        return Listing(items=[FileReport(path=text, status=ERROR, reason="not found")])
+    if path.is_dir():
+        return walk_folder(path, limits, prefix=f"{name}/")
+    if archive_type(path.name) and path.is_file():
+        return list_archive(path, limits, display=name, prefetch=prefetch)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        return Listing(items=[FileReport(path=name, status=ERROR, reason=f"cannot read: {exc.strerror}")])
+    return Listing(items=[FileEntry(path=name, rel=name, size=size, read=disk_reader(str(path)),
+                                    explicit=True, origin=text)])
 
 
 def pdf_outcome(result: PdfExtraction, max_pages: int) -> tuple[str, str]:

@@ -1,4 +1,10 @@
-"""Human and JSON views of a Corpus's per-file reports (CLI, app, debugging)."""
+"""Human and JSON views of a Corpus's per-file reports (CLI, app, debugging).
+
+Names and reasons come from uploads and archive entries, so the table
+escapes control characters (ANSI sequences, carriage returns, bidi
+overrides) before printing them: a hostile entry name cannot clear the
+terminal or fake a status line.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +13,29 @@ from dataclasses import asdict
 from .corpus import Corpus
 from .kv_memory import LLAMA2_7B_DIMS
 from .limits import human_bytes
+from .visible import visible
 
 # LM-Infinite defaults for Llama-2: 10 starting tokens + the 4k pretraining window.
 CLI_WINDOW = 4096
 CLI_STARTING = 10
 
+ESTIMATE_NOTE = ("(est.) token counts are estimates (a Llama-2-style heuristic, typically within 25%); "
+                 "the app counts with its model's tokenizer. Pass --tokenizer NAME_OR_FOLDER for exact counts.")
+
 
 def _kv_line(corpus: Corpus) -> str:
     kv = corpus.estimate_kv_bytes(**LLAMA2_7B_DIMS, window=CLI_WINDOW, n_starting=CLI_STARTING)
-    return (f"KV cache (Llama-2-7B, fp16): vanilla {human_bytes(kv['full_bytes'])}, "
+    basis = "" if corpus.tokens_exact else ", from estimated token counts"
+    return (f"KV cache, Llama-2-7B estimate (fp16{basis}): vanilla {human_bytes(kv['full_bytes'])}, "
             f"LM-Infinite {CLI_STARTING}+{CLI_WINDOW} window {human_bytes(kv['lminfinite_bytes'])}")
 
 
-def summary_lines(corpus: Corpus) -> list[str]:
+def summary_lines(corpus: Corpus, tokenizer_name: str | None = None) -> list[str]:
     t = corpus.totals()
-    kind = "tokens" if t["tokens_exact"] else "tokens (estimated)"
+    if t["tokens_exact"]:
+        kind = f"tokens (counted with {visible(tokenizer_name)})" if tokenizer_name else "tokens"
+    else:
+        kind = "tokens (estimated)"
     return [
         f"{t['files']} files: {t['ingested']} ingested, {t['partial']} partial, {t['skipped']} skipped, "
         f"{t['error']} errors",
@@ -31,12 +45,19 @@ def summary_lines(corpus: Corpus) -> list[str]:
     ]
 
 
-def format_table(corpus: Corpus) -> str:
-    """One line per file (status, pages, tokens, size, language, path, reason) and totals."""
-    rows = [("STATUS", "PAGES", "TOKENS", "SIZE", "LANG", "PATH", "REASON")]
+def format_table(corpus: Corpus, tokenizer_name: str | None = None) -> str:
+    """One line per file (status, pages, tokens, size, language, path, reason) and totals.
+
+    Without a tokenizer the TOKENS column is headed 'TOKENS (est.)' and a
+    footnote says the counts are estimates.  Paths and reasons are printed
+    through visible() (control characters escaped).
+    """
+    tokens_head = "TOKENS" if corpus.tokens_exact else "TOKENS (est.)"
+    rows = [("STATUS", "PAGES", tokens_head, "SIZE", "LANG", "PATH", "REASON")]
     for r in corpus.reports:
-        rows.append((r.status, str(r.pages) if r.pages else "-", f"{r.tokens:,}" if r.tokens else "-",
-                     human_bytes(r.bytes) if r.bytes else "-", r.language or "-", r.path, r.reason))
+        rows.append((visible(r.status), str(r.pages) if r.pages else "-", f"{r.tokens:,}" if r.tokens else "-",
+                     human_bytes(r.bytes) if r.bytes else "-", visible(r.language or "-"), visible(r.path),
+                     visible(r.reason)))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     path_width = min(60, max(len(row[5]) for row in rows))
     lines = []
@@ -45,12 +66,21 @@ def format_table(corpus: Corpus) -> str:
                  row[3].rjust(widths[3]), row[4].ljust(widths[4]), row[5].ljust(path_width)]
         lines.append("  ".join(cells + [row[6]]).rstrip())
     lines.append("")
-    lines.extend(summary_lines(corpus))
+    lines.extend(summary_lines(corpus, tokenizer_name))
+    if not corpus.tokens_exact:
+        lines.append(ESTIMATE_NOTE)
     return "\n".join(lines)
 
 
-def to_json(corpus: Corpus) -> dict:
-    """Reports and totals as plain JSON-serialisable data."""
+def to_json(corpus: Corpus, tokenizer_name: str | None = None) -> dict:
+    """Reports and totals as plain JSON-serialisable data.
+
+    totals.tokens_exact says whether counts are estimates; kv_cache_llama2_7b
+    is a Llama-2-7B estimate (fp16, LM-Infinite 10 + 4096 window).
+    """
     kv = corpus.estimate_kv_bytes(**LLAMA2_7B_DIMS, window=CLI_WINDOW, n_starting=CLI_STARTING)
     return {"reports": [asdict(r) for r in corpus.reports], "totals": corpus.totals(),
-            "kv_cache_llama2_7b": kv}
+            "token_counts": f"exact ({tokenizer_name})" if corpus.tokens_exact and tokenizer_name
+            else "exact" if corpus.tokens_exact else "estimated",
+            "kv_cache_llama2_7b": {**kv, "model": "Llama-2-7B", "estimate": True, "dtype_bytes": 2,
+                                   "window": CLI_WINDOW, "n_starting": CLI_STARTING}}

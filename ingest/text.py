@@ -1,6 +1,9 @@
 """Bytes -> clean text for plain text, Markdown and source code.
 
-Real files are not always UTF-8: detect the encoding (charset-normalizer),
+Real files are not always UTF-8: detect the encoding (charset-normalizer,
+corrected for cp1252 and for Japanese Shift-JIS/EUC-JP, which it often
+reads as GB18030), say when the guess is uncertain (the report then reads
+'encoding guessed as X (uncertain: ...)' and the file is 'partial'), and
 fall back to UTF-8 with replacement characters and say so.  Binary files are
 recognised by content, not only by name.  Newlines are normalised to '\\n'
 without changing line numbers, and absurdly long lines are cut so one
@@ -31,10 +34,12 @@ class DecodedText:
     replaced_chars: int = 0
     truncated_lines: int = 0
     notes: list[str] = field(default_factory=list)
+    uncertain: bool = False  # the encoding is a guess the detector was not sure of
 
     @property
     def lossy(self) -> bool:
-        return self.replaced_chars > 0 or self.truncated_lines > 0
+        """True when the text may differ from what the file says (report status 'partial')."""
+        return self.replaced_chars > 0 or self.truncated_lines > 0 or self.uncertain
 
 
 def bom_encoding(data: bytes) -> str | None:
@@ -57,26 +62,38 @@ def looks_binary(data: bytes) -> bool:
     return controls / len(head) > 0.10
 
 
-def _decode(data: bytes) -> tuple[str, str, int, str]:
-    """(text, encoding, replacement count, note)."""
+def _decode(data: bytes, declared: str | None = None) -> tuple[str, str, int, str, bool]:
+    """(text, encoding, replacement count, note, uncertain)."""
     bom = bom_encoding(data)
     if bom:
         text = data.decode(bom, errors="replace")
-        return text, bom, text.count("\ufffd"), ""
+        return text, bom, text.count("\ufffd"), "", False
     try:
-        return data.decode("utf-8"), "utf-8", 0, ""
+        return data.decode("utf-8"), "utf-8", 0, "", False
     except UnicodeDecodeError:
         pass
+    if declared:
+        try:
+            name = codecs.lookup(declared).name
+            return data.decode(name), name, 0, f"not UTF-8; decoded as {name} (declared in the file)", False
+        except (LookupError, UnicodeDecodeError):
+            pass
     lenient = data.decode("utf-8", errors="replace")
     replaced = lenient.count("\ufffd")
     valid_non_ascii = sum(1 for ch in lenient if ord(ch) > 127) - replaced
-    if valid_non_ascii >= replaced:  # UTF-8 with a few damaged bytes: guessing would mangle the rest
-        return lenient, "utf-8", replaced, f"invalid UTF-8; {replaced} damaged bytes replaced"
-    encoding = _detect_encoding(data)
-    if encoding:
-        text = data.decode(encoding, errors="replace")
-        return text, encoding, text.count("\ufffd"), f"not UTF-8; decoded as {encoding} (detected)"
-    return lenient, "utf-8", replaced, f"not valid UTF-8 and the encoding is unknown; {replaced} bytes replaced"
+    if valid_non_ascii >= replaced and not _japanese_reading(data):
+        # UTF-8 with a few damaged bytes: guessing would mangle the rest
+        return lenient, "utf-8", replaced, f"invalid UTF-8; {replaced} damaged bytes replaced", False
+    guess = _detect_encoding(data)
+    if guess.encoding:
+        text = data.decode(guess.encoding, errors="replace")
+        if guess.doubt:
+            note = f"not UTF-8; encoding guessed as {guess.encoding} (uncertain: {guess.doubt})"
+        else:
+            note = f"not UTF-8; decoded as {guess.encoding} (detected)"
+        return text, guess.encoding, text.count("\ufffd"), note, bool(guess.doubt)
+    return (lenient, "utf-8", replaced, f"not valid UTF-8 and the encoding is unknown; {replaced} bytes replaced",
+            False)
 
 
 # Non-ASCII characters common in Western European text (cp1252 / Latin-1).
@@ -96,8 +113,63 @@ def _western_share(text: str) -> float:
     return sum(ch in _WESTERN for ch in non_ascii) / len(non_ascii)
 
 
-def _detect_encoding(data: bytes) -> str | None:
-    """charset-normalizer's guess, overruled by cp1252 when that reads clearly better.
+# Legacy CJK encodings by the language they write: different families are real alternatives.
+_CJK_FAMILIES = {
+    "ja": {"cp932", "shift_jis", "shift_jis_2004", "shift_jisx0213", "euc_jp", "euc_jis_2004", "euc_jisx0213",
+           "iso2022_jp", "iso2022_jp_1", "iso2022_jp_2", "iso2022_jp_2004", "iso2022_jp_3", "iso2022_jp_ext"},
+    "zh-hans": {"gb2312", "gbk", "gb18030", "hz"},
+    "zh-hant": {"big5", "big5hkscs", "cp950"},
+    "ko": {"euc_kr", "cp949", "johab", "iso2022_kr"},
+}
+_FAMILY_OF = {enc: fam for fam, encs in _CJK_FAMILIES.items() for enc in encs}
+# A detector reading this chaotic (charset-normalizer's mess ratio, 0..1) is a guess.
+_CHAOS_DOUBT = 0.15
+# Another CJK family this close to the best reading is a real alternative.
+_CJK_MARGIN = 0.05
+
+
+@dataclass
+class _Guess:
+    encoding: str | None
+    doubt: str = ""  # why the guess is uncertain ('' when confident)
+
+
+def _codec(name: str) -> str | None:
+    try:
+        return codecs.lookup(name).name.replace("-", "_")
+    except LookupError:
+        return None
+
+
+def _japanese_reading(data: bytes) -> str | None:
+    """'cp932' or 'euc_jp' when exactly one of them reads `data` as Japanese.
+
+    Japanese prose always has kana (hiragana particles, katakana words);
+    Shift-JIS read as GB18030, or EUC-JP read as Shift-JIS, gives rare
+    ideographs and half-width katakana instead.  A reading counts when it
+    decodes without error, kana are at least 15% of its non-ASCII
+    characters, half-width katakana at most 20%, and no private-use
+    characters appear.
+    """
+    found = []
+    for encoding in ("cp932", "euc_jp"):
+        try:
+            text = data.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+        non_ascii = [ch for ch in text if ord(ch) > 127]
+        if not non_ascii:
+            continue
+        kana = sum(1 for ch in non_ascii if "\u3041" <= ch <= "\u30ff")
+        halfwidth = sum(1 for ch in non_ascii if "\uff61" <= ch <= "\uff9f")
+        private = any("\ue000" <= ch <= "\uf8ff" for ch in non_ascii)
+        if kana >= 0.15 * len(non_ascii) and halfwidth <= 0.2 * len(non_ascii) and not private:
+            found.append(encoding)
+    return found[0] if len(found) == 1 else None
+
+
+def _detect_encoding(data: bytes) -> _Guess:
+    """charset-normalizer's guess, corrected where it is known to go wrong, with a doubt when unsure.
 
     Windows-1252 is the most common non-UTF-8 encoding of notes and source
     files, and the detector often prefers a look-alike code page (mac_latin2
@@ -105,26 +177,51 @@ def _detect_encoding(data: bytes) -> str | None:
     characters are ordinary Western letters and punctuation, they are a
     minority of the letters, and the detector's reading has fewer of them;
     Cyrillic or Greek stay with the detector.
+
+    Japanese text in Shift-JIS (cp932) or EUC-JP is often read as GB18030
+    or not recognised at all; a reading full of kana settles it (see
+    _japanese_reading).  Otherwise the guess is marked uncertain when the
+    detector's best reading is chaotic, when a different CJK family reads
+    the bytes nearly as well, or when a Japanese guess shows no kana.
+    BOM-less UTF-16/32 guesses are dropped: such files contain NUL bytes and
+    were classified as binary before decoding.
     """
     from charset_normalizer import from_bytes  # lazy: only non-UTF-8 files pay
 
-    best = from_bytes(data).best()
-    guess = None
-    if best is not None:
-        try:
-            guess = codecs.lookup(best.encoding).name
-        except LookupError:
-            guess = None
+    results = []
+    for match in from_bytes(data):
+        name = _codec(match.encoding)
+        if name and not name.startswith(("utf_16", "utf_32")):
+            results.append((name, match.chaos))
+    guess, chaos = results[0] if results else (None, 1.0)
     try:
         western = _western_share(data.decode("cp1252"))
     except UnicodeDecodeError:
         western = 0.0
     if western >= 0.9 and (guess is None or _western_share(data.decode(guess, errors="replace")) < western):
-        return "cp1252"
-    return guess
+        return _Guess("cp1252")
+    japanese = _japanese_reading(data)
+    if japanese:
+        return _Guess(japanese)
+    if guess is None:
+        return _Guess(None)
+    family = _FAMILY_OF.get(guess)
+    if family == "ja":
+        return _Guess(guess, "this Japanese reading has few kana")
+    if family:
+        rivals = []
+        for name, other_chaos in results[1:]:
+            other = _FAMILY_OF.get(name)
+            if other and other != family and other_chaos <= chaos + _CJK_MARGIN and name not in rivals:
+                rivals.append(name)
+        if rivals:
+            return _Guess(guess, f"could also be {' or '.join(rivals[:3])}")
+    if chaos >= _CHAOS_DOUBT:
+        return _Guess(guess, "the text reads poorly in every encoding tried")
+    return _Guess(guess)
 
 
-def _cut_long_lines(text: str, max_line_chars: int) -> tuple[str, int]:
+def cut_long_lines(text: str, max_line_chars: int) -> tuple[str, int]:
     if max_line_chars <= 0 or len(text) <= max_line_chars:
         return text, 0
     lines = text.split("\n")
@@ -136,15 +233,21 @@ def _cut_long_lines(text: str, max_line_chars: int) -> tuple[str, int]:
     return ("\n".join(lines), cut) if cut else (text, 0)
 
 
-def decode_text(data: bytes, *, max_line_chars: int) -> DecodedText:
-    """Decode bytes of a text file and normalise it for the context."""
-    text, encoding, replaced, note = _decode(data)
+def decode_text(data: bytes, *, max_line_chars: int, declared: str | None = None) -> DecodedText:
+    """Decode bytes of a text file and normalise it for the context.
+
+    declared: an encoding the file names itself (HTML <meta charset>), used
+    when the bytes are not UTF-8 and decode cleanly with it.
+    max_line_chars <= 0 keeps long lines (callers that parse the text first).
+    """
+    text, encoding, replaced, note, uncertain = _decode(data, declared)
     if text.startswith("\ufeff"):
         text = text[1:]
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = text.replace("\x00", "")
-    text, cut = _cut_long_lines(text, max_line_chars)
-    result = DecodedText(text=text, encoding=encoding, replaced_chars=replaced, truncated_lines=cut)
+    text, cut = cut_long_lines(text, max_line_chars)
+    result = DecodedText(text=text, encoding=encoding, replaced_chars=replaced, truncated_lines=cut,
+                         uncertain=uncertain)
     if note:
         result.notes.append(note)
     elif replaced:

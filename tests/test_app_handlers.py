@@ -65,7 +65,7 @@ def test_server_paths_need_the_flag(runtime, tmp_path):
     opened.add_server_path(str(repo), request("b"))
     drain(opened.read(request("b")))
     view = drain(opened.run(*SETTINGS, request("b")))
-    assert rows_of(view)["pkg/mod.py"][1] == "✓ in context"
+    assert rows_of(view)["repo/pkg/mod.py"][1] == "✓ in context"  # a folder's entries carry its name
 
 
 def test_budget_refuses_a_document_before_any_work(runtime, tmp_path):
@@ -93,7 +93,7 @@ def test_out_of_memory_is_reported_and_the_server_keeps_serving(runtime, tmp_pat
     assert "ran out of memory" in view[0][-1]["content"] and "rolled back" in view[0][-1]["content"]
     assert handlers.registry.peek(req.session_hash).context_tokens == tokens
     view = ask(handlers, req, files=[make_repo_zip(tmp_path / "r.zip")])
-    assert rows_of(view)["src/greet.py"][1] == "↩ not added"
+    assert rows_of(view)["r.zip/demo_repo/src/greet.py"][1] == "↩ not added"
     monkeypatch.setattr(runtime.model, "forward", model_forward)
 
     view = ask(handlers, req, "What is the pass key?")

@@ -38,17 +38,18 @@ def test_zip_repository_with_top_folder_gitignore_and_pdf(tmp_path):
         "proj-main/node_modules/b/index.js": "y\n",
     })
     corpus = ingest.ingest([archive])
+    top = "proj-main.zip/proj-main/"  # archive name + path inside, top folder included
     assert [(r.path, r.status, r.reason) for r in corpus.reports] == [
-        ("README.rst", "ingested", ""),
-        (".gitignore", "ingested", ""),
-        ("docs/paper.pdf", "ingested", ""),
-        ("node_modules/", "skipped", "dependency/vendored folder (2 files not read)"),
-        ("scratch.tmp", "skipped", "ignored by .gitignore"),
-        ("src/main.py", "ingested", ""),
+        (top + "README.rst", "ingested", ""),
+        (top + ".gitignore", "ingested", ""),
+        (top + "docs/paper.pdf", "ingested", ""),
+        (top + "node_modules/", "skipped", "dependency/vendored folder (2 files not read)"),
+        (top + "scratch.tmp", "skipped", "ignored by .gitignore"),
+        (top + "src/main.py", "ingested", ""),
     ]
     where = corpus.locate(corpus.text.index("p2w4 "))
-    assert (where.source, where.page) == ("docs/paper.pdf", 2)
-    assert report_for(corpus, "src/main.py").language == "python"
+    assert (where.source, where.page) == (top + "docs/paper.pdf", 2)
+    assert report_for(corpus, top + "src/main.py").language == "python"
 
 
 def test_zip_slip_entries_are_refused_and_nothing_is_written(tmp_path):
@@ -63,8 +64,9 @@ def test_zip_slip_entries_are_refused_and_nothing_is_written(tmp_path):
     })
     corpus = ingest.ingest([archive])
     refused = [r.path for r in corpus.reports if r.reason == "unsafe path in archive (absolute or '..'); refused"]
-    assert sorted(refused) == ["../escaped.py", "/abs/path.py", "C:/windows.py", "ok/../../twice.py"]
-    assert report_for(corpus, "fine.py").status == "ingested"
+    assert sorted(refused) == ["evil.zip/../escaped.py", "evil.zip//abs/path.py", "evil.zip/C:/windows.py",
+                               "evil.zip/ok/../../twice.py"]
+    assert report_for(corpus, "evil.zip/fine.py").status == "ingested"
     assert "escaped" not in corpus.text and "absolute" not in corpus.text
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["evil.zip", "up"]
     assert unsafe_name("a\\..\\b") and not unsafe_name("a/..b/c")
@@ -73,10 +75,10 @@ def test_zip_slip_entries_are_refused_and_nothing_is_written(tmp_path):
 def test_zip_bomb_limits(tmp_path):
     bomb = make_zip(tmp_path / "bomb.zip", {"zeros.txt": b"0" * 3_000_000, "ok.txt": "fine\n"})
     ratio = ingest.ingest([bomb])
-    zeros = report_for(ratio, "zeros.txt")
+    zeros = report_for(ratio, "bomb.zip/zeros.txt")
     assert zeros.status == "skipped" and zeros.reason.startswith("compression ratio ")
     assert zeros.reason.endswith("is over the limit of 100:1 (zip bomb?)")
-    assert report_for(ratio, "ok.txt").status == "ingested"
+    assert report_for(ratio, "bomb.zip/ok.txt").status == "ingested"
 
     too_big = ingest.ingest([bomb], limits=ingest.IngestLimits(max_total_bytes=1_000_000))
     assert [(r.path, r.status) for r in too_big.reports] == [("bomb.zip", "error")]
@@ -106,12 +108,12 @@ def test_nested_archives_symlinks_encrypted_and_duplicate_names(tmp_path):
             zf.writestr("same.txt", "second\n")
     path.write_bytes(_mark_encrypted(path.read_bytes(), b"locked.txt"))
     corpus = ingest.ingest([path])
-    reasons = {r.path: (r.status, r.reason) for r in corpus.reports}
+    reasons = {r.path.removeprefix("outer.zip/"): (r.status, r.reason) for r in corpus.reports}
     assert reasons["disguised.txt"] == ("skipped", "zip archive inside a repository or archive (not opened)")
     assert reasons["inner.zip"] == ("skipped", "archive inside a repository or archive (not opened)")
     assert reasons["link.txt"] == ("skipped", "symlink entry in archive (not followed)")
     assert reasons["locked.txt"] == ("skipped", "encrypted zip entry")
-    same = [r for r in corpus.reports if r.path == "same.txt"]
+    same = [r for r in corpus.reports if r.path == "outer.zip/same.txt"]
     assert [(r.status, r.reason) for r in same] == [("ingested", ""), ("skipped", "duplicate entry name in archive")]
     assert "deep" not in corpus.text and "root:" not in corpus.text
 
@@ -129,7 +131,7 @@ def test_corrupt_archives_and_damaged_entries(tmp_path):
     corpus = ingest.ingest([tmp_path / "junk.zip", archive])
     junk = report_for(corpus, "junk.zip")
     assert junk.status == "error" and junk.reason.startswith("not a readable zip archive")
-    damaged = report_for(corpus, "crc/damaged.txt")
+    damaged = report_for(corpus, "crc.zip/damaged.txt")
     assert damaged.status == "error" and "Bad CRC-32" in damaged.reason
-    assert report_for(corpus, "crc/good.txt").status == "ingested"
+    assert report_for(corpus, "crc.zip/good.txt").status == "ingested"
     assert "intact entry" in corpus.text and "damaged entry" not in corpus.text

@@ -44,7 +44,8 @@ def repo(tmp_path):
 
 def test_repository_skip_rules_each_with_a_reason(repo):
     corpus = ingest.ingest([repo])
-    reasons = {r.path: (r.status, r.reason) for r in corpus.reports}
+    assert all(r.path.startswith("proj/") for r in corpus.reports)  # the folder's name, even alone
+    reasons = {r.path.removeprefix("proj/"): (r.status, r.reason) for r in corpus.reports}
     assert reasons == {
         "README.md": ("ingested", ""),
         ".env": ("skipped", "may contain secrets"),
@@ -66,21 +67,21 @@ def test_repository_skip_rules_each_with_a_reason(repo):
         "src/sub/.gitignore": ("ingested", ""),
         "src/sub/generated.py": ("skipped", "ignored by .gitignore"),
         "src/util.py": ("ingested", ""),
-        "src/zz_copy.py": ("skipped", "duplicate of src/util.py"),
+        "src/zz_copy.py": ("skipped", "duplicate of proj/src/util.py"),
     }
     assert "hunter2" not in corpus.text and "TOKEN=abc" not in corpus.text
-    assert report_for(corpus, "src/app.py").language == "python"
-    assert report_for(corpus, "Makefile").language == "make"
+    assert report_for(corpus, "proj/src/app.py").language == "python"
+    assert report_for(corpus, "proj/Makefile").language == "make"
 
 
 def test_readme_first_then_files_by_path_with_headers(repo):
     corpus = ingest.ingest([repo])
-    order = [r.path for r in corpus.reports if r.status == "ingested"]
+    order = [r.path.removeprefix("proj/") for r in corpus.reports if r.status == "ingested"]
     assert order == ["README.md", ".gitignore", "docs/guide.md", "keep.log", "Makefile", "src/app.py",
                      "src/generated.py", "src/sub/.gitignore", "src/util.py"]
-    assert corpus.text.startswith("### README.md\n# Project\n")
-    assert "\n\n### src/app.py (python)\nfrom util import helper\n" in corpus.text
-    assert [c.source for c in corpus.chunks] == order
+    assert corpus.text.startswith("### proj/README.md\n# Project\n")
+    assert "\n\n### proj/src/app.py (python)\nfrom util import helper\n" in corpus.text
+    assert [c.source for c in corpus.chunks] == ["proj/" + p for p in order]
 
 
 def test_symlinks_never_escape_the_root_and_fifos_are_not_opened(tmp_path):
@@ -93,30 +94,32 @@ def test_symlinks_never_escape_the_root_and_fifos_are_not_opened(tmp_path):
     os.symlink(root / "missing.txt", root / "broken.txt")
     os.mkfifo(root / "pipe")
     corpus = ingest.ingest([root])
-    reasons = {r.path: (r.status, r.reason) for r in corpus.reports}
+    reasons = {r.path.removeprefix("r/"): (r.status, r.reason) for r in corpus.reports}
     assert reasons["escape.txt"] == ("skipped", "symlink points outside the repository (not followed)")
     assert reasons["dirlink/"] == ("skipped", "symlink to a folder (not followed)")
     assert reasons["broken.txt"] == ("skipped", "broken symlink")
     assert reasons["pipe"] == ("skipped", "not a regular file (device, socket or pipe)")
     assert reasons["alias.txt"] == ("ingested", "")  # inside the root: read once ...
-    assert reasons["real.txt"] == ("skipped", "duplicate of alias.txt")  # ... and deduplicated
+    assert reasons["real.txt"] == ("skipped", "duplicate of r/alias.txt")  # ... and deduplicated
     assert "private data" not in corpus.text
 
 
 def test_file_count_total_bytes_and_depth_limits(tmp_path):
     root = write_tree(tmp_path / "many", {f"f{i}.txt": f"file number {i}\n" for i in range(6)})
     few = ingest.ingest([root], limits=ingest.IngestLimits(max_files=4))
-    assert [r.path for r in few.reports if r.status == "ingested"] == ["f0.txt", "f1.txt", "f2.txt", "f3.txt"]
+    assert [r.path for r in few.reports if r.status == "ingested"] == [
+        "many/f0.txt", "many/f1.txt", "many/f2.txt", "many/f3.txt"]
     assert few.reports[-1].status == "skipped" and "more than 4 files" in few.reports[-1].reason
 
     small = ingest.ingest([root], limits=ingest.IngestLimits(max_total_bytes=40))
     statuses = [(r.path, r.status, r.reason) for r in small.reports]
-    assert statuses[:2] == [("f0.txt", "ingested", ""), ("f1.txt", "ingested", "")]
-    assert statuses[3] == ("f3.txt", "skipped", "total input limit of 40 B reached")
+    assert statuses[:2] == [("many/f0.txt", "ingested", ""), ("many/f1.txt", "ingested", "")]
+    assert statuses[3] == ("many/f3.txt", "skipped", "total input limit of 40 B reached")
 
     deep = write_tree(tmp_path / "deep", {"a/b/c/d/e.txt": "deep\n", "a/top.txt": "top\n"})
     shallow = ingest.ingest([deep], limits=ingest.IngestLimits(max_depth=2))
-    assert {(r.path, r.status) for r in shallow.reports} == {("a/top.txt", "ingested"), ("a/b/c/", "skipped")}
+    assert {(r.path, r.status) for r in shallow.reports} == {("deep/a/top.txt", "ingested"),
+                                                             ("deep/a/b/c/", "skipped")}
 
 
 def test_several_sources_are_prefixed_and_kept_in_the_given_order(tmp_path):
