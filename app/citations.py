@@ -8,6 +8,7 @@ ranks the passages the model actually looked at, instead of guessing them by tex
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from ingest import citation_label
@@ -17,7 +18,7 @@ from .spans import Span, SpanIndex
 
 @dataclass(frozen=True)
 class Citation:
-    """One cited passage and its share of the recall weight that fell on documents."""
+    """One cited passage, its share of the recall weight that fell on documents, and the text it peaked on."""
 
     source: str
     page: int | None
@@ -25,6 +26,7 @@ class Citation:
     line_start: int | None
     line_end: int | None
     share: float
+    snippet: str = ""  # the context around the passage's most-recalled token
 
     def label(self) -> str:
         """'report.pdf p. 12 (xii)', 'src/app.py:40-88' or just the file name."""
@@ -33,7 +35,7 @@ class Citation:
     def as_dict(self) -> dict:
         return {"source": self.source, "page": self.page, "page_label": self.page_label,
                 "line_start": self.line_start, "line_end": self.line_end, "share": round(self.share, 4),
-                "label": self.label()}
+                "label": self.label(), "snippet": self.snippet}
 
 
 @dataclass(frozen=True)
@@ -77,13 +79,18 @@ def _group_key(span: Span) -> tuple:
     return (span.source, None, None, span.line_start, span.line_end)
 
 
-def cite(tally: RecallTally, spans: SpanIndex, *, limit: int = 5, min_share: float = 0.05) -> CitationReport:
-    """Rank document passages by the recall weight their tokens received."""
+def cite(tally: RecallTally, spans: SpanIndex, *, limit: int = 5, min_share: float = 0.05,
+         snippet: Callable[[int, Span], str] | None = None) -> CitationReport:
+    """Rank document passages by the recall weight their tokens received.
+
+    ``snippet(position, span)`` gives the text shown for a passage, around its most-recalled token.
+    """
     positions, weights = tally.totals()
     total = sum(weights)
     if total <= 0:
         return CitationReport((), 0.0, recalled=False)
     by_passage: dict[tuple, float] = {}
+    peak: dict[tuple, tuple[float, int, Span]] = {}  # the passage's most-recalled token
     on_documents = 0.0
     for position, weight in zip(positions, weights):
         span = spans.at(position)
@@ -91,13 +98,15 @@ def cite(tally: RecallTally, spans: SpanIndex, *, limit: int = 5, min_share: flo
             continue
         key = _group_key(span)
         by_passage[key] = by_passage.get(key, 0.0) + weight
+        if weight > peak.get(key, (-1.0,))[0]:
+            peak[key] = (weight, position, span)
         on_documents += weight
     if on_documents <= 0:
         return CitationReport((), 0.0, recalled=True)
     ranked = sorted(by_passage.items(), key=lambda item: -item[1])
     citations = tuple(  # the best passage is always cited; the rest only above min_share
-        Citation(source, page, label, line_start, line_end, weight / on_documents)
-        for rank, ((source, page, label, line_start, line_end), weight) in enumerate(ranked[:limit])
+        Citation(*key, weight / on_documents, snippet(*peak[key][1:]) if snippet else "")
+        for rank, (key, weight) in enumerate(ranked[:limit])
         if rank == 0 or weight / on_documents >= min_share
     )
     return CitationReport(citations, on_documents / total, recalled=True)

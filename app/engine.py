@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol, Sequence
 
-from .chat_format import ChatFormat, TurnState
+from .chat_format import Carry, ChatFormat, TurnState
 from .citations import CitationReport, RecallTally, cite
 from .generation import GenerationSettings, next_token
 from .metrics import LiveStats, RateMeter
@@ -26,6 +26,7 @@ from .spans import Span, SpanIndex
 
 # Shorter prefills (a question) measure latency, not throughput: they do not overwrite the panel's rate.
 MEASURED_PREFILL = 128
+SNIPPET_BEFORE, SNIPPET_AFTER = 16, 24  # tokens of context shown around a cited passage's most-recalled token
 
 
 class EngineError(Exception):
@@ -64,7 +65,7 @@ class Piece:
     ids: list[int]
     kind: str
     state: TurnState
-    carry: str = ""
+    carry: Carry = Carry()
     chunk: DocumentChunk | None = None
 
 
@@ -76,7 +77,7 @@ class Saved:
     n_tokens: int
     n_spans: int
     state: TurnState
-    carry: str  # whitespace owed to the next piece (see chat_format)
+    carry: Carry  # text held back for the next piece, and the end of the text fed (see chat_format)
     n_turns: int
     logits: object = None  # next-token logits, kept only right after a question's prefill
 
@@ -127,12 +128,12 @@ class ContextEngine:
     stats: LiveStats = field(default_factory=LiveStats)
 
     def __post_init__(self) -> None:
-        self.format = ChatFormat(self.runtime.tokenizer)
+        self.format = ChatFormat(self.runtime.tokenizer, self.runtime.stop_ids)
         self.cache = self.runtime.new_cache()
         self.spans = SpanIndex()
         self.token_ids = array("l")
         self.state = TurnState.EMPTY
-        self.carry = ""
+        self.carry = Carry()
         self.turns: list[Turn] = []
         self.tokens_fed = 0  # every token ever passed to the model by this engine, rolled back or not
         self._open: tuple[object, Saved] | None = None
@@ -214,7 +215,7 @@ class ContextEngine:
             ids, carry = self.format.start(self.system_prompt)
             return [Piece(ids, "system", TurnState.IN_TURN, carry)]
         if self.state is TurnState.CLOSED:
-            ids, carry = self.format.open_turn()
+            ids, carry = self.format.open_turn(self.carry)
             return [Piece(ids, "format", TurnState.IN_TURN, carry)]
         return []
 
@@ -251,8 +252,7 @@ class ContextEngine:
         carry = pieces[-1].carry if pieces else self.carry
         for chunk in chunks:
             ids, carry = self.format.document(chunk.text, carry)
-            if ids:
-                pieces.append(Piece(ids, "document", TurnState.IN_TURN, carry, chunk))
+            pieces.append(Piece(ids, "document", TurnState.IN_TURN, carry, chunk))
         return pieces if any(p.kind == "document" for p in pieces) else []
 
     def feed_documents(self, chunks: Sequence[DocumentChunk], cancel=None) -> Iterator[PrefillProgress]:
@@ -285,7 +285,7 @@ class ContextEngine:
                     ttft = time.perf_counter() - started
                     self.stats.ttft_s = ttft
                     decode_meter = RateMeter()
-                if token == self.format.eos:
+                if token in self.format.stop_ids:
                     finish = "eos"
                     break
                 answer.append(token)
@@ -297,24 +297,33 @@ class ContextEngine:
                 if cancel is not None and cancel.is_set():
                     raise Stopped("the answer")
                 logits = self._forward([token], topk=topk)
-        closing = self.format.close_answer() if finish == "eos" else [answer[-1], *self.format.close_answer()]
+        closing, carry = self.format.close_answer(answer, self.carry)
+        if finish == "length":  # the last sampled token was never fed: it closes the answer with the end-of-turn
+            closing = [answer[-1], *closing]
         self._forward(closing, topk=topk)
         self.spans.append(Span(start, self.length, "answer"))
-        self.state, self.carry = TurnState.CLOSED, ""
+        self.state, self.carry = TurnState.CLOSED, carry
         decode_tps = decode_meter.rate if decode_meter is not None else 0.0
         self.stats.decode_tps = decode_tps
         yield AnswerResult(
             text=self.format.decode_answer(answer), tokens=len(answer), finish=finish,
-            citations=cite(tally, self.spans), ttft_s=ttft or 0.0, prefill_tps=prefill_tps,
+            citations=cite(tally, self.spans, snippet=self._snippet), ttft_s=ttft or 0.0, prefill_tps=prefill_tps,
             decode_tps=decode_tps, question_tokens=question_tokens,
         )
+
+    def _snippet(self, position: int, span: Span) -> str:
+        """The passage's text around ``position``, as the model read it (decoded from the context's tokens)."""
+        lo, hi = max(span.start, position - SNIPPET_BEFORE), min(span.end, position + SNIPPET_AFTER)
+        text = " ".join(self.format.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True).split())
+        return ("…" if lo > span.start else "") + text + ("…" if hi < span.end else "")
 
     def ask(self, question: str, settings: GenerationSettings, cancel=None) -> Iterator[object]:
         """Prefill the question (with recall if on), then stream the answer; the last item is an AnswerResult."""
         started = time.perf_counter()
         opening = self._opening()
         carry = opening[-1].carry if opening else self.carry
-        pieces = [*opening, Piece(self.format.question(question, carry), "question", TurnState.IN_TURN)]
+        ids, carry = self.format.question(question, carry)
+        pieces = [*opening, Piece(ids, "question", TurnState.IN_TURN, carry)]
         planned = sum(len(p.ids) for p in pieces)
         self._check_budget(planned + 2, "This question")
         result = None

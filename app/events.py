@@ -47,6 +47,9 @@ def wire(demo, c: Components, h: Handlers) -> None:
     then_model(c.new_context.click(h.queue_reset, None, view, api_name="new_context", **FAST), api_name=False)
     c.export.click(h.export, None, c.export_files, api_name="export", **FAST)
 
+    # The one-call API (app/api.py): add files, ask, get JSON; all on the model queue.
+    c.ask_trigger.click(h.ask, [c.ask_question, c.ask_files], c.ask_result, api_name="ask", **MODEL)
+
     c.timer.tick(h.panel, None, [c.panel, c.memory_plot, c.throughput_plot, c.panel_data], api_name="panel", **FAST)
     demo.load(h.panel, None, [c.panel, c.memory_plot, c.throughput_plot, c.panel_data], api_name=False, **FAST)
     demo.load(h.show, None, view, api_name="show", **FAST)

@@ -46,7 +46,8 @@ def to_markdown(data: dict) -> str:
         elif m["kind"] == "answer":
             lines += ["", "**Assistant:**", "", m["text"]]
             if m["citations"]:
-                lines += ["", "Sources: " + "; ".join(f"{c['label']} ({c['share']:.0%})" for c in m["citations"])]
+                lines += ["", "Sources (share of top-k recall attention): " + "; ".join(
+                    f"{c['label']} ({c['share']:.0%})" for c in m["citations"])]
             if m["stopped"]:
                 lines += ["", "*Stopped; not kept in the context.*"]
         else:

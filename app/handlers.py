@@ -17,6 +17,7 @@ import gradio as gr
 from ingest import estimate_kv_bytes, kv_dims_from_config
 
 from . import views
+from .api import answer_json
 from .budget import Budget
 from .cli import AppConfig
 from .documents import screen_uploads
@@ -31,7 +32,7 @@ from .sessions import ChatItem, Session, SessionRegistry, Work
 
 class Handlers:
     def __init__(self, registry: SessionRegistry, runtime: ModelRuntime, config: AppConfig, budget: Budget,
-                 upload_root: str | None):
+                 upload_root: str | None, default_settings: tuple = ("", 0.0, 0.9, 512, 1.0, True, 5)):
         self.registry = registry
         self.runtime = runtime
         self.config = config
@@ -41,6 +42,7 @@ class Handlers:
         self.dtype_bytes = 4 if "32" in str(runtime.dtype) else 2
         self.reader = Reader(runtime, config, self.view)
         self.model_work = ModelWork(runtime, budget, self.view)
+        self.default_settings = default_settings  # Handlers.run's settings inputs, as the Settings panel starts
 
     # -- helpers ---------------------------------------------------------------------------------
     def _session(self, request: gr.Request, *, touch: bool = True) -> Session:
@@ -164,6 +166,28 @@ class Handlers:
         """The tab disconnected: stop its work and free its context."""
         if request is not None and request.session_hash:
             self.registry.close(request.session_hash)
+
+    def ask(self, question, files, request: gr.Request) -> dict:
+        """API ``/ask``: add ``files`` (may be empty) to this session's context, then answer ``question``.
+
+        Uses the Settings' defaults of the server (greedy unless the model asks otherwise, recall on).
+        """
+        session = self._session(request)
+        paths = [f if isinstance(f, str) else getattr(f, "name", None) or f.get("path") for f in (files or [])]
+        question = (question or "").strip()
+        if not question and not paths:
+            raise gr.Error("Give a question, files, or both.")
+        work = self._queue_sources(session, question or None, paths, uploads=True)
+        for _ in self.read(request):
+            pass
+        for _ in self.run(*self.default_settings, request=request):
+            pass
+        answer = None
+        if work.question_item is not None and question:
+            after = session.chat[session.chat.index(work.question_item) + 1:]
+            answer = next((c for c in after if c.kind == "answer"), None)
+        rows = work.rows or [r for r in session.documents if r.path in {os.path.basename(p) for p in paths}]
+        return answer_json(answer, rows, session.context_tokens, self.runtime.name)
 
     # -- reading queue ---------------------------------------------------------------------------
     def read(self, request: gr.Request):

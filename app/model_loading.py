@@ -2,7 +2,8 @@
 
 The default is deliberate and said out loud: Llama-2-7b-chat in 4-bit when a CUDA GPU is present and its
 weights are already in the local Hugging Face cache (it is gated: we never start a 13 GB download on our
-own), otherwise the small bundled demo model, which runs anywhere.
+own); otherwise SmolLM2-135M-Instruct, a real chat model that a pip package ships (``bundled_model``),
+on the GPU when there is one. ``--model demo`` is the tiny bundled test model, which cannot really read.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 import lminfinite
 
+from . import bundled_model
 from .cli import DEMO_MODEL_DIR, LLAMA2_CHAT, AppConfig
 from .runtime import ModelRuntime
 
@@ -26,6 +28,12 @@ log = logging.getLogger(__name__)
 class ModelChoice:
     name_or_path: str
     reason: str  # shown in the UI and printed at start-up
+    display_name: str | None = None
+    window: int | None = None  # the LM-Infinite window chosen by measurement for this model (None: its L)
+
+
+# SmolLM2-135M-Instruct: settings measured on it (README, "Quality beyond the training length: the real model").
+SMOLLM2_WINDOW = 2048
 
 
 def cached_snapshot(repo_id: str) -> str | None:
@@ -41,8 +49,22 @@ def cached_snapshot(repo_id: str) -> str | None:
     return path if has_weights and "config.json" in files else None
 
 
+def from_gguf(gguf: Path, reason: str) -> ModelChoice:
+    """A GGUF file, converted once into a cached transformers folder (see bundled_model)."""
+    folder = bundled_model.converted_folder(gguf)
+    bundled = gguf.name == bundled_model.GGUF_NAME
+    name = bundled_model.DISPLAY_NAME if bundled else gguf.stem
+    return ModelChoice(str(folder), reason, name, SMOLLM2_WINDOW if bundled else None)
+
+
 def choose_model(config: AppConfig, cuda_available: bool | None = None) -> ModelChoice:
+    if config.model == "demo":
+        return ModelChoice(str(DEMO_MODEL_DIR), "--model demo: the tiny test model, not a real reader",
+                           "demo model (1.9M parameters)")
     if config.model:
+        gguf = bundled_model.gguf_in(Path(config.model).expanduser())
+        if gguf is not None:
+            return from_gguf(gguf, "chosen with --model")
         return ModelChoice(config.model, "chosen with --model")
     cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
     wants_cpu = config.device == "cpu"
@@ -55,10 +77,12 @@ def choose_model(config: AppConfig, cuda_available: bool | None = None) -> Model
         why = "--device cpu was given"
     else:
         why = f"no CUDA GPU was found, and {LLAMA2_CHAT} needs one"
-    if not (DEMO_MODEL_DIR / "config.json").is_file():
-        raise SystemExit(f"{why}; the bundled demo model is missing from {DEMO_MODEL_DIR}. "
-                         "Pass --model with a Hugging Face id or a local path.")
-    return ModelChoice(str(DEMO_MODEL_DIR), f"bundled demo model: {why}")
+    gguf = bundled_model.bundled_gguf()
+    if gguf is None:
+        raise SystemExit(f"{why}, and the default CPU model is not installed. Install it with\n  "
+                         f"{bundled_model.INSTALL_HINT}\nor pass --model (a Hugging Face folder or a .gguf file), "
+                         "or --model demo for the tiny test model.")
+    return from_gguf(gguf, f"the default real model: {why}")
 
 
 def resolve_dtype(config: AppConfig, on_cuda: bool) -> torch.dtype:
@@ -102,7 +126,7 @@ def load_runtime(config: AppConfig, choice: ModelChoice | None = None) -> ModelR
     if config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)
     on_cuda = torch.cuda.is_available() and not config.device.startswith("cpu")
-    quant = config.quantization or ("4bit" if on_cuda else "none")
+    quant = config.quantization or ("4bit" if on_cuda and choice.name_or_path == LLAMA2_CHAT else "none")
     dtype = resolve_dtype(config, on_cuda)
     kwargs: dict = {"dtype": dtype}
     if quant != "none":
@@ -116,13 +140,13 @@ def load_runtime(config: AppConfig, choice: ModelChoice | None = None) -> ModelR
     model = AutoModelForCausalLM.from_pretrained(choice.name_or_path, **kwargs).eval()
     num_layers = model.config.get_text_config().num_hidden_layers
     lm_config = lminfinite.LMInfiniteConfig(
-        n_starting=config.n_starting, window=config.window, topk=0,
+        n_starting=config.n_starting, window=config.window or choice.window, topk=0,
         topk_from_layer=topk_from_layer_for(config, num_layers), offload_middle=config.offload_middle,
     )
     lminfinite.enable(model, lm_config)
     resolved = lminfinite.get_state(model).config
     name = choice.name_or_path.rstrip("/")
-    short = Path(name).name if os.path.isdir(name) else name
+    short = choice.display_name or (Path(name).name if os.path.isdir(name) else name)
     return ModelRuntime(
         model=model, tokenizer=tokenizer, ingest_tokenizer=ingest_tokenizer, name=short,
         notice=f"Model: {short} ({choice.reason}); {quant_label(quant)}, {str(dtype).removeprefix('torch.')}",

@@ -51,6 +51,8 @@ class ModelRuntime:
         self.input_device = self.model.get_input_embeddings().weight.device
         text_config = self.model.config.get_text_config()
         self.num_layers = int(text_config.num_hidden_layers)
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        self.stop_ids = tuple(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
         self.forward_calls = 0
         self.tokens_forwarded = 0
 

@@ -48,7 +48,9 @@ def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = 
         n_starting=runtime.lm_config.n_starting,
     )
     registry = SessionRegistry(runtime, config, budget)
-    handlers = Handlers(registry, runtime, config, budget, upload_root=get_upload_folder())
+    defaults = (info.system_prompt, info.temperature, info.top_p, info.max_new_tokens, info.repetition_penalty,
+                info.recall, info.topk)
+    handlers = Handlers(registry, runtime, config, budget, upload_root=get_upload_folder(), default_settings=defaults)
     demo, components = build_layout(info)
     with demo:
         wire(demo, components, handlers)

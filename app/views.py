@@ -41,8 +41,10 @@ def _fmt_rate(rate: float) -> str:
 def answer_markdown(item: ChatItem) -> str:
     parts = [item.text or ("…" if item.pending else "(empty answer)")]
     if item.citations:
-        cited = " · ".join(f"`{c['label']}` {c['share']:.0%}" for c in item.citations)
-        parts.append(f"**Sources** (attended by top-k recall): {cited}")
+        lines = [f"- `{c['label']}` · {c['share']:.0%} of recall" + (f" · “{c['snippet']}”" if c.get("snippet") else "")
+                 for c in item.citations]
+        parts.append("**Sources**, ranked by the share of top-k recall attention that fell on each passage:\n"
+                     + "\n".join(lines))
     elif item.recall_note:
         parts.append(f"*{item.recall_note}*")
     if item.stats:

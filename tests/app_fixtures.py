@@ -131,13 +131,15 @@ class AppServer:
                 self.process.wait(timeout=10)
 
 
-def start_server(*extra: str, timeout_s: float = 180) -> AppServer:
+def start_server(*extra: str, timeout_s: float = 180, real_model: bool = False) -> AppServer:
+    """``python app.py`` on the test model, or with ``real_model`` on the default (SmolLM2) as a user runs it."""
     port = free_port()
     log_path = Path(tempfile.mkdtemp(prefix="app-test-log-")) / "server.log"
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
            "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, str(ROOT / "app.py"), "--model", str(model_dir()), "--host", "127.0.0.1",
-               "--port", str(port), "--cpu-threads", "1", *extra]
+    model = [] if real_model else ["--model", str(model_dir())]
+    command = [sys.executable, str(ROOT / "app.py"), *model, "--host", "127.0.0.1", "--port", str(port),
+               "--cpu-threads", "2" if real_model else "1", *extra]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)

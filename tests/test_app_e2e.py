@@ -41,7 +41,8 @@ def test_upload_ask_stream_with_sources_and_live_panel(server, files):
     assert message_text(app.chat[0]).startswith("*Attached: report.pdf, demo_repo.zip*")
     app.read()
     assert app.row("report.pdf")[1] == "… waiting for the model"
-    assert app.row("demo_repo/logo.png")[1] == "– skipped" and "binary" in app.row("demo_repo/logo.png")[4]
+    logo = app.row("demo_repo.zip/demo_repo/logo.png")  # archive entries are named with their archive
+    assert logo[1] == "– skipped" and "binary" in logo[4]
 
     job = app.run_job()
     streamed = [answers_in(out) for out in job]
@@ -56,18 +57,20 @@ def test_upload_ask_stream_with_sources_and_live_panel(server, files):
     for partial in growing:  # every streamed state is a prefix of the final answer
         assert final_words[: len(partial)] == partial
 
-    for name, pages in (("report.pdf", 6), ("demo_repo/README.md", ""), ("demo_repo/src/greet.py", ""),
-                        ("demo_repo/src/util.py", "")):
+    repo = "demo_repo.zip/demo_repo/"
+    for name, pages in (("report.pdf", 6), (repo + "README.md", ""), (repo + "src/greet.py", ""),
+                        (repo + "src/util.py", "")):
         row = app.row(name)
         assert row[1] == "✓ in context" and row[2] == pages and int(row[3]) > 0, row
-    document_tokens = sum(int(app.row(n)[3]) for n in ("report.pdf", "demo_repo/README.md",
-                                                          "demo_repo/src/greet.py", "demo_repo/src/util.py"))
+    document_tokens = sum(int(app.row(n)[3]) for n in ("report.pdf", repo + "README.md", repo + "src/greet.py",
+                                                          repo + "src/util.py"))
     assert app.context_tokens > document_tokens
 
     answer = app.last_answer()
-    assert "**Sources** (attended by top-k recall): `" in answer
+    assert "**Sources**, ranked by the share of top-k recall attention" in answer
     cited = answer.split("**Sources**")[1]
     assert "report.pdf p. " in cited or "demo_repo/" in cited
+    assert "% of recall · “" in cited  # each source says what its percentage is, and shows its text
 
     data = app.panel()
     assert data["context_tokens"] == app.context_tokens

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app import cli, model_loading
+from app import bundled_model, cli, model_loading
 from app.citations import RecallTally, cite
 from app.documents import DocumentRow, fit_budget, screen_uploads
 from app.exporting import export_data, to_markdown, write_exports
@@ -63,23 +63,58 @@ def test_help_lists_every_flag_of_the_issue(capsys):
 
 # -- model choice --------------------------------------------------------------------------------
 def test_model_choice_says_which_and_why(monkeypatch, tmp_path):
-    demo = tmp_path / "demo_model"
-    demo.mkdir()
-    (demo / "config.json").write_text("{}")
-    monkeypatch.setattr(model_loading, "DEMO_MODEL_DIR", demo)
+    """No GPU: the real SmolLM2 from its package; a GPU with Llama-2 cached: Llama-2; demo only when asked."""
+    real = model_loading.choose_model(cli.AppConfig(), cuda_available=False)
+    assert real.display_name == "SmolLM2-135M-Instruct" and "no CUDA GPU" in real.reason
+    assert real.window == model_loading.SMOLLM2_WINDOW and (Path(real.name_or_path) / "model.safetensors").is_file()
     monkeypatch.setattr(model_loading, "cached_snapshot", lambda repo: None)
-    config = cli.AppConfig()
-
-    choice = model_loading.choose_model(config, cuda_available=False)
-    assert choice.name_or_path == str(demo) and "no CUDA GPU" in choice.reason
-    choice = model_loading.choose_model(config, cuda_available=True)
-    assert choice.name_or_path == str(demo) and "not in the local Hugging Face cache" in choice.reason
+    choice = model_loading.choose_model(cli.AppConfig(), cuda_available=True)
+    assert choice.name_or_path == real.name_or_path and "not in the local Hugging Face cache" in choice.reason
 
     monkeypatch.setattr(model_loading, "cached_snapshot", lambda repo: "/cache/llama")
-    choice = model_loading.choose_model(config, cuda_available=True)
+    choice = model_loading.choose_model(cli.AppConfig(), cuda_available=True)
     assert choice.name_or_path == cli.LLAMA2_CHAT and "local Hugging Face cache" in choice.reason
-    assert model_loading.choose_model(cli.AppConfig(device="cpu"), cuda_available=True).name_or_path == str(demo)
+    assert model_loading.choose_model(cli.AppConfig(device="cpu"), cuda_available=True).name_or_path == real.name_or_path
     assert model_loading.choose_model(cli.AppConfig(model="x/y"), cuda_available=True).reason == "chosen with --model"
+    demo = model_loading.choose_model(cli.AppConfig(model="demo"))
+    assert demo.name_or_path == str(cli.DEMO_MODEL_DIR) and "not a real reader" in demo.reason
+
+
+def test_gguf_paths_and_a_missing_package(monkeypatch, tmp_path):
+    gguf = bundled_model.bundled_gguf()
+    assert gguf is not None and gguf.name == bundled_model.GGUF_NAME  # found without importing the package
+    by_file = model_loading.choose_model(cli.AppConfig(model=str(gguf)))
+    by_folder = model_loading.choose_model(cli.AppConfig(model=str(gguf.parent)))
+    assert by_file.name_or_path == by_folder.name_or_path and by_file.display_name == "SmolLM2-135M-Instruct"
+    monkeypatch.setattr(bundled_model, "bundled_gguf", lambda: None)
+    with pytest.raises(SystemExit, match="requirements-model.txt"):
+        model_loading.choose_model(cli.AppConfig(), cuda_available=False)
+
+
+def test_gguf_conversion_is_cached_and_redone_when_the_file_changes(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_convert(gguf, out):  # the real conversion is exercised by the tests above (20 s once)
+        calls.append(gguf)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(bundled_model, "_convert", fake_convert)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF v1")
+    first = bundled_model.converted_folder(gguf, tmp_path / "cache")
+    assert bundled_model.converted_folder(gguf, tmp_path / "cache") == first and len(calls) == 1
+    gguf.write_bytes(b"GGUF v2, longer")
+    assert bundled_model.converted_folder(gguf, tmp_path / "cache") == first and len(calls) == 2
+    assert (first / "config.json").is_file() and not list((tmp_path / "cache").glob(".m-*"))
+
+    def failing(gguf, out):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(bundled_model, "_convert", failing)
+    gguf.write_bytes(b"GGUF v3, longer still")
+    with pytest.raises(OSError):
+        bundled_model.converted_folder(gguf, tmp_path / "cache")
+    assert (first / "config.json").is_file() and not list((tmp_path / "cache").glob(".m-*"))
 
 
 def test_quantization_and_device_map_follow_the_flags():
@@ -224,7 +259,7 @@ def test_chat_messages_render_answers_sources_and_stops():
     items = [
         ChatItem("user", "question", "What is the key?", files=["r.pdf"]),
         ChatItem("assistant", "status", "r.pdf: ✓ in context", title="Added 1 file"),
-        ChatItem("assistant", "answer", "It is 42.", citations=[{"label": "r.pdf p. 3", "share": 0.6}],
+        ChatItem("assistant", "answer", "It is 42.", citations=[{"label": "r.pdf p. 3", "share": 0.6, "snippet": "the key is 42"}],
                  stats={"ttft_s": 0.25, "decode_tps": 31.0, "tokens": 5, "finish": "eos"}),
         ChatItem("user", "question", "More?", in_context=False),
         ChatItem("assistant", "answer", "Well", stopped=True, in_context=False),
@@ -232,7 +267,8 @@ def test_chat_messages_render_answers_sources_and_stops():
     messages = views.chat_messages(items)
     assert messages[0] == {"role": "user", "content": "*Attached: r.pdf*\n\nWhat is the key?"}
     assert messages[1]["metadata"] == {"title": "Added 1 file", "status": "done"}
-    assert "It is 42.\n\n**Sources** (attended by top-k recall): `r.pdf p. 3` 60%" in messages[2]["content"]
+    assert ("It is 42.\n\n**Sources**, ranked by the share of top-k recall attention that fell on each passage:\n"
+            "- `r.pdf p. 3` · 60% of recall · “the key is 42”") in messages[2]["content"]
     assert "first token 250 ms · 31 tok/s · 5 tokens</sub>" in messages[2]["content"]
     assert "not in the context" in messages[3]["content"]
     assert "Stopped: this exchange was not kept" in messages[4]["content"]
@@ -259,7 +295,7 @@ def test_exports_hold_documents_sources_and_flags(tmp_path):
                              ChatItem("assistant", "answer", "Par", stopped=True, in_context=False)])
     markdown = to_markdown(data)
     assert "| r.pdf | ingested | 3 | 90 |" in markdown and "binary \\| file" in markdown
-    assert "**You**:\n\nQ?" in markdown and "Sources: r.pdf p. 2 (100%)" in markdown
+    assert "**You**:\n\nQ?" in markdown and "Sources (share of top-k recall attention): r.pdf p. 2 (100%)" in markdown
     assert "*Stopped; not kept in the context.*" in markdown
     md_path, json_path = write_exports(data, str(tmp_path))
     loaded = json.loads(Path(json_path).read_text())
@@ -291,32 +327,4 @@ def test_share_without_auth_warns_loudly(capsys, monkeypatch):
     assert launched["auth"] == [("a", "b")] and launched["max_file_size"] == 5 * 1024**2
 
 
-# -- chat format with a SentencePiece-style tokenizer (how Llama-2's marks word boundaries) -----------
-def _metaspace_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    alphabet = ["\u2581"] + [f"<0x{i:02X}>" for i in range(256)]
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=alphabet)
-    tok.train_from_iterator(["What is the pass key? It is 123. [INST] <<SYS>> Be brief. <</SYS>> [/INST]"] * 20,
-                            trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-
-
-def test_chat_format_adds_no_double_spaces_with_sentencepiece_tokenizers():
-    from app.chat_format import ChatFormat
-
-    tokenizer = _metaspace_tokenizer()
-    fmt = ChatFormat(tokenizer)
-    assert fmt.sentencepiece  # the tokenizer marks the word boundary of every piece itself
-    ids, carry = fmt.start("")
-    assert carry == ""
-    ids += fmt.question("What is the pass key?", carry)
-    assert tokenizer.decode(ids) == "<s> [INST] What is the pass key? [/INST]"
-    ids, carry = fmt.open_turn()
-    document, carry = fmt.document("It is 123.", carry)
-    assert carry == "" and tokenizer.decode(ids + document) == "<s> [INST] It is 123."
