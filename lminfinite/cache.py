@@ -3,9 +3,12 @@
 Per layer: the first n_starting tokens (unrotated) and the last window - 1 tokens (the token being
 computed completes the window) in a ring buffer, rotated into a *frame*: key j is stored as
 R(j - frame)·k_j. Queries are rotated by i - frame, so scores depend on i - j only, and the frame moves
-forward now and then (a re-base rotates the ring once) to keep every angle's offset bounded. Steady
-decoding therefore writes one row and reads the buffer as it is: no per-token rotation or copy of the
-window. Layers that do top-k recall also keep every evicted token once, unrotated, in a MiddleStore.
+forward every window + 2 tokens or so (a re-base rotates the ring once) to keep every angle's offset
+below 2·window, and with it the model's rotation tables (rotary.lookup_rows). Steady decoding therefore
+writes one row and reads the buffer as it is: no per-token rotation or copy of the window. Layers that
+do top-k recall also keep every evicted token once, unrotated, in a MiddleStore. Everything kept across
+calls is allocated outside inference mode, so a cache filled under ``torch.inference_mode`` goes on
+under ``no_grad`` (``generate``) and back.
 """
 
 from __future__ import annotations
@@ -18,12 +21,18 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from .config import LMInfiniteConfig
 from .context import KeyContext
 from .middle_store import MiddleStore
+from .modes import outside_inference_mode
 from .rotary import Rope
 
 
 def rebase_interval(window: int) -> int:
-    """Tokens the frame may fall behind before the ring is re-rotated; bounds every rotation offset."""
-    return 4 * window + 4096
+    """Tokens the frame may fall behind the next position before the ring is re-rotated: 2·window.
+
+    A re-base moves the frame to the oldest window token, window - 1 behind, so it comes every window + 2
+    tokens at most: one rotation of n_starting + window rows per layer, about one row per token. In
+    exchange every offset stays below 2·window (plus the call's chunk), which bounds the rotation tables.
+    """
+    return 2 * window
 
 
 class InfiniteLayer(CacheLayerMixin):
@@ -50,9 +59,10 @@ class InfiniteLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         n_starting, window = self.config.n_starting, self.config.window_
         shape = (*key_states.shape[:2], n_starting + window, key_states.shape[-1])
-        self.ring_k = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
-        self.ring_v = torch.zeros(shape, dtype=value_states.dtype, device=value_states.device)
-        self.start_k, self.start_v = key_states[..., :0, :].clone(), value_states[..., :0, :].clone()
+        with outside_inference_mode():
+            self.ring_k = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+            self.ring_v = torch.zeros(shape, dtype=value_states.dtype, device=value_states.device)
+            self.start_k, self.start_v = key_states[..., :0, :].clone(), value_states[..., :0, :].clone()
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
@@ -131,7 +141,8 @@ class InfiniteLayer(CacheLayerMixin):
 
         # Commit. The next query (position `end`) needs the start and keys at [end - window + 1, end).
         if contiguous and n_start < n_starting:
-            self.start_k, self.start_v = start_k.clone(), start_v.clone()
+            with outside_inference_mode():
+                self.start_k, self.start_v = start_k.clone(), start_v.clone()
         keep_from = max(min(n_starting, end), end - (window - 1))
         evict_from = max(recent_start, n_starting)
         if self.middle is not None and keep_from > evict_from:
@@ -155,7 +166,8 @@ class InfiniteLayer(CacheLayerMixin):
 
     def _writable(self) -> None:
         if self.shared:
-            self.ring_k, self.ring_v = self.ring_k.clone(), self.ring_v.clone()
+            with outside_inference_mode():
+                self.ring_k, self.ring_v = self.ring_k.clone(), self.ring_v.clone()
             self.shared = False
 
     def _rebase(self, new_frame: int) -> None:
@@ -164,21 +176,25 @@ class InfiniteLayer(CacheLayerMixin):
             self.frame = new_frame
             return
         offsets = torch.full((self.ring_k.shape[-2],), self.frame - new_frame, device=self.ring_k.device)
-        self.ring_k = self.rope.rotate(self.ring_k, offsets)  # a new tensor: snapshots keep the old one
-        self.ring_v = self.ring_v.clone() if self.shared else self.ring_v
+        with outside_inference_mode():
+            self.ring_k = self.rope.rotate(self.ring_k, offsets)  # a new tensor: snapshots keep the old one
+            self.ring_v = self.ring_v.clone() if self.shared else self.ring_v
         self.shared = False
         self.frame = new_frame
 
     def memory(self) -> dict[str, int]:
-        """Bytes: the ring (n_starting decode rows + window slots, preallocated) and the unrotated start keys."""
+        """Bytes: the ring (n_starting decode rows + window slots, preallocated), the unrotated start keys,
+        the middle store's rows in use and its capacity beyond them."""
+        middle = (0, 0) if self.middle is None else (self.middle.nbytes, self.middle.reserved_bytes)
         if not self.is_initialized:
-            return {"starting": 0, "window": 0, "middle": 0}
+            return {"starting": 0, "window": 0, "middle": middle[0], "middle_reserved": middle[1]}
         row = 2 * self.ring_k[..., :1, :].numel() * self.ring_k.element_size()  # one key + one value
         n_starting, window = self.config.n_starting, self.config.window_
         return {
             "starting": row * (self.start_k.shape[-2] + n_starting),
             "window": row * window,
-            "middle": 0 if self.middle is None else self.middle.nbytes,
+            "middle": middle[0],
+            "middle_reserved": middle[1],
         }
 
 
@@ -264,9 +280,15 @@ class InfiniteCache(Cache):
         self._rollbacks.append(snap.seen)
 
     def memory(self) -> dict[str, int]:
-        """Bytes held, split as the app shows them: starting / window / middle store."""
-        total = {"starting": 0, "window": 0, "middle": 0}
+        """Bytes held; the values add up to every tensor the cache keeps.
+
+        starting / window / middle (rows in use), as the app shows them; middle_reserved: the middle store's
+        capacity beyond its rows (it grows by doubling; appends fill it first); rotation: the model's rotary
+        tables, bounded by rotary.lookup_rows(window) and shared by every cache of the model.
+        """
+        total = {"starting": 0, "window": 0, "middle": 0, "middle_reserved": 0}
         for layer in self.layers:
             for key, value in layer.memory().items():
                 total[key] += value
+        total["rotation"] = self.layers[0].rope.nbytes
         return total

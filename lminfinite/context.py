@@ -51,7 +51,9 @@ class KeyContext:
 
     @classmethod
     def full_sequence(cls, keys: torch.Tensor, values: torch.Tensor, n_starting: int, rope: Rope) -> "KeyContext":
-        """Keys of every token from position 0 (no cache, or a DynamicCache), rotated into frame 0."""
+        """Keys of every token of the sequence (no cache, or a DynamicCache), rotated into frame 0.
+
+        Positions count from the sequence's first token, whatever position ids the call was given."""
         start = keys[..., :n_starting, :]
         start_k = rope.rotate(start, -torch.arange(start.shape[-2], device=keys.device))
         return cls(keys, values, 0, 0, start_k, values[..., :n_starting, :])

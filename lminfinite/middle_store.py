@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .modes import outside_inference_mode
+
 
 class MiddleStore:
     """Append-only rows at positions ``[n_starting, n_starting + length)``; ``device`` may be the CPU (offload).
@@ -38,7 +40,8 @@ class MiddleStore:
     def _grow(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int, device) -> torch.Tensor:
         shape = (*like.shape[:-2], capacity, like.shape[-1])
         pin = device.type == "cpu" and like.device.type == "cuda"
-        new = torch.empty(shape, dtype=like.dtype, device=device, pin_memory=pin)
+        with outside_inference_mode():  # appended to in place by later calls, whatever their mode
+            new = torch.empty(shape, dtype=like.dtype, device=device, pin_memory=pin)
         if old is not None and self.length:
             new[..., : self.length, :] = old[..., : self.length, :]
         return new
@@ -66,3 +69,8 @@ class MiddleStore:
         if self.keys is None:
             return 0
         return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Capacity beyond the rows in use: held, and filled by the next appends before the store grows."""
+        return self.allocated_bytes - self.nbytes

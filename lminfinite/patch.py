@@ -6,6 +6,8 @@
   computed in float64: HF's own rotation then puts queries and keys into the cache's *frame*, whose offset
   from any token is bounded, so position 10^9 behaves exactly like position 10^4. A forward pre-hook on the
   module that owns the rotary embedding reads the call's cache and moves its frame forward when due.
+  Positions count tokens from the sequence's first one: a call's position ids must step by one, and where
+  they start does not matter (RoPE and the Λ-mask see distances only), with or without a cache.
 - A forward pre-hook on each attention module passes the call's cache and our state to the attention
   function through the ``**kwargs`` that transformers forwards to it.
 No model class is copied or monkey-patched.
@@ -13,19 +15,19 @@ No model class is copied or monkey-patched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import torch
 from torch import nn
 from transformers import AttentionInterface
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface
 
 from .config import LMInfiniteConfig
 from .context import KeyContext
 from .kernel import lm_infinite_attention
-from .rotary import Rope, find_rotary_embedding, rope_from_model
+from .rotary import Rope, find_rotary_embedding, lookup_rows, rope_from_model
 
 ATTENTION_NAME = "lminfinite"
 _STATE_ATTR = "_lminfinite_state"
@@ -43,6 +45,7 @@ class InfiniteState:
     observers: list = field(default_factory=list)
     block_size: int | None = None  # None: kernel.default_block_size(window)
     frame: int = 0  # the current forward's rotation frame, set before the rotary embedding runs
+    past: int = 0  # tokens of the sequence cached before the current forward: its first query's position
     reference_variant: str = "lminfinite"  # read by lminfinite.reference only
     reference_dtype: torch.dtype = torch.float64
 
@@ -62,6 +65,7 @@ def enable(model: nn.Module, config: LMInfiniteConfig | None = None, *, attentio
     rope = rope_from_model(model)  # refuses non-RoPE models and unsupported scalings with a clear error
     resolved = config.resolved(text_config.max_position_embeddings)
     previous = get_state(model)
+    rope = _sized_rope(rope, resolved.window_, previous)
     if previous is not None:
         disable(model)
     attention_modules = _attention_modules(model)
@@ -112,6 +116,19 @@ def _attention_modules(model: nn.Module) -> list[nn.Module]:
     return found
 
 
+def _sized_rope(rope: Rope, window: int, previous: InfiniteState | None) -> Rope:
+    """``rope`` with tables bounded for ``window``; the previous one (and its tables) when it is the same, so
+    switching top-k on and off keeps one set of tables, shared with the caches already built."""
+    if (
+        previous is not None
+        and previous.rope.table_rows == lookup_rows(window)
+        and previous.rope.attention_scaling == rope.attention_scaling
+        and torch.equal(previous.rope.inv_freq, rope.inv_freq)
+    ):
+        return previous.rope
+    return replace(rope, table_rows=lookup_rows(window))
+
+
 def _owner_of(model: nn.Module, child: nn.Module) -> nn.Module:
     for module in model.modules():
         if any(c is child for c in module.children()):
@@ -120,22 +137,39 @@ def _owner_of(model: nn.Module, child: nn.Module) -> nn.Module:
 
 
 def _begin_forward(state: InfiniteState, module, args, kwargs):
-    """Before the decoder runs: fix this call's frame (re-basing an InfiniteCache when it is due)."""
+    """Before the decoder runs: fix this call's frame (re-basing an InfiniteCache when it is due) and the
+    position of its first token, counted from the sequence's first token (no cache, a DynamicCache: frame 0)."""
     from .cache import InfiniteCache
 
     cache = kwargs.get("past_key_values")
     state.frame = cache.begin_forward() if isinstance(cache, InfiniteCache) else 0
+    state.past = cache.get_seq_length() if isinstance(cache, Cache) else 0
     return None
 
 
 def _rotate_into_frame(state: InfiniteState, module, args, kwargs, output):
-    """(cos, sin) for ``position - frame``: HF's apply_rotary_pos_emb then rotates q and k into the frame."""
+    """(cos, sin) for ``position - frame``: HF's apply_rotary_pos_emb then rotates q and k into the frame.
+
+    The call's tokens are at positions past, past + 1, ... of the sequence, whatever its position ids say:
+    an offset p only says where the sequence starts, which no distance depends on, and using it would make
+    rotations (and tables) as large as p.
+    """
     cos, _ = output
     position_ids = kwargs["position_ids"] if "position_ids" in kwargs else args[1]
-    offsets = position_ids[0].to(cos.device) - state.frame
-    frame_cos, frame_sin = state.rope.cos_sin(offsets, cos.dtype)
+    _require_consecutive(position_ids)
+    first = state.past - state.frame
+    frame_cos, frame_sin = state.rope.span(first, first + position_ids.shape[-1], cos.dtype, cos.device)
     shape = (cos.shape[0], *frame_cos.shape)
     return frame_cos[None].expand(shape), frame_sin[None].expand(shape)
+
+
+def _require_consecutive(position_ids: torch.Tensor) -> None:
+    """The Λ-mask and the distance ceiling count tokens: position ids with gaps or resets cannot be honoured."""
+    if position_ids.shape[-1] > 1 and not bool((position_ids.diff(dim=-1) == 1).all()):
+        raise ValueError(
+            "LM-Infinite attention needs position_ids that increase by one per token (one sequence per row, "
+            "no packing or padding)"
+        )
 
 
 def _unrotated(module, args, output):

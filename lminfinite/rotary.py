@@ -1,8 +1,9 @@
 """Rotary position embedding at relative, bounded offsets.
 
-LM-Infinite never rotates by an absolute position: queries and keys reach the attention unrotated
-and are rotated here by offsets no larger than ``window + block``. Angles are computed in float64,
-so position 10^9 behaves exactly like position 10^4 (the official code lost precision near 10^7).
+LM-Infinite never rotates by an absolute position: queries and keys are rotated by offsets from a
+nearby frame (see cache.py). Angles are computed in float64, so position 10^9 behaves exactly like
+position 10^4 (the official code lost precision near 10^7). Small offsets are looked up in a table of
+``lookup_rows(window)`` rows, so the tables a model holds do not grow with the context.
 """
 
 from __future__ import annotations
@@ -12,9 +13,21 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .modes import outside_inference_mode
+
 # RoPE variants whose frequencies do not depend on the sequence length: a fixed inv_freq (and, for
 # YaRN, a fixed logit scale) describes them completely.
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def lookup_rows(window: int) -> int:
+    """Offsets a Rope looks up rather than computes: [0, 4·window).
+
+    An InfiniteCache re-bases once its frame is 2·window behind (cache.rebase_interval), so a decode step
+    rotates by at most about 2·window, and a prefill chunk of up to 2·window tokens by at most 4·window.
+    Larger offsets (long chunks, calls without an InfiniteCache) are computed the same way and not kept.
+    """
+    return 4 * window
 
 
 @dataclass(frozen=True, eq=False)
@@ -23,8 +36,9 @@ class Rope:
 
     inv_freq: torch.Tensor
     attention_scaling: float = 1.0
-    _tables: dict = field(default_factory=dict, repr=False)
-    _last_uniform: dict = field(default_factory=dict, repr=False)
+    table_rows: int = 4096  # enable() sets lookup_rows(window)
+    _tables: dict = field(default_factory=dict, init=False, repr=False)
+    _last_uniform: dict = field(default_factory=dict, init=False, repr=False)
 
     @property
     def head_dim(self) -> int:
@@ -33,12 +47,24 @@ class Rope:
     def cos_sin(self, offsets: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of ``offsets × inv_freq`` laid out as HF's ``rotate_half`` expects (n, head_dim).
 
-        Looked up in a table computed once in float64 (grown by doubling); sin is odd, cos even.
+        Offsets below ``table_rows`` are looked up in a table computed once in float64 (sin is odd, cos
+        even); larger ones are computed the same way, with identical values, and not kept.
         """
-        cos_table, sin_table = self._table(int(offsets.abs().max()) + 1 if offsets.numel() else 1, offsets.device, dtype)
         index = offsets.abs()
         sign = torch.where(offsets < 0, -1.0, 1.0).to(dtype)[:, None]
-        return cos_table[index], sin_table[index] * sign
+        if offsets.numel() and int(index.max()) < self.table_rows:
+            cos_table, sin_table = self._table(offsets.device, dtype)
+            cos, sin = cos_table[index], sin_table[index]
+        else:
+            cos, sin = _half_cos_sin(index, self.inv_freq, dtype)
+        return _full(cos), _full(sin * sign)
+
+    def span(self, lo: int, hi: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos_sin(arange(lo, hi))``; a slice of the table (no gather, no device sync) when it lies inside."""
+        if 0 <= lo and hi <= self.table_rows:
+            cos_table, sin_table = self._table(torch.device(device), dtype)
+            return _full(cos_table[lo:hi]), _full(sin_table[lo:hi])
+        return self.cos_sin(torch.arange(lo, hi, device=device), dtype)
 
     def rotate_uniform(self, x: torch.Tensor, offset: int) -> torch.Tensor:
         """``rotate`` with one offset for every row: a decode step's start keys or query.
@@ -48,19 +74,18 @@ class Rope:
         work = torch.promote_types(x.dtype, torch.float32)
         key = (offset, x.device, work)
         if self._last_uniform.get("key") != key:
-            self._last_uniform.update(key=key, cos_sin=self.cos_sin(torch.tensor([offset], device=x.device), work))
+            with outside_inference_mode():  # kept across calls
+                cos_sin = self.cos_sin(torch.tensor([offset], device=x.device), work)
+            self._last_uniform.update(key=key, cos_sin=cos_sin)
         return _apply(x, *self._last_uniform["cos_sin"])
 
-    def _table(self, size: int, device: torch.device, dtype: torch.dtype):
+    def _table(self, device: torch.device, dtype: torch.dtype):
+        """(table_rows, head_dim / 2) cos and sin: the other half of each row repeats the first."""
         key = (device, dtype)
-        table = self._tables.get(key)
-        if table is None or table[0].shape[0] < size:
-            size = max(size, 2 * (0 if table is None else table[0].shape[0]), 1024)
-            angles = torch.arange(size, dtype=torch.float64, device=device)[:, None] * self.inv_freq.to(device)[None, :]
-            angles = torch.cat((angles, angles), dim=-1)
-            table = (angles.cos().to(dtype), angles.sin().to(dtype))
-            self._tables[key] = table
-        return table
+        if key not in self._tables:
+            with outside_inference_mode():
+                self._tables[key] = _half_cos_sin(torch.arange(self.table_rows, device=device), self.inv_freq, dtype)
+        return self._tables[key]
 
     def rotate(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """Rotate the last two dims (n, head_dim) of ``x`` by ``offsets`` (n,), in float32 at least.
@@ -68,6 +93,24 @@ class Rope:
         The scalar ``attention_scaling`` is not applied here; callers fold its square into the logit scale.
         """
         return _apply(x, *self.cos_sin(offsets, torch.promote_types(x.dtype, torch.float32)))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: inv_freq, the tables (table_rows rows per device and dtype used), the kept uniform row."""
+        tensors = [self.inv_freq, *(t for pair in self._tables.values() for t in pair)]
+        tensors += list(self._last_uniform.get("cos_sin", ()))
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _half_cos_sin(index: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of ``index × inv_freq`` (n, head_dim / 2) for non-negative integer offsets, angles in float64."""
+    angles = index.to(torch.float64)[:, None] * inv_freq.to(index.device)[None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _full(half: torch.Tensor) -> torch.Tensor:
+    """HF's rotate_half layout repeats the frequencies: (n, head_dim / 2) -> (n, head_dim)."""
+    return torch.cat((half, half), dim=-1)
 
 
 def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

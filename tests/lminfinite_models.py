@@ -45,3 +45,24 @@ def feed_in_chunks(model, ids: torch.Tensor, chunk: int, cache) -> torch.Tensor:
         for lo in range(0, ids.shape[1], chunk):
             outs.append(model(input_ids=ids[:, lo : lo + chunk], past_key_values=cache, use_cache=True).logits)
     return torch.cat(outs, dim=1)
+
+
+def held_bytes(root) -> int:
+    """Bytes of every tensor storage reachable from ``root`` through attributes, lists, tuples and dicts, each
+    storage once: what an object really keeps alive, whatever it reports about itself."""
+    seen, storages, pending = set(), {}, [root]
+    while pending:
+        obj = pending.pop()
+        if id(obj) in seen or isinstance(obj, (type, torch.nn.Module)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr(), storage.nbytes()] = storage.nbytes()
+        elif isinstance(obj, dict):
+            pending.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            pending.extend(obj)
+        elif hasattr(obj, "__dict__"):
+            pending.extend(vars(obj).values())
+    return sum(storages.values())

@@ -71,6 +71,22 @@ def test_padded_batches_are_refused():
         model(input_ids=ids, attention_mask=mask)
 
 
+def test_position_ids_with_gaps_are_refused():
+    model = lminfinite.enable(tiny_model())
+    with pytest.raises(ValueError, match="increase by one"):
+        model(input_ids=random_ids(8), position_ids=2 * torch.arange(8)[None])
+
+
+def test_reenabling_with_the_same_window_keeps_the_rotation_tables():
+    """Switching top-k on and off must not leave the caches already built holding a second set of tables."""
+    model = lminfinite.enable(tiny_model(), lminfinite.LMInfiniteConfig(n_starting=4))
+    rope = lminfinite.get_state(model).rope
+    lminfinite.enable(model, lminfinite.LMInfiniteConfig(n_starting=4, topk=2, topk_from_layer=1))
+    assert lminfinite.get_state(model).rope is rope
+    lminfinite.enable(model, lminfinite.LMInfiniteConfig(n_starting=4, window=8))
+    assert lminfinite.get_state(model).rope.table_rows == 4 * 8
+
+
 def test_cache_requires_enabled_model():
     with pytest.raises(ValueError, match="enable"):
         lminfinite.InfiniteCache(tiny_model())

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import lminfinite
-from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
+from lminfinite_models import WINDOW, feed_in_chunks, held_bytes, random_ids, tiny_model
 
 N_STARTING = 4
 
@@ -14,6 +14,9 @@ def model():
     return lminfinite.enable(tiny_model("llama-gqa"), lminfinite.LMInfiniteConfig(n_starting=N_STARTING))
 
 
+HEAD_DIM = 64 // 4
+
+
 def test_memory_is_constant_in_context_length(model):
     short, long = lminfinite.InfiniteCache(model), lminfinite.InfiniteCache(model)
     feed_in_chunks(model, random_ids(2 * WINDOW), 5, short)
@@ -21,8 +24,62 @@ def test_memory_is_constant_in_context_length(model):
     assert long.get_seq_length() == 64 * WINDOW
     assert long.memory() == short.memory()
     # A ring of n_starting + window rows per layer, plus the unrotated start keys.
-    row_bytes = 2 * 3 * model.config.num_key_value_heads * (64 // 4) * 4  # k+v, layers, kv heads, head_dim, fp32
-    assert long.memory() == {"starting": 2 * N_STARTING * row_bytes, "window": WINDOW * row_bytes, "middle": 0}
+    row_bytes = 2 * 3 * model.config.num_key_value_heads * HEAD_DIM * 4  # k+v, layers, kv heads, head_dim, fp32
+    # The model's rotation: cos and sin tables of 4 × window rows of head_dim / 2 (fp32), and inv_freq (float64).
+    rotation_bytes = 2 * 4 * WINDOW * HEAD_DIM // 2 * 4 + HEAD_DIM // 2 * 8
+    assert long.memory() == {
+        "starting": 2 * N_STARTING * row_bytes, "window": WINDOW * row_bytes, "middle": 0, "middle_reserved": 0,
+        "rotation": rotation_bytes,
+    }
+
+
+def _prefill_and_decode(model, cache, n, chunk, decode=3):
+    feed_in_chunks(model, random_ids(n), chunk, cache)
+    feed_in_chunks(model, random_ids(decode, seed=2), 1, cache)
+
+
+def test_bytes_held_do_not_grow_with_context_and_memory_reports_them(model):
+    """Every tensor reachable from the cache (its rotation tables included) is counted, and nothing grows."""
+    short = lminfinite.InfiniteCache(model)
+    _prefill_and_decode(model, short, 2 * WINDOW, 5)
+    short_bytes = held_bytes(short)  # measured before the long run: the rotation tables are the model's
+    long = lminfinite.InfiniteCache(model)
+    _prefill_and_decode(model, long, 64 * WINDOW, 37)
+    assert held_bytes(long) == short_bytes
+    assert sum(short.memory().values()) == short_bytes
+    assert sum(long.memory().values()) == short_bytes
+
+
+def test_memory_counts_the_middle_store_and_its_spare_capacity():
+    config = lminfinite.LMInfiniteConfig(n_starting=N_STARTING, topk=2, topk_from_layer=1)
+    model = lminfinite.enable(tiny_model("llama-gqa"), config)
+    cache = lminfinite.InfiniteCache(model)
+    _prefill_and_decode(model, cache, 20 * WINDOW, 13)
+    memory = cache.memory()
+    evicted = 20 * WINDOW + 3 - N_STARTING - (WINDOW - 1)
+    layer_row_bytes = 2 * model.config.num_key_value_heads * HEAD_DIM * 4
+    assert memory["middle"] == 2 * evicted * layer_row_bytes  # layers 1 and 2 recall
+    assert memory["middle_reserved"] > 0  # the store grows by doubling
+    assert sum(memory.values()) == held_bytes(cache)
+
+
+@pytest.mark.parametrize("offset", [10**5, 10**9])
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "infinite-cache"])
+def test_position_ids_far_from_zero_give_the_same_logits(model, cached, offset):
+    """A sequence said to start at position 10^9 is the same sequence: equal logits, no rotation by 10^9."""
+    ids = random_ids(3 * WINDOW)
+    positions = torch.arange(ids.shape[1])[None]
+    rope = lminfinite.get_state(model).rope
+
+    def logits(start):
+        kwargs = {"past_key_values": lminfinite.InfiniteCache(model)} if cached else {"use_cache": False}
+        with torch.no_grad():
+            return model(input_ids=ids, position_ids=positions + start, **kwargs).logits
+
+    expected = logits(0)
+    rotation_bytes = held_bytes(rope)
+    torch.testing.assert_close(logits(offset), expected, atol=0, rtol=0)
+    assert held_bytes(rope) == rotation_bytes
 
 
 def test_topk_middle_store_keeps_each_evicted_token_once():
@@ -87,7 +144,8 @@ def test_rollback_restores_exactly(model):
     first = feed_in_chunks(model, continuation, 7, cache)
     feed_in_chunks(model, random_ids(4 * WINDOW, seed=3), 11, cache)  # an abandoned branch
     cache.rollback(snap)
-    assert cache.get_seq_length() == 5 * WINDOW and cache.memory() == memory
+    restored = {key: cache.memory()[key] for key in ("starting", "window", "middle")}
+    assert cache.get_seq_length() == 5 * WINDOW and restored == {key: memory[key] for key in restored}
     torch.testing.assert_close(feed_in_chunks(model, continuation, 7, cache), first, atol=0, rtol=0)
 
 

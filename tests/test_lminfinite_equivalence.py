@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 import lminfinite
 from lminfinite.reference import ReferenceModel
@@ -96,6 +97,77 @@ def test_prefill_generate_append_generate_equals_reference(references):
         second = model.generate(history, past_key_values=cache, max_new_tokens=6, do_sample=False)
     assert first[:, document.shape[1] :].tolist() == ref.greedy(document, 6).tolist()
     assert second[:, history.shape[1] :].tolist() == ref.greedy(history, 6).tolist()
+
+
+@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+def test_generate_without_a_cache_equals_reference_greedy(references, config_name):
+    """No past_key_values: generate uses transformers' DynamicCache, which keeps every token (its memory grows
+    with the context); the attention over it is still exactly LM-Infinite."""
+    model, ref, _ = references("llama-mha", config_name)
+    prompt = random_ids(10 * WINDOW, seed=7)
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=12, do_sample=False, return_dict_in_generate=True)
+    assert type(out.past_key_values) is DynamicCache
+    assert out.past_key_values.get_seq_length() == prompt.shape[1] + 11
+    assert out.sequences[:, prompt.shape[1] :].tolist() == ref.greedy(prompt, 12).tolist()
+
+
+@pytest.mark.parametrize("prefill_mode, generate_mode", [
+    (torch.inference_mode, torch.no_grad), (torch.no_grad, torch.inference_mode),
+], ids=["inference-then-no_grad", "no_grad-then-inference"])
+def test_cache_moves_between_inference_mode_and_no_grad(references, prefill_mode, generate_mode):
+    """Prefill (with re-bases, a middle store, a rollback) in one mode, generate in the other: every tensor the
+    cache keeps and updates in place must be a normal tensor."""
+    model, ref, _ = references("llama-gqa", "topk")
+    prompt = random_ids(10 * WINDOW, seed=7)
+    cache = lminfinite.InfiniteCache(model)
+    with prefill_mode():
+        feed_in_chunks(model, prompt[:, :-6], 7, cache)
+        snap = cache.snapshot()
+        feed_in_chunks(model, random_ids(5, seed=8), 1, cache)  # an abandoned branch
+        cache.rollback(snap)
+        feed_in_chunks(model, prompt[:, -6:-1], 5, cache)  # copies the shared ring, in this mode
+    with generate_mode():
+        out = model.generate(prompt, past_key_values=cache, max_new_tokens=8, do_sample=False)
+    assert out[:, prompt.shape[1] :].tolist() == ref.greedy(prompt, 8).tolist()
+
+
+@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+def test_batch_rows_equal_each_row_alone(references, config_name):
+    """Equal-length rows, with and without an InfiniteCache: each row as if alone, and as the reference."""
+    model, ref, _ = references("llama-gqa", config_name)
+    rows = torch.cat([random_ids(6 * WINDOW, seed=seed) for seed in (11, 12, 13)])
+    expected = ref.logits(rows)
+    with torch.no_grad():
+        whole = model(input_ids=rows, use_cache=False).logits
+        alone = torch.cat([model(input_ids=row[None], use_cache=False).logits for row in rows])
+    torch.testing.assert_close(whole, alone, atol=1e-5, rtol=0)
+    torch.testing.assert_close(whole.double(), expected, atol=FP32_ATOL, rtol=0)
+    chunked = feed_in_chunks(model, rows, 7, lminfinite.InfiniteCache(model))
+    torch.testing.assert_close(chunked.double(), expected, atol=FP32_ATOL, rtol=0)
+    with torch.no_grad():
+        out = model.generate(rows, past_key_values=lminfinite.InfiniteCache(model), max_new_tokens=6, do_sample=False)
+    assert out[:, rows.shape[1] :].tolist() == ref.greedy(rows, 6).tolist()
+
+
+def test_bf16_topk_generate_follows_the_reference_where_margins_are_clear():
+    """bf16 with top-k through generate(): logits within 0.03 of the float64 reference of the same weights (the
+    tiny model's logits spread about 0.16; 0.015 is typical), so every greedy token whose reference top-2 margin
+    exceeds twice that is the reference's."""
+    config = CONFIGS["topk"]
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16), config)
+    prompt, steps = random_ids(10 * WINDOW, seed=7), 12
+    with torch.no_grad():
+        out = model.generate(prompt, past_key_values=lminfinite.InfiniteCache(model), max_new_tokens=steps,
+                             do_sample=False, output_logits=True, return_dict_in_generate=True)
+    tokens = out.sequences[:, prompt.shape[1] :]
+    logits = torch.stack(out.logits, dim=1).double()
+    expected = ReferenceModel(model, config).logits(out.sequences[:, :-1])[:, prompt.shape[1] - 1 :]
+    assert (logits - expected).abs().max() < 0.03
+    top2 = expected.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 2 * 0.03
+    assert clear.sum() >= steps // 3
+    assert (tokens == expected.argmax(-1))[clear].all()
 
 
 @pytest.mark.parametrize("config_name", ["lambda", "topk"])
