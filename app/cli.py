@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     li = p.add_argument_group("LM-Infinite")
     li.add_argument("--n-starting", type=int, default=10, help="starting tokens every query attends to (default: 10)")
     li.add_argument("--window", type=int, default=None,
-                    help="attention window and distance ceiling (default: 2048 for SmolLM2, chosen by measurement; "
+                    help="attention window and distance ceiling (default: 1024 for SmolLM2, chosen by measurement; "
                          "otherwise the model's pre-training length)")
     li.add_argument("--topk", type=int, default=5,
                     help="middle tokens recalled per head while answering; 0 turns recall off by default (default: 5)")

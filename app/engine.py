@@ -245,6 +245,8 @@ class ContextEngine:
                 line_end=getattr(chunk, "line_end", None),
             ))
             self.state, self.carry = piece.state, piece.carry
+        if total >= MEASURED_PREFILL and meter.final_rate:  # a feed shorter than the live rate's minimum
+            self.stats.prefill_tps = meter.final_rate
 
     def plan_documents(self, chunks: Sequence[DocumentChunk]) -> list[Piece]:
         """Token pieces for ``chunks`` appended now (exact counts, for the budget check)."""
@@ -284,12 +286,13 @@ class ContextEngine:
                 if ttft is None:
                     ttft = time.perf_counter() - started
                     self.stats.ttft_s = ttft
-                    decode_meter = RateMeter()
+                    decode_meter = RateMeter()  # times the forwards that follow the first token
+                else:
+                    decode_meter.add(1)
                 if token in self.format.stop_ids:
                     finish = "eos"
                     break
                 answer.append(token)
-                decode_meter.add(1)
                 self.stats.done, self.stats.decode_tps = len(answer), decode_meter.rate
                 yield AnswerDelta(self.format.decode_answer(answer), len(answer), ttft)
                 if len(answer) >= max_new:
@@ -303,7 +306,7 @@ class ContextEngine:
         self._forward(closing, topk=topk)
         self.spans.append(Span(start, self.length, "answer"))
         self.state, self.carry = TurnState.CLOSED, carry
-        decode_tps = decode_meter.rate if decode_meter is not None else 0.0
+        decode_tps = decode_meter.final_rate if decode_meter is not None else 0.0
         self.stats.decode_tps = decode_tps
         yield AnswerResult(
             text=self.format.decode_answer(answer), tokens=len(answer), finish=finish,
@@ -317,9 +320,13 @@ class ContextEngine:
         text = " ".join(self.format.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True).split())
         return ("…" if lo > span.start else "") + text + ("…" if hi < span.end else "")
 
-    def ask(self, question: str, settings: GenerationSettings, cancel=None) -> Iterator[object]:
-        """Prefill the question (with recall if on), then stream the answer; the last item is an AnswerResult."""
-        started = time.perf_counter()
+    def ask(self, question: str, settings: GenerationSettings, cancel=None,
+            started: float | None = None) -> Iterator[object]:
+        """Prefill the question (with recall if on), then stream the answer; the last item is an AnswerResult.
+
+        ``started`` (a ``time.perf_counter`` time) is when the user asked: time to first token includes the wait.
+        """
+        started = time.perf_counter() if started is None else started
         opening = self._opening()
         carry = opening[-1].carry if opening else self.carry
         ids, carry = self.format.question(question, carry)
@@ -345,16 +352,17 @@ class ContextEngine:
         """Only the newest answer, and only while nothing was appended after it."""
         return bool(self.turns) and self.turns[-1].end == self.length
 
-    def regenerate(self, settings: GenerationSettings, cancel=None) -> Iterator[object]:
+    def regenerate(self, settings: GenerationSettings, cancel=None,
+                   started: float | None = None) -> Iterator[object]:
         """Answer the last question again from the state right after its prefill (no re-encoding).
 
         Stopping a regeneration removes the whole turn, as stopping an answer does: the old answer's
-        state cannot be restored once the context went back before it.
+        state cannot be restored once the context went back before it. ``started`` is as for ``ask``.
         """
         if not self.can_regenerate:
             raise EngineError("Nothing to regenerate: the last answer is no longer the end of the context.")
         turn = self.turns[-1]
-        started = time.perf_counter()
+        started = time.perf_counter() if started is None else started
         result = None
         with self._operation(restore_to=turn.before):
             self._restore(turn.after_question)

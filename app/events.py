@@ -19,11 +19,13 @@ MODEL = {"concurrency_id": "model", "concurrency_limit": 1}
 
 def wire(demo, c: Components, h: Handlers) -> None:
     view = c.view
+    controls = [c.stop_note, c.stop, c.cancel]
 
     def then_model(event, api_name: str):
         """Chain the model step (and re-enable the chat box) after a fast or reading step."""
-        step = event.then(h.run, c.settings, view, api_name=api_name, show_progress="full", **MODEL)
-        step.then(h.enable_input, None, [c.chat_input, c.stop_note], api_name=False, **FAST)
+        step = event.then(h.run, c.settings, view, api_name=api_name, show_progress="full",
+                          show_progress_on=view[:4], **MODEL)  # not on the stop note and the buttons
+        step.then(h.enable_input, None, [c.chat_input, *controls], api_name=False, **FAST)
         return step
 
     # Chat box: record -> read attachments -> feed and answer.
@@ -38,9 +40,11 @@ def wire(demo, c: Components, h: Handlers) -> None:
         added = c.add_path.click(h.add_server_path, c.server_path, [c.server_path, *view], api_name="add_path", **FAST)
         then_model(added.then(h.read, None, view, api_name=False, **READ), api_name=False)
 
-    # Stop / cancel: only a flag, so it is never stuck behind the work it stops.
-    c.stop.click(h.stop, None, c.stop_note, api_name="stop", **FAST)
-    c.cancel.click(h.stop, None, c.stop_note, api_name=False, **FAST)
+    # Stop / cancel: only a flag, so it is never stuck behind the work it stops; then the note and the
+    # buttons as the work stands.
+    for button, api_name in ((c.stop, "stop"), (c.cancel, False)):
+        stopped = button.click(h.stop, None, c.stop_note, api_name=api_name, **FAST)
+        stopped.then(h.controls, None, controls, api_name=False, **FAST)
 
     then_model(c.regenerate.click(h.queue_regenerate, None, view, api_name="regenerate", **FAST), api_name=False)
     then_model(c.clear.click(h.queue_forget, None, view, api_name="clear", **FAST), api_name=False)
@@ -50,7 +54,9 @@ def wire(demo, c: Components, h: Handlers) -> None:
     # The one-call API (app/api.py): add files, ask, get JSON; all on the model queue.
     c.ask_trigger.click(h.ask, [c.ask_question, c.ask_files], c.ask_result, api_name="ask", **MODEL)
 
-    c.timer.tick(h.panel, None, [c.panel, c.memory_plot, c.throughput_plot, c.panel_data], api_name="panel", **FAST)
-    demo.load(h.panel, None, [c.panel, c.memory_plot, c.throughput_plot, c.panel_data], api_name=False, **FAST)
+    # The live panel: whole on page load (and for API clients), then only what changed on each tick.
+    live = [c.panel, c.memory_plot, c.throughput_plot, c.panel_data]
+    demo.load(h.panel, None, live, api_name="panel", **FAST)
+    c.timer.tick(h.tick, None, live, api_name=False, **FAST)
     demo.load(h.show, None, view, api_name="show", **FAST)
     demo.unload(h.unload)

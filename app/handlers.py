@@ -51,8 +51,17 @@ class Handlers:
         return self.registry.get(request.session_hash, touch=touch)
 
     def view(self, session: Session) -> tuple:
-        """Chat, documents table, context summary and activity: the outputs of every work event."""
-        return views.session_view(session, self.budget)
+        """The outputs of every work event: chat, documents table, context summary and activity, then the
+        controls that follow the work: the stop note, the export's files (hidden once the chat has moved on
+        from what they hold), and Stop and Cancel (active only while this session has work to stop)."""
+        chat, rows, context, activity = views.session_view(session, self.budget)
+        export = gr.skip()
+        if session.exported is not None and session.exported != chat:
+            session.exported = None
+            export = gr.update(value=None, visible=False)
+        busy = session.has_work
+        return (chat, rows, context, activity, session.stop_note, export, gr.update(interactive=busy),
+                gr.update(interactive=busy))
 
     def _queue_sources(self, session: Session, question: str | None, paths: list[str], *, uploads: bool) -> Work:
         names = [os.path.basename(p.rstrip("/")) or p for p in paths]
@@ -106,7 +115,15 @@ class Handlers:
         """Stop this session's running and queued work (the engine rolls back within a chunk or token)."""
         session = self._session(request)
         told = session.stop()
-        return f"Stopping {views.plural(told, 'action')}…" if told else "Nothing to stop."
+        session.stop_note = f"Stopping {views.plural(told, 'action')}…" if told else "Nothing to stop."
+        return session.stop_note
+
+    def controls(self, request: gr.Request):
+        """The stop note and Stop / Cancel as the work now stands, after Stop and after the model step: the
+        replies of events running side by side can reach the browser in either order."""
+        session = self._session(request, touch=False)
+        busy = session.has_work
+        return session.stop_note, gr.update(interactive=busy), gr.update(interactive=busy)
 
     def queue_regenerate(self, request: gr.Request):
         session = self._session(request)
@@ -138,29 +155,51 @@ class Handlers:
         """The session as it is (page load, and for API clients)."""
         return self.view(self._session(request))
 
-    def enable_input(self):
-        """After the model step: unlock the chat box and clear the "Stopping…" note."""
-        return gr.MultimodalTextbox(interactive=True), ""
+    def enable_input(self, request: gr.Request):
+        """After the model step: unlock the chat box, and settle the stop note and Stop / Cancel."""
+        return gr.MultimodalTextbox(interactive=True), *self.controls(request)
 
     def export(self, request: gr.Request):
         session = self._session(request)
         data = export_data(model=self.runtime.name, system_prompt=session.system_prompt,
                            documents=session.documents, chat=session.chat, context_tokens=session.context_tokens)
+        session.exported = views.chat_messages(session.chat)
         return gr.File(value=write_exports(data, session.tmpdir), visible=True)
 
-    def panel(self, request: gr.Request):
-        """Timer tick: device memory, KV bytes, throughput; one sample for the plots."""
-        session = self._session(request, touch=False)
+    def _panel_numbers(self, session: Session) -> tuple[str, dict, object]:
+        """The panel's HTML and raw numbers, after taking this tick's sample for the plots."""
         memory = device_memory(self.runtime.device_type)
         session.series.record(memory, session.stats)
         vanilla = estimate_kv_bytes(session.stats.context_tokens, **self.kv_dims,
                                     dtype_bytes=self.dtype_bytes)["full_bytes"]
-        memory_frame, speed_frame = views.plot_frames(session.series.snapshot(), memory.kind)
         data = stats_dict(session.stats, memory)
         data.update(budget=self.budget.tokens, vanilla_kv_bytes=vanilla, sessions=len(self.registry),
                     window=self.runtime.window, n_starting=self.runtime.lm_config.n_starting)
-        return (views.panel_html(session.stats, memory, self.budget.tokens, vanilla), memory_frame, speed_frame,
-                data)
+        return views.panel_html(session.stats, memory, self.budget.tokens, vanilla), data, memory
+
+    def panel(self, request: gr.Request):
+        """Page load and API: the whole live panel (device memory, KV bytes, throughput, both plots)."""
+        session = self._session(request, touch=False)
+        html, data, memory = self._panel_numbers(session)
+        memory_frame, speed_frame = views.plot_frames(session.series.snapshot(), memory.kind)
+        session.panel_shown = {"html": html, "data": views.panel_key(html, data), "plots": session.series.version}
+        return html, memory_frame, speed_frame, data
+
+    def tick(self, request: gr.Request):
+        """Timer tick: only what changed since this tab's last tick, gr.skip() for the rest.
+
+        An idle tab then costs next to nothing: no plot frames built or sent, nothing redrawn in the browser.
+        The plots change only with a new sample (series.record takes none while idle).
+        """
+        session = self._session(request, touch=False)
+        html, data, memory = self._panel_numbers(session)
+        shown, version, key = session.panel_shown, session.series.version, views.panel_key(html, data)
+        plots = (gr.skip(), gr.skip())
+        if shown.get("plots") != version:
+            plots = views.plot_frames(session.series.snapshot(), memory.kind)
+        session.panel_shown = {"html": html, "data": key, "plots": version}
+        return (html if shown.get("html") != html else gr.skip(), *plots,
+                data if shown.get("data") != key else gr.skip())
 
     def unload(self, request: gr.Request):
         """The tab disconnected: stop its work and free its context."""

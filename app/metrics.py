@@ -1,7 +1,7 @@
 """Numbers for the live panel: device memory, KV-cache bytes, throughput and time to first token.
 
 The engine writes a session's ``LiveStats`` (plain floats and ints) as it works; the 1-second timer reads
-them, adds the device's memory, and appends a sample to the session's time series. Nothing here holds a
+them, adds the device's memory, and appends a sample to the session's time series while work runs. Nothing here holds a
 tensor, so the UI can read it from any thread.
 """
 
@@ -68,12 +68,29 @@ class LiveStats:
     def kv_total(self) -> int:
         return self.kv_starting + self.kv_window + self.kv_middle
 
+    @property
+    def active(self) -> bool:
+        """Reading or model work under way (the charts sample only then)."""
+        return self.phase != "idle" or bool(self.reading)
+
+    @property
+    def running_rates(self) -> tuple[float, float]:
+        """(prefill, decode) tokens/s of the running phase only: an idle or other phase plots 0, not its
+        last value. A question's short prefill measures latency, not throughput (engine.MEASURED_PREFILL)."""
+        prefill = self.prefill_tps if self.phase == "prefill" and self.detail != "question" else 0.0
+        return prefill, self.decode_tps if self.phase == "decode" else 0.0
+
+
+MIN_RATE_S = 0.25  # a rate needs this much real time and work behind it: one token over microseconds
+MIN_RATE_TOKENS = 2  # once read as 150,000 tok/s and squashed the throughput chart
+
 
 class RateMeter:
     """Tokens per second over one phase, measured with a monotonic clock."""
 
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
+    def __init__(self, clock=time.perf_counter) -> None:
+        self.clock = clock
+        self.started = clock()
         self.tokens = 0
 
     def add(self, tokens: int) -> None:
@@ -81,12 +98,21 @@ class RateMeter:
 
     @property
     def elapsed(self) -> float:
-        return time.perf_counter() - self.started
+        return self.clock() - self.started
 
     @property
     def rate(self) -> float:
+        """The running rate; 0 until the phase has run MIN_RATE_S and MIN_RATE_TOKENS."""
         elapsed = self.elapsed
-        return self.tokens / elapsed if elapsed > 0 else 0.0
+        if elapsed < MIN_RATE_S or self.tokens < MIN_RATE_TOKENS:
+            return 0.0
+        return self.tokens / elapsed
+
+    @property
+    def final_rate(self) -> float:
+        """The rate of a finished phase: its whole real duration, however short, once it did MIN_RATE_TOKENS."""
+        elapsed = self.elapsed
+        return self.tokens / elapsed if elapsed > 0 and self.tokens >= MIN_RATE_TOKENS else 0.0
 
     def eta(self, remaining: int) -> float | None:
         rate = self.rate
@@ -104,21 +130,36 @@ class Sample:
 
 @dataclass
 class SessionSeries:
-    """The session's memory / throughput history for the plots (one sample per timer tick)."""
+    """The session's memory / throughput history for the plots.
+
+    A sample is taken per timer tick while work runs, plus one when it stops (the rates drop to 0 there);
+    idle ticks add nothing, so an idle tab redraws no chart.
+    """
 
     started: float = field(default_factory=time.monotonic)
     samples: deque = field(default_factory=lambda: deque(maxlen=900))
+    version: int = 0  # samples ever appended: a new one means the plots changed
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._was_active = True  # the first tick records the starting point
+        self._kv = -1
 
-    def record(self, memory: DeviceMemory, stats: LiveStats) -> Sample:
-        sample = Sample(
-            t=round(time.monotonic() - self.started, 1), memory_mb=memory.allocated / 2**20,
-            kv_mb=stats.kv_total / 2**20, prefill_tps=stats.prefill_tps, decode_tps=stats.decode_tps,
-        )
+    def record(self, memory: DeviceMemory, stats: LiveStats) -> Sample | None:
+        """Append this tick's sample; None while idle with nothing changed since the last (idle) sample.
+
+        Work shorter than a tick still shows: the KV cache it grew is a change.
+        """
+        active = stats.active
         with self._lock:
+            if not active and not self._was_active and stats.kv_total == self._kv:
+                return None
+            self._was_active, self._kv = active, stats.kv_total
+            prefill, decode = stats.running_rates
+            sample = Sample(t=round(time.monotonic() - self.started, 1), memory_mb=memory.allocated / 2**20,
+                            kv_mb=stats.kv_total / 2**20, prefill_tps=prefill, decode_tps=decode)
             self.samples.append(sample)
+            self.version += 1
         return sample
 
     def snapshot(self) -> list[Sample]:

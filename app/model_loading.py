@@ -33,7 +33,7 @@ class ModelChoice:
 
 
 # SmolLM2-135M-Instruct: settings measured on it (README, "Quality beyond the training length: the real model").
-SMOLLM2_WINDOW = 2048
+SMOLLM2_WINDOW = 1024
 
 
 def cached_snapshot(repo_id: str) -> str | None:

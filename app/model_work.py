@@ -7,6 +7,7 @@ document rows the user can read.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -22,6 +23,8 @@ from .sessions import ChatItem, Session, Work
 log = logging.getLogger(__name__)
 
 UI_INTERVAL_S = 0.1  # streamed updates per second are capped at 10: the browser, not the model, is the limit
+# Regenerate at temperature 0 would decode the same tokens again: it samples that one answer instead.
+REGENERATE_TEMPERATURE, REGENERATE_TOP_P = 0.7, 0.9
 
 
 class Throttle:
@@ -94,8 +97,9 @@ class ModelWork:
         item.title = f"Adding {views.plural(len(queued), 'file')} ({fitted.tokens:,} tokens)"
         try:
             for p in engine.feed_documents(fitted.chunks, work.cancel):
+                rate = f" · {p.tokens_per_s:,.0f} tok/s" if p.tokens_per_s else ""
                 eta = f" · ETA {p.eta_s:.1f} s" if p.eta_s is not None else ""
-                item.text = f"Feeding {p.done:,} / {p.total:,} tokens · {p.tokens_per_s:,.0f} tok/s{eta}"
+                item.text = f"Feeding {p.done:,} / {p.total:,} tokens{rate}{eta}"
                 if throttle():
                     yield self.view(session)
         except Stopped:
@@ -154,8 +158,8 @@ class ModelWork:
         item = ChatItem("assistant", "answer", pending=True)
         session.chat.append(item)
         yield self.view(session)
-        yield from self._stream_answer(session, item, engine.ask(work.question, settings, work.cancel), settings,
-                                       work.question_item)
+        events = engine.ask(work.question, settings, work.cancel, started=work.created)
+        yield from self._stream_answer(session, item, events, settings, work.question_item)
 
     def _regenerate(self, session: Session, work: Work, engine: ContextEngine, settings: GenerationSettings):
         index = next((i for i in range(len(session.chat) - 1, -1, -1) if session.chat[i].kind == "answer"), None)
@@ -164,8 +168,15 @@ class ModelWork:
         item = session.chat[index]
         question = next((c for c in reversed(session.chat[:index]) if c.kind == "question"), None)
         item.text, item.citations, item.stats, item.recall_note, item.pending = "", [], {}, "", True
+        sampling = ""
+        if settings.temperature == 0:
+            settings = dataclasses.replace(settings, temperature=REGENERATE_TEMPERATURE, top_p=REGENERATE_TOP_P)
+            sampling = f"regenerated with sampling, temperature {REGENERATE_TEMPERATURE}"
         yield self.view(session)
-        yield from self._stream_answer(session, item, engine.regenerate(settings, work.cancel), settings, question)
+        events = engine.regenerate(settings, work.cancel, started=work.created)
+        yield from self._stream_answer(session, item, events, settings, question)
+        if item.stats and sampling:
+            item.stats["sampling"] = sampling
 
     def _forget(self, session: Session, work: Work):
         """Clear chat: drop questions and answers from the context, keep the documents."""
@@ -184,7 +195,8 @@ class ModelWork:
         try:
             for chunks in session.fed_chunks:
                 for p in rebuilt.feed_documents(chunks, work.cancel):
-                    note.text = f"{p.done:,} / {p.total:,} tokens · {p.tokens_per_s:,.0f} tok/s"
+                    rate = f" · {p.tokens_per_s:,.0f} tok/s" if p.tokens_per_s else ""
+                    note.text = f"{p.done:,} / {p.total:,} tokens{rate}"
                     session.stats.phase, session.stats.done, session.stats.total = "prefill", p.done, p.total
                     session.stats.prefill_tps, session.stats.eta_s = p.tokens_per_s, p.eta_s
                     if throttle():

@@ -59,14 +59,33 @@ def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = 
 
 
 def launch(config: AppConfig, demo: gr.Blocks, *, block: bool = True):
+    """Start the server. Gradio is quiet: its start-up lines point to ``launch(share=True)``, a call users of
+    this app never write; the app prints its own (the address, and the --share flag or the public link)."""
     if config.share_without_auth:
         print(SHARE_WARNING, file=sys.stderr, flush=True)
     css = (STATIC_DIR / "app.css").read_text(encoding="utf-8")
     js = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
-    return demo.launch(
+    result = demo.launch(
         server_name=config.host, server_port=config.port, share=config.share, auth=config.auth or None,
         auth_message="LM-Infinite chat: please log in." if config.auth else None,
         max_file_size=config.max_file_size, allowed_paths=[str(STATIC_DIR)], css=css, js=js,
         favicon_path=str(STATIC_DIR / "favicon.svg"), footer_links=["api", "settings"], show_error=True,
-        prevent_thread_lock=not block, ssr_mode=False, pwa=False, mcp_server=False, theme=gr.themes.Soft(),
+        prevent_thread_lock=True, ssr_mode=False, pwa=False, mcp_server=False, theme=gr.themes.Soft(), quiet=True,
     )
+    for line in startup_lines(config, getattr(demo, "local_url", None), getattr(demo, "share_url", None)):
+        print(f"[lminfinite-chat] {line}", flush=True)
+    if block:
+        demo.block_thread()
+    return result
+
+
+def startup_lines(config: AppConfig, local_url: str | None, share_url: str | None) -> list[str]:
+    """Where the app is: its local address, then its public link, or how to get one."""
+    lines = [f"Running on {local_url}" if local_url else "Running"]
+    if share_url:
+        lines.append(f"Public link: {share_url}")
+    elif config.share:
+        lines.append("No public link could be made (see the message above); the app runs locally only.")
+    else:
+        lines.append("Add --share for a public link.")
+    return lines

@@ -56,6 +56,7 @@ class Work:
     rows: list[DocumentRow] = field(default_factory=list)
     status_item: ChatItem | None = None
     question_item: ChatItem | None = None
+    created: float = field(default_factory=time.perf_counter)  # when the user acted: time to first token starts here
 
 
 class Session:
@@ -73,6 +74,9 @@ class Session:
         self.engine: ContextEngine | None = None
         self.system_prompt: str | None = None
         self.last_active = time.monotonic()
+        self.stop_note = ""  # what Stop said ("Stopping 2 actions…"), until that work is over or new work starts
+        self.exported: list | None = None  # the chat messages the shown export was made of
+        self.panel_shown: dict = {}  # what this session's tab was last sent by the panel timer
         self.busy = 0
         self.closed = False
         self.lock = threading.RLock()
@@ -106,13 +110,23 @@ class Session:
 
     # -- work ----------------------------------------------------------------------------------
     def new_work(self, kind: str, question: str | None = None, sources: list[str] | None = None) -> Work:
-        """Queue an action; one without files to read is ready for the model at once."""
+        """Queue an action; one without files to read is ready for the model at once.
+
+        The rows an earlier action's Stop cancelled stay in the table until now, so the user saw them.
+        """
         work = Work(next(self._ids), kind, question, list(sources or []))
         if not work.sources:
             work.stage = "read"
         with self.lock:
+            self.documents[:] = [d for d in self.documents if d.status != "cancelled"]
+            self.stop_note = ""
             self.pending.append(work)
         return work
+
+    @property
+    def has_work(self) -> bool:
+        """Running or queued actions: what Stop and Cancel can act on."""
+        return bool(self.pending)
 
     def next_work(self, stage: str) -> Work | None:
         with self.lock:
@@ -123,6 +137,8 @@ class Session:
             work.stage = "done"
             if work in self.pending:
                 self.pending.remove(work)
+            if not self.pending:
+                self.stop_note = ""
 
     def stop(self) -> int:
         """Stop everything this session started or queued; returns how many actions were told."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from .views import DOCUMENT_HEADERS
+from .views import DOCUMENT_COLUMN_WIDTHS, DOCUMENT_HEADERS
 
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 ACCEPTED_TYPES = [  # a hint for the file picker: ingest decides what it reads, and says why it skips the rest
@@ -84,7 +84,8 @@ class Components:
     @property
     def view(self) -> list:
         """Outputs of every work event, in Handlers.view's order."""
-        return [self.chatbot, self.documents, self.context, self.activity]
+        return [self.chatbot, self.documents, self.context, self.activity, self.stop_note, self.export_files,
+                self.stop, self.cancel]
 
 
 def _icon(name: str) -> str:
@@ -124,14 +125,16 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                     show_label=False, autofocus=True, max_lines=8,
                 )
                 with gr.Row(elem_id="chat-actions"):
-                    stop = gr.Button("Stop", variant="stop", elem_id="stop-button", size="sm", icon=_icon("stop"))
-                    regenerate = gr.Button("Regenerate", size="sm", icon=_icon("regenerate"))
+                    stop = gr.Button("Stop", variant="stop", elem_id="stop-button", size="sm", icon=_icon("stop"),
+                                     interactive=False)  # Stop and Cancel are active only while there is work
+                    regenerate = gr.Button("Regenerate", size="sm", icon=_icon("regenerate"),
+                                           elem_id="regenerate-button")
                     clear = gr.Button("Clear chat", size="sm", icon=_icon("clear"))
                     new_context = gr.Button("New context", size="sm", icon=_icon("new"))
-                    export = gr.Button("Export", size="sm", icon=_icon("export"))
+                    export = gr.Button("Export", size="sm", icon=_icon("export"), elem_id="export-button")
                 stop_note = gr.Markdown(elem_id="stop-note")
                 export_files = gr.File(label="Export (Markdown and JSON)", visible=False, file_count="multiple",
-                                       interactive=False)
+                                       interactive=False, elem_id="export-files")
             with gr.Column(scale=2, min_width=380):
                 panel = gr.HTML(elem_id="live-panel")
                 with gr.Tab("Documents", elem_id="documents-tab"):
@@ -144,10 +147,12 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                             add_path = gr.Button("Add", scale=1)
                     with gr.Row(equal_height=True):
                         activity = gr.HTML(elem_id="activity")
-                        cancel = gr.Button("Cancel", variant="stop", size="sm", scale=0, min_width=90)
+                        cancel = gr.Button("Cancel", variant="stop", size="sm", scale=0, min_width=90,
+                                           elem_id="cancel-button", interactive=False)
                     context = gr.HTML(elem_id="context-summary")
                     documents = gr.Dataframe(headers=DOCUMENT_HEADERS, value=[], interactive=False, wrap=True,
-                                             elem_id="documents-table", label="Files")
+                                             column_widths=DOCUMENT_COLUMN_WIDTHS, elem_id="documents-table",
+                                             label="Files")
                 with gr.Tab("Live charts", elem_id="live-tab"):
                     memory_plot = gr.LinePlot(x="seconds", y="value", color="series", title="Memory (MB)",
                                               x_title="seconds", y_title="MB", height=200)

@@ -15,6 +15,9 @@ from .budget import Budget
 from .sessions import ChatItem, Session
 
 DOCUMENT_HEADERS = ["File", "Status", "Pages", "Tokens", "Note"]
+# The Files table's column widths (of the table's width): the file and the note (a skipped file's reason) get
+# the room and wrap; status, pages and tokens stay narrow but never break their header.
+DOCUMENT_COLUMN_WIDTHS = ["29%", "19%", "12%", "13%", "27%"]
 PHASE_LABELS = {"idle": "Idle", "reading": "Reading documents", "prefill": "Feeding the model",
                 "decode": "Answering"}
 
@@ -49,9 +52,10 @@ def answer_markdown(item: ChatItem) -> str:
         parts.append(f"*{item.recall_note}*")
     if item.stats:
         s = item.stats
+        sampling = f" · {s['sampling']}" if s.get("sampling") else ""
         parts.append(f"<sub>first token {_fmt_seconds(s.get('ttft_s'))} · {_fmt_rate(s.get('decode_tps', 0))} · "
                      f"{s.get('tokens', 0)} tokens{' · stopped at max tokens' if s.get('finish') == 'length' else ''}"
-                     "</sub>")
+                     f"{sampling}</sub>")
     if item.stopped:
         parts.append("*■ Stopped: this exchange was not kept in the context.*")
     return "\n\n".join(parts)
@@ -92,7 +96,9 @@ def session_view(session: Session, budget: Budget) -> tuple:
 
 
 def document_rows(rows: list[DocumentRow]) -> list[list]:
-    return [row.as_list() for row in rows]
+    """Table rows; token counts with thousands separators ("12,345"), empty when none were added."""
+    return [[r.path, STATUS_LABELS.get(r.status, r.status), r.pages or "", f"{r.tokens:,}" if r.tokens else "",
+             r.reason] for r in rows]
 
 
 def status_line(row: DocumentRow) -> str:
@@ -113,25 +119,30 @@ def context_html(context_tokens: int, document_tokens: int, budget: int, budget_
 
 
 def activity_html(stats: LiveStats) -> str:
-    """Progress of the running work: what, how far, how fast, how long left."""
+    """Progress of the running work: what, how far, how fast, how long left.
+
+    The engine updates ``stats`` from another thread: each figure is read once, so the bar's width and its
+    text are computed from the same numbers.
+    """
+    reading, phase, detail, done, total = stats.reading, stats.phase, stats.detail, stats.done, stats.total
     blocks = []
-    if stats.reading:
+    if reading:
         blocks.append(
             '<div class="activity busy"><div class="activity-label">Reading documents</div>'
             '<div class="bar"><div class="bar-fill striped" style="width:100%"></div></div>'
-            f'<div class="activity-detail">{html.escape(stats.reading)}</div></div>')
-    if stats.phase != "idle":
-        label = PHASE_LABELS.get(stats.phase, stats.phase)
-        if stats.phase == "prefill":
-            fraction = stats.done / stats.total if stats.total else 0.0
-            bits = [f"{stats.done:,} / {stats.total:,} tokens", _fmt_rate(stats.prefill_tps),
+            f'<div class="activity-detail">{html.escape(reading)}</div></div>')
+    if phase != "idle":
+        label = PHASE_LABELS.get(phase, phase)
+        if phase == "prefill":
+            fraction = min(1.0, done / total) if total else 0.0
+            bits = [f"{done:,} / {total:,} tokens ({fraction:.0%})", _fmt_rate(stats.prefill_tps),
                     f"ETA {_fmt_seconds(stats.eta_s)}"]
             striped = ""
         else:
             fraction = 1.0
-            bits = [f"{stats.done:,} tokens", _fmt_rate(stats.decode_tps), f"first token {_fmt_seconds(stats.ttft_s)}"]
+            bits = [f"{done:,} tokens", _fmt_rate(stats.decode_tps), f"first token {_fmt_seconds(stats.ttft_s)}"]
             striped = " striped"
-        detail = f" ({html.escape(stats.detail)})" if stats.detail else ""
+        detail = f" ({html.escape(detail)})" if detail else ""
         blocks.append(
             f'<div class="activity busy"><div class="activity-label">{label}{detail}</div>'
             f'<div class="bar"><div class="bar-fill{striped}" style="width:{fraction * 100:.1f}%"></div></div>'
@@ -166,6 +177,12 @@ def panel_html(stats: LiveStats, memory: DeviceMemory, budget: int, vanilla_kv: 
     now = PHASE_LABELS["reading"] if reading_only else PHASE_LABELS.get(stats.phase, stats.phase)
     phase = _card("Now", now, html.escape(stats.reading if reading_only else stats.detail))
     return f'<div class="stat-grid">{mem}{kv}{ctx}{prefill}{decode}{phase}</div>'
+
+
+def panel_key(html_text: str, data: dict) -> tuple:
+    """What makes a panel tick new: its HTML and numbers, less the raw memory bytes, which move on every
+    tick (the HTML shows memory to 0.1 MB)."""
+    return html_text, {k: v for k, v in data.items() if k != "memory"}
 
 
 def plot_frames(samples: list[Sample], memory_kind: str) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -5,5 +5,37 @@
     const stop = document.querySelector("#stop-button");
     if (stop) stop.click();
   });
+
+  // Files dropped on the chat are attached exactly as files dropped on the chat box are: the drop is handed
+  // to the chat box's drop zone (the chat says "drop files here"; on its own it would ignore the drop, or
+  // the browser would open the file).
+  const overChat = (event) => event.target instanceof Element && event.target.closest("#chat");
+  const withFiles = (event) => event.dataTransfer && Array.from(event.dataTransfer.types || []).includes("Files");
+  const highlight = (on) => document.querySelector("#chat")?.classList.toggle("drop-target", on);
+  for (const type of ["dragenter", "dragover"]) {
+    document.addEventListener(type, (event) => {
+      if (!overChat(event) || !withFiles(event)) return;
+      event.preventDefault();  // lets the drop happen here
+      event.dataTransfer.dropEffect = "copy";
+      highlight(true);
+    });
+  }
+  document.addEventListener("dragleave", (event) => {
+    if (overChat(event) && !(event.relatedTarget instanceof Element && event.relatedTarget.closest("#chat"))) {
+      highlight(false);
+    }
+  });
+  document.addEventListener("drop", (event) => {
+    highlight(false);
+    if (!overChat(event) || !withFiles(event)) return;
+    event.preventDefault();
+    const zone = document.querySelector("#chat-input .full-container");
+    if (!zone) return;
+    const files = new DataTransfer();
+    for (const file of event.dataTransfer.files) files.items.add(file);
+    for (const type of ["dragenter", "dragover", "drop"]) {
+      zone.dispatchEvent(new DragEvent(type, {bubbles: true, cancelable: true, dataTransfer: files}));
+    }
+  });
   document.title = "LM-Infinite chat";
 }

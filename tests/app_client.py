@@ -108,7 +108,8 @@ class AppClient:
 
     @property
     def rows(self) -> list[list]:
-        return self.view[1]["data"]
+        """The Files table, with its token counts ("12,345" on screen) read back as numbers."""
+        return [[_number(cell) if i == 3 else cell for i, cell in enumerate(row)] for row in self.view[1]["data"]]
 
     def row(self, name: str) -> list:
         matches = [r for r in self.rows if r[0] == name]
@@ -126,6 +127,13 @@ class AppClient:
         answers = self.answers()
         assert answers, f"no answer in {self.chat}"
         return answers[-1]
+
+
+def _number(cell):
+    """'12,345' -> 12345; an empty cell stays ''."""
+    if isinstance(cell, str) and re.fullmatch(r"\d{1,3}(,\d{3})*", cell):
+        return int(cell.replace(",", ""))
+    return cell
 
 
 def answer_body(markdown: str) -> str:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from app.chat_format import Carry, ChatFormat
+from app.chat_format import ChatFormat
 from chat_templates import FAMILIES as BUILT
 
 

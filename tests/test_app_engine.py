@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from app.chat_format import ChatFormat, TurnState
+from app.chat_format import TurnState
 from app.cli import AppConfig
 from app.engine import AnswerDelta, AnswerResult, ContextEngine, ContextFull, ContextOutOfMemory, EngineError, Stopped
 from app.generation import GenerationSettings

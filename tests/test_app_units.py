@@ -4,6 +4,7 @@ sessions, views and exports. No model, no server."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from app.citations import RecallTally, cite
 from app.documents import DocumentRow, fit_budget, screen_uploads
 from app.exporting import export_data, to_markdown, write_exports
 from app.generation import GenerationSettings, next_token
-from app.metrics import LiveStats, device_memory
+from app.metrics import DeviceMemory, LiveStats, RateMeter, SessionSeries, device_memory
 from app.sessions import ChatItem, SessionRegistry
 from app.spans import Span, SpanIndex
 from app import views
@@ -319,6 +320,9 @@ def test_share_without_auth_warns_loudly(capsys, monkeypatch):
         def launch(self, **kwargs):
             launched.update(kwargs)
 
+        def block_thread(self):
+            pass
+
     server.launch(cli.parse_args(["--share"]), FakeDemo())
     assert "WARNING: --share without --auth" in capsys.readouterr().err
     assert launched["share"] is True and launched["auth"] is None and launched["server_name"] == "127.0.0.1"
@@ -327,4 +331,107 @@ def test_share_without_auth_warns_loudly(capsys, monkeypatch):
     assert launched["auth"] == [("a", "b")] and launched["max_file_size"] == 5 * 1024**2
 
 
+def test_launch_is_quiet_and_prints_the_apps_own_lines(capsys):
+    """Gradio's start-up lines told users to "set `share=True` in `launch()`"; the app has --share."""
+    from app import server
 
+    launched = {}
+
+    class FakeDemo:
+        local_url = share_url = None
+
+        def launch(self, **kwargs):
+            launched.update(kwargs)
+            self.local_url = "http://127.0.0.1:7860/"
+            self.share_url = "https://abc123.gradio.live" if kwargs["share"] else None
+
+        def block_thread(self):
+            launched["blocked"] = True
+
+    server.launch(cli.parse_args([]), FakeDemo())
+    out = capsys.readouterr().out
+    assert launched["quiet"] is True and launched["blocked"] and launched["prevent_thread_lock"] is True
+    assert "Running on http://127.0.0.1:7860/" in out and "Add --share for a public link." in out
+    assert "share=True" not in out
+    server.launch(cli.parse_args(["--share", "--auth", "a:b"]), FakeDemo(), block=False)
+    out = capsys.readouterr().out
+    assert "Public link: https://abc123.gradio.live" in out and "Add --share" not in out
+
+
+# -- rates, charts, progress and the files table (the rough edges a real browser showed) -----------
+def test_rates_need_real_work_over_real_time():
+    """One decoded token 10 µs after the meter started once read as 100,000 tok/s and squashed the chart."""
+    now = [0.0]
+    meter = RateMeter(clock=lambda: now[0])
+    now[0] = 1e-5
+    meter.add(1)
+    assert meter.rate == 0 and meter.final_rate == 0 and meter.eta(100) is None
+    now[0] = 0.1
+    meter.add(9)
+    assert meter.rate == 0  # not yet 0.25 s of work
+    assert meter.final_rate == pytest.approx(100)  # a finished phase is measured over its whole real duration
+    now[0] = 0.5
+    meter.add(40)
+    assert meter.rate == pytest.approx(100) and meter.eta(100) == pytest.approx(1.0)
+
+
+def test_charts_plot_only_the_running_phase_and_idle_ticks_add_nothing():
+    series = SessionSeries()
+    memory = DeviceMemory("cpu", 2**20, None, 2**20, 2**30, "CPU")
+    stats = LiveStats(prefill_tps=5000.0, decode_tps=90.0)  # the last values of phases that are over
+    first = series.record(memory, stats)
+    assert (first.prefill_tps, first.decode_tps) == (0, 0)
+    assert series.record(memory, stats) is None and series.version == 1  # idle and unchanged: no new sample
+    stats.phase, stats.detail = "prefill", "question"  # a question's prefill measures latency, not throughput
+    assert (series.record(memory, stats).prefill_tps, series.record(memory, stats).decode_tps) == (0, 0)
+    stats.detail = "documents"
+    sample = series.record(memory, stats)
+    assert (sample.prefill_tps, sample.decode_tps) == (5000, 0)
+    stats.phase, stats.detail = "decode", "answer"
+    sample = series.record(memory, stats)
+    assert (sample.prefill_tps, sample.decode_tps) == (0, 90)
+    stats.phase = "idle"
+    sample = series.record(memory, stats)
+    assert (sample.prefill_tps, sample.decode_tps) == (0, 0)  # the lines drop to 0 when the work ends
+    assert series.record(memory, stats) is None
+    stats.kv_window = 4096  # work shorter than a tick still shows: it changed the cache
+    assert series.record(memory, stats) is not None and series.record(memory, stats) is None
+
+
+class _RacingStats(LiveStats):
+    """The engine's thread moves ``done`` on between any two reads of it, as it does while prefilling."""
+
+    def __getattribute__(self, name):
+        value = object.__getattribute__(self, name)
+        if name == "done":
+            object.__setattr__(self, "done", value + 710)
+        return value
+
+
+def test_progress_bar_width_and_its_text_come_from_the_same_numbers():
+    html = views.activity_html(_RacingStats(phase="prefill", detail="documents", done=140, total=1000))
+    width = float(re.search(r"width:([\d.]+)%", html).group(1))
+    done, total = (int(n.replace(",", "")) for n in re.search(r"([\d,]+) / ([\d,]+) tokens", html).groups())
+    assert width == pytest.approx(100 * done / total) and f"({done / total:.0%})" in html
+
+
+def test_files_table_formats_tokens_and_forgets_cancelled_rows_at_the_next_action():
+    rows = views.document_rows([DocumentRow("r.pdf", "ingested", 3, 12345), DocumentRow("x.bin", "skipped",
+                                                                                     reason="binary file")])
+    assert rows == [["r.pdf", "✓ in context", 3, "12,345", ""], ["x.bin", "– skipped", "", "", "binary file"]]
+    assert len(views.DOCUMENT_COLUMN_WIDTHS) == len(views.DOCUMENT_HEADERS)
+    assert sum(float(w.rstrip("%")) for w in views.DOCUMENT_COLUMN_WIDTHS) == 100  # fits the panel: no Note cut off
+
+    session = _registry().get("rows")
+    session.documents += [DocumentRow("kept.pdf", "ingested", 2, 900),
+                          DocumentRow("long.txt", "cancelled", reason="stopped while feeding the model")]
+    session.new_work("turn", "Next question?")  # the user saw the cancelled row until this action
+    assert [d.path for d in session.documents] == ["kept.pdf"]
+
+
+def test_regenerated_answer_says_it_was_sampled():
+    item = ChatItem("assistant", "answer", "Another take.",
+                    stats={"ttft_s": 0.4, "decode_tps": 50.0, "tokens": 3, "finish": "eos",
+                           "sampling": "regenerated with sampling, temperature 0.7"})
+    assert ("first token 400 ms · 50 tok/s · 3 tokens · regenerated with sampling, temperature 0.7</sub>"
+            in views.answer_markdown(item))

@@ -1,0 +1,139 @@
+"""The event functions in-process, for what the UI shows around the work: Regenerate, the live panel's
+timer, Stop / Cancel, the stop note and the export's files."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+from app import engine as engine_module
+from app import handlers as handlers_module
+from app.budget import Budget
+from app.cli import AppConfig
+from app.metrics import DeviceMemory
+from app.model_loading import ModelChoice, load_runtime
+from app.server import build_app
+from app_fixtures import make_pdf, model_dir
+
+SETTINGS = ("You are a helpful assistant.", 0.0, 0.9, 16, 1.0, True, 5)  # greedy, as the Settings panel starts
+SKIP = {"__type__": "update"}  # gr.skip()
+# Handlers.view: chat, documents, context, activity, stop note, export files, Stop, Cancel.
+STOP_NOTE, EXPORT, STOP, CANCEL = 4, 5, 6, 7
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    threads = torch.get_num_threads()
+    directory = str(model_dir())
+    yield load_runtime(AppConfig(model=directory, cpu_threads=1), ModelChoice(directory, "test"))
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def handlers(runtime):
+    _, handlers = build_app(AppConfig(model="test"), runtime, Budget(1_000_000, "test budget", 1))
+    handlers.upload_root = None  # files come from a tmp dir, not from Gradio's upload folder
+    return handlers
+
+
+def request(name: str):
+    return SimpleNamespace(session_hash=name)
+
+
+def drain(generator):
+    last = None
+    for last in generator:
+        pass
+    return last
+
+
+def skipped(outputs) -> list[bool]:
+    return [isinstance(value, dict) and value == SKIP for value in outputs]
+
+
+def ask(handlers, req, text="", files=()):
+    handlers.submit({"text": text, "files": [str(f) for f in files]}, req)
+    drain(handlers.read(req))
+    return drain(handlers.run(*SETTINGS, req))
+
+
+def test_regenerate_samples_when_decoding_is_greedy_and_times_from_the_request(handlers, tmp_path, monkeypatch):
+    """At temperature 0 Regenerate gave the same answer again, with "first token 1 ms" (timed from its cached
+    logits): it samples that one answer, says so, and times the first token from the click."""
+    req = request("regenerate")
+    ask(handlers, req, "What is the pass key?", files=[make_pdf(tmp_path / "r.pdf")])
+    session = handlers.registry.peek("regenerate")
+    greedy = session.chat[-1].text
+    sampled_with = []
+    next_token = engine_module.next_token
+    monkeypatch.setattr(engine_module, "next_token", lambda logits, answer, settings, *rest: (
+        sampled_with.append((settings.temperature, settings.top_p)) or next_token(logits, answer, settings, *rest)))
+
+    handlers.queue_regenerate(req)
+    time.sleep(0.3)  # waiting for the model queue is part of the user's wait
+    view = drain(handlers.run(*SETTINGS, req))
+    answer = session.chat[-1]
+    assert set(sampled_with) == {(0.7, 0.9)}
+    assert answer.in_context and answer.stats["sampling"] == "regenerated with sampling, temperature 0.7"
+    assert "· regenerated with sampling, temperature 0.7</sub>" in view[0][-1]["content"]
+    assert answer.stats["ttft_s"] >= 0.3
+    torch.manual_seed(0)
+    for _ in range(10):  # the demo model is sure of itself: most samples are its greedy answer again
+        if session.chat[-1].text != greedy:
+            break
+        handlers.queue_regenerate(req)
+        drain(handlers.run(*SETTINGS, req))
+    assert session.chat[-1].text != greedy
+
+    sampled_with.clear()
+    handlers.queue_regenerate(req)  # a temperature the user chose is kept, and the footer adds nothing
+    drain(handlers.run(SETTINGS[0], 1.0, 0.8, *SETTINGS[3:], req))
+    assert set(sampled_with) == {(1.0, 0.8)} and "sampling" not in session.chat[-1].stats
+
+
+def test_idle_ticks_send_nothing(handlers, tmp_path, monkeypatch):
+    """An idle tab redrew its panel and both plots every second: unchanged outputs are now skipped."""
+    memory = DeviceMemory("cpu", 500 * 2**20, None, 600 * 2**20, 8 * 2**30, "CPU (process RSS)")
+    monkeypatch.setattr(handlers_module, "device_memory", lambda kind: memory)  # the process's RSS jitters
+    req = request("ticks")
+    loaded = handlers.panel(req)  # page load: the whole panel
+    assert isinstance(loaded[0], str) and isinstance(loaded[1], pd.DataFrame) and not any(skipped(loaded))
+    for _ in range(2):
+        assert skipped(handlers.tick(req)) == [True] * 4
+
+    ask(handlers, req, files=[make_pdf(tmp_path / "r.pdf")])  # work between ticks: the cache grew
+    panel, memory_plot, speed_plot, data = handlers.tick(req)
+    assert "tokens" in panel and len(memory_plot) > len(loaded[1]) and data["context_tokens"] > 0
+    assert list(speed_plot["value"]) == [0.0] * len(speed_plot)  # idle at both samples: no stale rates
+    assert skipped(handlers.tick(req)) == [True] * 4
+
+
+def test_stop_cancel_note_and_export_follow_the_work(handlers, tmp_path):
+    req = request("controls")
+    view = handlers.show(req)
+    assert view[STOP]["interactive"] is False and view[CANCEL]["interactive"] is False  # nothing to stop
+
+    assert handlers.stop(req) == "Nothing to stop."
+    assert handlers.controls(req)[0] == "Nothing to stop."  # true while there is no work
+    out = handlers.submit({"text": "What is the pass key?", "files": [str(make_pdf(tmp_path / "r.pdf"))]}, req)
+    view = out[1:]
+    assert view[STOP_NOTE] == ""  # the note about no work does not stay through the new work
+    assert view[STOP]["interactive"] is True and view[CANCEL]["interactive"] is True
+    drain(handlers.read(req))
+    assert handlers.stop(req) == "Stopping 1 action…"
+    assert handlers.show(req)[STOP_NOTE] == "Stopping 1 action…"
+    view = drain(handlers.run(*SETTINGS, req))
+    assert view[STOP_NOTE] == "" and view[STOP]["interactive"] is False and view[CANCEL]["interactive"] is False
+    note, stop, cancel = handlers.controls(req)  # after Stop's reply and after the model step: the same
+    assert note == "" and stop["interactive"] is False and cancel["interactive"] is False
+
+    exported = handlers.export(req)
+    assert exported.visible and handlers.show(req)[EXPORT] == SKIP  # nothing changed: the files stay
+    out = handlers.submit({"text": "And now?", "files": []}, req)
+    assert out[1 + EXPORT] == {"__type__": "update", "value": None, "visible": False}  # the chat moved on
+    view = drain(handlers.run(*SETTINGS, req))
+    assert view[EXPORT] == SKIP
