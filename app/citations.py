@@ -3,10 +3,15 @@
 While the answer is decoded, LM-Infinite reports, per layer and head, which middle tokens it recalled and
 with what softmax weight. Summing those weights per token and mapping tokens to their document spans
 ranks the passages the model actually looked at, instead of guessing them by text similarity.
+
+Only content tokens count. Measured on SmolLM2 over a 9,700-token specification, half of all recall weight
+went to a handful of tokens such as " the", " " and "\n" wherever they stood, whatever the question: attention
+sinks beyond the window, as the first tokens are within it. Words, names and numbers carried the rest.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -72,6 +77,26 @@ class RecallTally:
         return unique.tolist(), sums.tolist()
 
 
+# Function words that collect recall weight as attention sinks; a passage is cited for what it says.
+FUNCTION_WORDS = frozenset(
+    "a an and are as at be but by for from has have he her his i if in into is it its of on or our she so than "
+    "that the their them then there these they this to was we were what when where which who will with you your".split()
+)
+_WORDLIKE = re.compile(r"[^\W_]", re.UNICODE)
+
+
+def is_content_token(text: str) -> bool:
+    """A token that says something: a letter or digit in it, and not one of the function words."""
+    return bool(_WORDLIKE.search(text)) and text.strip().lower() not in FUNCTION_WORDS
+
+
+def content_token_ids(tokenizer) -> frozenset[int]:
+    """Ids of the vocabulary's content tokens (special tokens excluded), computed once per tokenizer."""
+    special = set(tokenizer.all_special_ids)
+    return frozenset(i for i in range(len(tokenizer))
+                     if i not in special and is_content_token(tokenizer.decode([i])))
+
+
 def _group_key(span: Span) -> tuple:
     """PDF passages are cited per page, text and code per chunk line range."""
     if span.page is not None:
@@ -80,9 +105,11 @@ def _group_key(span: Span) -> tuple:
 
 
 def cite(tally: RecallTally, spans: SpanIndex, *, limit: int = 5, min_share: float = 0.05,
-         snippet: Callable[[int, Span], str] | None = None) -> CitationReport:
-    """Rank document passages by the recall weight their tokens received.
+         snippet: Callable[[int, Span], str] | None = None,
+         counts: Callable[[int], bool] | None = None) -> CitationReport:
+    """Rank document passages by the recall weight their content tokens received.
 
+    ``counts(position)`` says whether the token there is a content token (None: all count);
     ``snippet(position, span)`` gives the text shown for a passage, around its most-recalled token.
     """
     positions, weights = tally.totals()
@@ -94,7 +121,7 @@ def cite(tally: RecallTally, spans: SpanIndex, *, limit: int = 5, min_share: flo
     on_documents = 0.0
     for position, weight in zip(positions, weights):
         span = spans.at(position)
-        if span is None or span.kind != "document":
+        if span is None or span.kind != "document" or (counts is not None and not counts(position)):
             continue
         key = _group_key(span)
         by_passage[key] = by_passage.get(key, 0.0) + weight

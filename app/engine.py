@@ -310,9 +310,12 @@ class ContextEngine:
         self.stats.decode_tps = decode_tps
         yield AnswerResult(
             text=self.format.decode_answer(answer), tokens=len(answer), finish=finish,
-            citations=cite(tally, self.spans, snippet=self._snippet), ttft_s=ttft or 0.0, prefill_tps=prefill_tps,
+            citations=cite(tally, self.spans, snippet=self._snippet, counts=self._is_content), ttft_s=ttft or 0.0, prefill_tps=prefill_tps,
             decode_tps=decode_tps, question_tokens=question_tokens,
         )
+
+    def _is_content(self, position: int) -> bool:
+        return self.token_ids[position] in self.runtime.content_ids
 
     def _snippet(self, position: int, span: Span) -> str:
         """The passage's text around ``position``, as the model read it (decoded from the context's tokens)."""

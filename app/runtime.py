@@ -8,6 +8,7 @@ wants and the runtime re-configures LM-Infinite only when that changes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from dataclasses import dataclass
 
@@ -55,6 +56,13 @@ class ModelRuntime:
         self.stop_ids = tuple(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
         self.forward_calls = 0
         self.tokens_forwarded = 0
+
+    @functools.cached_property
+    def content_ids(self) -> frozenset[int]:
+        """The vocabulary's content tokens, the ones citations count (app/citations.py says why)."""
+        from .citations import content_token_ids
+
+        return content_token_ids(self.tokenizer)
 
     @property
     def device_type(self) -> str:

@@ -201,6 +201,31 @@ def test_citations_group_recall_weight_by_page_and_line_range():
     assert cite(RecallTally(), spans).recalled is False
 
 
+def test_citations_count_content_tokens_not_attention_sinks():
+    """Measured shape (app/citations.py): one " the" on page 13 draws more recall than the answer's words."""
+    from app.citations import content_token_ids, is_content_token
+
+    spans = SpanIndex()
+    spans.append(Span(0, 100, "document", source="spec.pdf", page=1))
+    spans.append(Span(100, 200, "document", source="spec.pdf", page=13))
+    texts = {12: "Thomas", 13: " Leonard", 150: " the", 151: "\n", 152: " "}
+    tally = RecallTally()
+    tally(TopKSelection(6, torch.tensor([300]), torch.tensor([[[[150, 151, 152, 12, 13]]]]),
+                        torch.tensor([[[[0.30, 0.10, 0.08, 0.04, 0.03]]]])))
+    everything = cite(tally, spans)
+    assert everything.citations[0].page == 13  # sinks win when every token counts
+    content = cite(tally, spans, counts=lambda position: is_content_token(texts[position]))
+    assert [(c.page, round(c.share, 3)) for c in content.citations] == [(1, 1.0)]
+
+    assert [is_content_token(t) for t in ("Thomas", " 50", " the", "The", "\n", " ", "---", "é")] == \
+        [True, True, False, False, False, False, False, True]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(cli.DEMO_MODEL_DIR))
+    ids = content_token_ids(tokenizer)
+    assert tokenizer.bos_token_id not in ids and tokenizer.convert_tokens_to_ids("Q") in ids
+
+
 def test_span_index_lookup_and_truncation():
     spans = SpanIndex()
     spans.append(Span(0, 5, "system"))

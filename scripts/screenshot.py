@@ -1,0 +1,62 @@
+"""README's screenshot: the default (real) model answering a question about a real PDF, with the page it cites.
+
+    python scripts/screenshot.py [--pdf PATH] [--question TEXT] [--out docs/screenshot.png]
+
+Starts ``python app.py`` as a user would (no flags), drops the PDF into the chat box in headless Chromium,
+asks, waits for the answer and its sources, and saves a full-page screenshot. Prints the answer and the
+cited sources so whoever refreshes the picture can check them before committing it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from app_fixtures import start_server  # noqa: E402
+from test_app_browser import CHROMIUM, CHROMIUM_ARGS, DROP_FILE  # noqa: E402
+
+SPEC = "/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pdf", default=SPEC)
+    p.add_argument("--question", default="Who is the author of the Shared MIME-info Database specification?")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshot.png")
+    args = p.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    pdf = Path(args.pdf)
+    server = start_server(real_model=True)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1440, "height": 1100})
+            page.goto(server.url)
+            page.wait_for_selector("#chat-input textarea", timeout=60_000)
+            page.evaluate(DROP_FILE, {"selector": "#chat-input .full-container", "name": pdf.name,
+                                      "b64": base64.b64encode(pdf.read_bytes()).decode(), "mime": "application/pdf"})
+            page.wait_for_selector("#chat-input .thumbnail-item, #chat-input .thumbnails", timeout=30_000)
+            page.fill("#chat-input textarea", args.question)
+            page.keyboard.press("Enter")
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('#chat .message')].some(m => m.innerText.includes('Sources'))",
+                timeout=900_000)
+            page.wait_for_timeout(2500)  # two more panel ticks: the final numbers
+            answer = page.inner_text("#chat")
+            args.out.parent.mkdir(exist_ok=True)
+            page.screenshot(path=str(args.out), full_page=True)
+            browser.close()
+        print(answer[-1500:])
+        print(f"saved {args.out}")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
