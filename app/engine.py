@@ -19,7 +19,7 @@ from typing import Iterator, Protocol, Sequence
 
 from .chat_format import Carry, ChatFormat, TurnState
 from .citations import CitationReport, RecallTally, cite
-from .generation import GenerationSettings, next_token
+from .generation import GenerationSettings, LoopGuard, next_token
 from .metrics import LiveStats, RateMeter
 from .runtime import ModelRuntime, is_out_of_memory
 from .spans import Span, SpanIndex
@@ -110,7 +110,7 @@ class AnswerDelta:
 class AnswerResult:
     text: str
     tokens: int
-    finish: str  # "eos" or "length"
+    finish: str  # "eos", "length" or "repetition" (LoopGuard)
     citations: CitationReport
     ttft_s: float
     prefill_tps: float
@@ -276,6 +276,7 @@ class ContextEngine:
         tally = RecallTally()
         start = self.length
         finish = "length"
+        loop = LoopGuard()
         ttft = None
         self.stats.phase, self.stats.detail, self.stats.done, self.stats.total = "decode", "answer", 0, max_new
         self.stats.eta_s = None
@@ -295,13 +296,16 @@ class ContextEngine:
                 answer.append(token)
                 self.stats.done, self.stats.decode_tps = len(answer), decode_meter.rate
                 yield AnswerDelta(self.format.decode_answer(answer), len(answer), ttft)
+                if loop.repeats(answer):
+                    finish = "repetition"
+                    break
                 if len(answer) >= max_new:
                     break
                 if cancel is not None and cancel.is_set():
                     raise Stopped("the answer")
                 logits = self._forward([token], topk=topk)
         closing, carry = self.format.close_answer(answer, self.carry)
-        if finish == "length":  # the last sampled token was never fed: it closes the answer with the end-of-turn
+        if finish != "eos":  # the last sampled token was never fed: it closes the answer with the end-of-turn
             closing = [answer[-1], *closing]
         self._forward(closing, topk=topk)
         self.spans.append(Span(start, self.length, "answer"))

@@ -69,3 +69,25 @@ def next_token(logits: torch.Tensor, answer_so_far: list[int], settings: Generat
         sorted_probs = sorted_probs.masked_fill(before >= settings.top_p, 0.0)
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class LoopGuard:
+    """Ends an answer that repeats itself: small models (SmolLM2-135M) often restate a sentence until max tokens.
+
+    An answer that has produced the same ``n`` tokens twice is looping; stopping there saves the user the
+    rest and the context the tokens. O(1) per token: the answer's n-grams are kept in a set.
+    """
+
+    def __init__(self, n: int = 16):
+        self.n = n
+        self._seen: set[tuple[int, ...]] = set()
+
+    def repeats(self, answer: list[int]) -> bool:
+        """Call after each token appended to ``answer``: True once its last ``n`` tokens occurred before."""
+        if self.n <= 0 or len(answer) < self.n:
+            return False
+        gram = tuple(answer[-self.n:])
+        if gram in self._seen:
+            return True
+        self._seen.add(gram)
+        return False

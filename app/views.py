@@ -22,6 +22,9 @@ PHASE_LABELS = {"idle": "Idle", "reading": "Reading documents", "prefill": "Feed
                 "decode": "Answering"}
 
 
+FINISH_NOTES = {"length": " · stopped at max tokens", "repetition": " · stopped: the answer began to repeat itself"}
+
+
 def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -54,7 +57,7 @@ def answer_markdown(item: ChatItem) -> str:
         s = item.stats
         sampling = f" · {s['sampling']}" if s.get("sampling") else ""
         parts.append(f"<sub>first token {_fmt_seconds(s.get('ttft_s'))} · {_fmt_rate(s.get('decode_tps', 0))} · "
-                     f"{s.get('tokens', 0)} tokens{' · stopped at max tokens' if s.get('finish') == 'length' else ''}"
+                     f"{s.get('tokens', 0)} tokens{FINISH_NOTES.get(s.get('finish'), '')}"
                      f"{sampling}</sub>")
     if item.stopped:
         parts.append("*■ Stopped: this exchange was not kept in the context.*")

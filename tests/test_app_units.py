@@ -165,6 +165,23 @@ def test_fit_budget_refuses_whole_files_that_do_not_fit():
 
 
 # -- sampling ------------------------------------------------------------------------------------
+def test_loop_guard_stops_an_answer_that_repeats_itself():
+    from app.generation import LoopGuard
+
+    sentence = [5, 6, 7, 8, 9, 10]  # "The document is written by Thomas Leonard," and again
+    guard, answer, stopped_at = LoopGuard(n=4), [], None
+    for token in sentence + [11] + sentence:
+        answer.append(token)
+        if guard.repeats(answer):
+            stopped_at = len(answer)
+            break
+    assert stopped_at == len(sentence) + 1 + 4  # the first 4 tokens seen twice
+    varied, guard = [], LoopGuard(n=4)
+    assert not any(guard.repeats(varied) for token in [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 4, 4] if not varied.append(token))
+    assert views.answer_markdown(ChatItem("assistant", "answer", "x", stats={"finish": "repetition", "tokens": 9})) \
+        .endswith("9 tokens · stopped: the answer began to repeat itself</sub>")
+
+
 def test_greedy_top_p_and_repetition_penalty():
     logits = torch.tensor([1.0, 3.0, 2.9, -5.0])
     assert next_token(logits, [], GenerationSettings(temperature=0)) == 1
