@@ -1,0 +1,276 @@
+"""Question answering over real documents, with attention-grounded citations (the app's "sources").
+
+Each document is ingested (``ingest.ingest``) and prefilled once in the app's prompt with top-k recall off;
+every question is then answered from a snapshot of that cache, rolled back after each answer:
+
+- ``lminfinite``: recall off; ``lminfinite_topk``: recall on (the app's setting);
+- ``truncate``: the unpatched model on the last ``W`` tokens (the last ``W - TRUNCATE_ROOM`` document
+  tokens, shared by the document's questions, then the question).
+
+Scoring: the answer is correct when any of the question's regular expressions matches it (case-insensitive).
+Citations: while the top-k answer is decoded, ``lminfinite.observe_topk`` reports the recalled absolute token
+positions and their softmax weights; weights are summed per position, positions mapped through the prompt's
+token offsets to characters of the document text, and those to ``(source, page)`` with ``Corpus.locate``.
+The top-1 citation hits when it is one of the question's pages; top-3 when any of the first three is.
+Recall only ever picks *middle* tokens (evicted from the window), so a page that is still inside the last W
+tokens can never be cited: hit rates are also given for the questions whose page lies wholly outside it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from benchmarks import real_common as rc
+
+MAX_NEW_TOKENS = 32
+TRUNCATE_ROOM = 96  # tokens left for the question in the truncation baseline's W
+
+
+# -- scoring and citation mapping (pure logic, tested without a model) ------------------------------------
+def is_correct(answer: str, patterns) -> bool:
+    return any(re.search(p, answer, flags=re.IGNORECASE) for p in patterns)
+
+
+class Tally:
+    """A TopKSelection callback summing recall weight per absolute position (weight-0 slots are padding)."""
+
+    def __init__(self) -> None:
+        self.weights: dict[int, float] = defaultdict(float)
+        self.calls = 0
+
+    def __call__(self, selection) -> None:
+        self.calls += 1
+        positions = selection.positions.reshape(-1)
+        weights = selection.weights.reshape(-1).double()
+        keep = weights > 0
+        for p, w in zip(positions[keep].tolist(), weights[keep].tolist()):
+            self.weights[p] += w
+
+
+@dataclass
+class PositionMap:
+    """Token position -> (source, page) for the document part of a prompt.
+
+    ``token_chars``: each context token's character start in the rendered prompt; ``doc_char``/``doc_len``:
+    the document text's span in it; ``locate(char_offset_in_document) -> (source, page)``."""
+
+    token_chars: list[int]
+    doc_char: int
+    doc_len: int
+    locate: object
+    cache: dict = field(default_factory=dict)
+
+    def passage(self, position: int):
+        if not 0 <= position < len(self.token_chars):
+            return None
+        char = self.token_chars[position] - self.doc_char
+        if not 0 <= char < self.doc_len:
+            return None
+        return self.locate(char)
+
+
+def rank_passages(weights: dict[int, float], positions: PositionMap) -> list[tuple[tuple, float]]:
+    """(source, page) passages by summed recall weight, best first; share of the weight on documents."""
+    by_passage: dict[tuple, float] = defaultdict(float)
+    for position, weight in weights.items():
+        passage = positions.passage(position)
+        if passage is not None:
+            by_passage[passage] += weight
+    total = sum(by_passage.values())
+    return [(p, w / total) for p, w in sorted(by_passage.items(), key=lambda kv: -kv[1])] if total > 0 else []
+
+
+def citation_hits(ranked: list[tuple[tuple, float]], pages) -> tuple[bool, bool]:
+    """(top-1 hit, top-3 hit) for a question whose answer is on any of ``pages``."""
+    cited = [page for (_, page), _ in ranked]
+    return (bool(cited) and cited[0] in pages, any(p in pages for p in cited[:3]))
+
+
+def contrastive(record: dict, records: list[dict], key: str) -> list[list]:
+    """Pages ranked by their share for this question minus their mean share over the document's other
+    questions: recall weight that every question puts on the same pages (a first page, a repetitive table)
+    says nothing about this answer. Needs at least two questions per document."""
+    others = [r for r in records if r is not record and r["document"] == record["document"] and r.get(key)]
+    mine = {page: share for page, share in record.get(key, [])}
+    if not others or not mine:
+        return [[page, share] for page, share in record.get(key, [])]
+    prior: dict = defaultdict(float)
+    for r in others:
+        for page, share in r[key]:
+            prior[page] += share / len(others)
+    scored = {page: mine.get(page, 0.0) - prior.get(page, 0.0) for page in set(mine) | set(prior)}
+    return [[page, round(score, 5)] for page, score in sorted(scored.items(), key=lambda kv: -kv[1])]
+
+
+def corpus_locator(corpus):
+    def locate(char_offset: int):
+        prov = corpus.locate(char_offset)
+        return (prov.source, prov.page)
+    return locate
+
+
+def page_token_ranges(positions: PositionMap, n_context: int) -> dict[int, tuple[int, int]]:
+    """page -> (first, last + 1) token position of its text in the context."""
+    ranges: dict[int, list[int]] = {}
+    for p in range(n_context):
+        passage = positions.passage(p)
+        if passage is not None:
+            lo_hi = ranges.setdefault(passage[1], [p, p + 1])
+            lo_hi[1] = p + 1
+    return {page: (lo, hi) for page, (lo, hi) in ranges.items()}
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+@torch.inference_mode()
+def run_document(model, tokenizer, path: str, questions, settings: rc.Settings, log=print) -> list[dict]:
+    import ingest
+    from transformers import DynamicCache
+
+    import lminfinite
+
+    corpus = ingest.ingest([path], tokenizer=tokenizer)
+    document = corpus.text
+    prompt = rc.build_prompt(tokenizer, document, questions[0].question)
+    context = prompt.context
+    positions = PositionMap([start for start, _ in prompt.offsets], prompt.doc_char, prompt.doc_len,
+                            corpus_locator(corpus))
+    pages = page_token_ranges(positions, len(context))
+    clock = rc.Stopwatch()
+    cache = rc.new_cache(model, settings)
+    rc.feed(model, cache, context, settings.prefill_chunk)
+    prefill_s = clock()
+    log(f"{path}: {len(context)} context tokens prefilled in {prefill_s:.0f} s")
+    snap = cache.snapshot()
+    eos = tokenizer.eos_token_id
+    records = []
+    for q in questions:
+        q_ids = rc.question_ids(tokenizer, document, q.question)
+        total = len(context) + len(q_ids)
+        in_window = total - settings.window  # tokens before this are out of the window at the question
+        middle_only = all(pages[p][1] <= in_window for p in q.pages if p in pages)
+        record = dict(document=path.rsplit("/", 1)[-1], question=q.question, pages=list(q.pages),
+                      window=settings.window, context_tokens=total, answer_outside_window=middle_only)
+        # recall off
+        rc.set_topk(model, settings, 0)
+        logits = rc.feed(model, cache, q_ids, settings.prefill_chunk)
+        record["lminfinite"] = tokenizer.decode(rc.greedy(model, cache, logits, eos, MAX_NEW_TOKENS),
+                                                skip_special_tokens=True)
+        cache.rollback(snap)
+        # recall on, watched: the question's prefill and the answer's decode separately (the app cites decode)
+        rc.set_topk(model, settings, settings.topk)
+        on_question, on_decode = Tally(), Tally()
+        with lminfinite.observe_topk(model, on_question):
+            logits = rc.feed(model, cache, q_ids, settings.prefill_chunk)
+        with lminfinite.observe_topk(model, on_decode):
+            ids = rc.greedy(model, cache, logits, eos, MAX_NEW_TOKENS)
+        record["lminfinite_topk"] = tokenizer.decode(ids, skip_special_tokens=True)
+        cache.rollback(snap)
+        rc.set_topk(model, settings, 0)
+        both = defaultdict(float, on_decode.weights)
+        for p, w in on_question.weights.items():
+            both[p] += w
+        for name, tally in (("cite_decode", on_decode.weights), ("cite_question_decode", both)):
+            ranked = rank_passages(tally, positions)
+            record[name] = [[page, round(share, 4)] for (_, page), share in ranked[:5]]
+            record[name + "_all"] = [[page, round(share, 5)] for (_, page), share in ranked]
+            record[name + "_hits"] = citation_hits(ranked, q.pages)
+        records.append(record)
+        log(f"  p.{q.pages} {q.question[:50]!r}: topk={record['lminfinite_topk'][:60]!r} "
+            f"cites {record['cite_decode'][:3]}")
+    # truncation: the last W - TRUNCATE_ROOM document tokens, shared by the questions (cropped back)
+    lminfinite.disable(model)
+    kept = context[-(settings.window - TRUNCATE_ROOM):]
+    cache = DynamicCache()
+    rc.feed(model, cache, kept, settings.prefill_chunk)
+    mark = cache.get_seq_length()
+    for q, record in zip(questions, records):
+        q_ids = rc.question_ids(tokenizer, document, q.question)
+        logits = rc.feed(model, cache, q_ids, settings.prefill_chunk)
+        record["truncate"] = tokenizer.decode(rc.greedy(model, cache, logits, eos, MAX_NEW_TOKENS),
+                                              skip_special_tokens=True)
+        cache.crop(mark - cache.get_seq_length())
+    for q, record in zip(questions, records):
+        record["cite_contrastive"] = contrastive(record, records, "cite_decode_all")
+        record["cite_contrastive_hits"] = citation_hits([((None, p), s) for p, s in record["cite_contrastive"]],
+                                                        q.pages)
+    for q, record in zip(questions, records):
+        for method in ("truncate", "lminfinite", "lminfinite_topk"):
+            record[method + "_correct"] = is_correct(record[method], q.answers)
+    rc.set_topk(model, settings, 0)
+    return records
+
+
+def run(args, results) -> None:
+    from benchmarks.docqa_set import QUESTIONS
+
+    torch.set_num_threads(args.threads)
+    tokenizer, model = rc.load_real()
+    settings = rc.Settings(window=args.window, prefill_chunk=args.chunk)
+    records = []
+    for path in dict.fromkeys(q.document for q in QUESTIONS):
+        records += run_document(model, tokenizer, path, [q for q in QUESTIONS if q.document == path], settings)
+        (results / f"real_docqa_w{args.window}.json").write_text(json.dumps(records, indent=1))
+
+
+def section(results) -> str | None:
+    paths = sorted(results.glob("real_docqa_w*.json"), key=lambda p: int(p.stem.rsplit("w", 1)[1]))
+    return "\n\n".join(filter(None, (section_for(json.loads(p.read_text())) for p in paths))) or None
+
+
+def section_for(records: list[dict]) -> str | None:
+    from benchmarks.report import markdown_table
+
+    if not records:
+        return None
+    window = records[0]["window"]
+    docs = list(dict.fromkeys(r["document"] for r in records))
+
+    def pct(hits) -> str:
+        hits = list(hits)
+        return f"{100 * sum(hits) / len(hits):.0f}% ({sum(hits)}/{len(hits)})" if hits else "–"
+
+    header = ["", *docs, "all"]
+    groups = [[r for r in records if r["document"] == d] for d in docs] + [records]
+    rows = [["questions", *[str(len(g)) for g in groups]],
+            ["context tokens", *[f"{g[0]['context_tokens']:,}" for g in groups[:-1]], "–"]]
+    for method, label in (("truncate", f"correct: truncate (last {window:,} tokens)"),
+                          ("lminfinite", "correct: LM-Infinite, top-k off"),
+                          ("lminfinite_topk", "correct: LM-Infinite + top-k (app)")):
+        rows.append([label, *[pct(r[method + "_correct"] for r in g) for g in groups]])
+    for key, label in (("cite_decode", "cited page, top-1"), ("cite_decode", "cited page, in top-3")):
+        idx = 0 if "top-1" in label else 1
+        rows.append([label, *[pct(r[key + "_hits"][idx] for r in g) for g in groups]])
+        rows.append([label + ", page beyond the window",
+                     *[pct(r[key + "_hits"][idx] for r in g if r["answer_outside_window"]) for g in groups]])
+    for idx, label in ((0, "cited page, top-1, minus the document's average (contrastive)"),
+                       (1, "cited page, in top-3, contrastive")):
+        if all("cite_contrastive_hits" in r for r in records):
+            rows.append([label, *[pct(r["cite_contrastive_hits"][idx] for r in g) for g in groups]])
+    for idx, label in ((0, "cited page, top-1, question + decode attention"),
+                       (1, "cited page, in top-3, question + decode attention")):
+        rows.append([label, *[pct(r["cite_question_decode_hits"][idx] for r in g) for g in groups]])
+    detail_header = ["document", "question", "page", "truncate", "top-k off", "top-k", "cited pages (share)"]
+    detail = []
+    for r in records:
+        mark = lambda ok: "✓" if ok else "✗"  # noqa: E731
+        detail.append([r["document"].split("-")[0].split(".")[0], r["question"].replace("|", "\\|"),
+                       ",".join(map(str, r["pages"])), mark(r["truncate_correct"]), mark(r["lminfinite_correct"]),
+                       mark(r["lminfinite_topk_correct"]) + " " + _short(r["lminfinite_topk"]),
+                       ", ".join(f"{p} ({s:.0%})" for p, s in r["cite_decode"][:3])])
+    return (f"**Document QA with citations** ({len(records)} questions with short known answers, W = {window:,}, "
+            f"top-k = 5 from layer 5, answers of at most {MAX_NEW_TOKENS} tokens; questions in "
+            "`benchmarks/docqa_set.py`; correct = an expected regex matches the answer; cited page = the page "
+            "with the most top-k recall weight during the answer's decode, as the app cites):\n\n"
+            + markdown_table(header, rows)
+            + "\n\n<details><summary>Per question</summary>\n\n" + markdown_table(detail_header, detail)
+            + "\n\n</details>")
+
+
+def _short(text: str, n: int = 50) -> str:
+    text = " ".join(text.split()).replace("|", "\\|")
+    return repr(text if len(text) <= n else text[: n - 1] + "…")
