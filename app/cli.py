@@ -29,10 +29,28 @@ class AppConfig:
     share: bool = False
     auth: list[tuple[str, str]] = field(default_factory=list)
     max_file_size: int = 200 * 1024 * 1024
-    allow_local_paths: bool = False
+    allow_local_paths: list[str] = field(default_factory=list)  # roots users may read by path (and git URLs)
     session_timeout_s: float = 3600.0
     queue_size: int = 64
     cpu_threads: int | None = None
+
+    @property
+    def local_paths_enabled(self) -> bool:
+        """Whether the 'path on the server' box (and git URLs) is on: some root was given."""
+        return bool(self.allow_local_paths)
+
+    @property
+    def local_roots(self) -> list[Path]:
+        """The allowed roots, symlinks resolved."""
+        return [Path(root).expanduser().resolve() for root in self.allow_local_paths]
+
+    def local_path_allowed(self, path: str) -> Path | None:
+        """``path`` resolved (symlinks followed) when it lies inside an allowed root; None otherwise."""
+        try:
+            resolved = Path(path).expanduser().resolve()
+        except (OSError, RuntimeError, ValueError):
+            return None
+        return resolved if any(resolved.is_relative_to(root) for root in self.local_roots) else None
 
     @property
     def share_without_auth(self) -> bool:
@@ -123,8 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--auth-file", default=None, help="file with one USER:PASS per line")
     s.add_argument("--max-file-size", type=parse_size, default=parse_size("200MB"),
                    help="largest accepted upload, e.g. 50MB (default: 200MB)")
-    s.add_argument("--allow-local-paths", action="store_true",
-                   help="let users add folders, files and git URLs by path on the server (off by default)")
+    s.add_argument("--allow-local-paths", nargs="+", default=[], metavar="DIR",
+                   help="let users add folders and files inside these folders on the server (symlinks are "
+                        "resolved first; nothing outside is read), and https git URLs (off by default)")
     s.add_argument("--session-timeout", type=float, default=60.0,
                    help="minutes of inactivity after which a session's context is freed (default: 60)")
     s.add_argument("--queue-size", type=int, default=64, help="most requests waiting in the queue (default: 64)")
@@ -149,6 +168,9 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
     if config.context_budget is not None and config.context_budget < 1:
         raise SystemExit("--context-budget must be >= 1")
+    for root in config.allow_local_paths:
+        if not Path(root).expanduser().is_dir():
+            raise SystemExit(f"--allow-local-paths: {root} is not a folder")
     if config.topk < 0:
         raise SystemExit("--topk must be >= 0")
     return config

@@ -6,14 +6,18 @@ nothing is dropped silently.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import ingest
 from ingest import Corpus, FileReport, IngestLimits
+from ingest.git_url import looks_like_url
 
 from .cli import AppConfig
+
+log = logging.getLogger(__name__)
 
 STATUS_LABELS = {  # symbols every system font has (no emoji): the README screenshot comes from a bare machine
     "ingested": "✓ in context",
@@ -99,8 +103,24 @@ def limits_for(config: AppConfig) -> IngestLimits:
 
 def read_sources(sources: list[str], *, tokenizer, config: AppConfig, cancel, progress) -> Corpus:
     """ingest.ingest with the model's tokenizer, so token counts are exactly what the model is fed."""
-    return ingest.ingest(sources, tokenizer=tokenizer, limits=limits_for(config), progress=progress,
-                         cancel=cancel, chunk_tokens=512, allow_urls=config.allow_local_paths)
+    corpus = ingest.ingest(sources, tokenizer=tokenizer, limits=limits_for(config), progress=progress,
+                           cancel=cancel, chunk_tokens=512, allow_urls=config.local_paths_enabled)
+    hide_network_details(corpus.reports, sources)
+    return corpus
+
+
+CLONE_FAILED = "could not clone this repository; nothing was added"
+_NETWORK_REASONS = ("cannot resolve", "git clone failed", "git clone took longer")
+
+
+def hide_network_details(reports, sources) -> None:
+    """One generic reason for every failed clone: whether a host resolves, refuses or stalls is the server's
+    network, not the user's business (an open door for probing internal hosts). The details go to the log."""
+    urls = {s for s in sources if isinstance(s, str) and looks_like_url(s)}
+    for report in reports:
+        if report.path in urls and report.status == "error" and report.reason.startswith(_NETWORK_REASONS):
+            log.warning("clone of %s failed: %s", report.path, report.reason)
+            report.reason = CLONE_FAILED
 
 
 @dataclass

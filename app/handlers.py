@@ -15,6 +15,7 @@ import os
 import gradio as gr
 
 from ingest import estimate_kv_bytes, kv_dims_from_config
+from ingest.git_url import looks_like_url
 
 from . import views
 from .api import answer_json
@@ -27,7 +28,7 @@ from .metrics import device_memory, stats_dict
 from .model_work import ModelWork
 from .reading import Reader
 from .runtime import ModelRuntime
-from .sessions import ChatItem, Session, SessionRegistry, Work
+from .sessions import ChatItem, Session, SessionDenied, SessionExpired, SessionRegistry, Work
 
 
 class Handlers:
@@ -48,7 +49,21 @@ class Handlers:
     def _session(self, request: gr.Request, *, touch: bool = True) -> Session:
         if request is None or not request.session_hash:
             raise gr.Error("This request has no session; reload the page.")
-        return self.registry.get(request.session_hash, touch=touch)
+        try:
+            return self.registry.get(request.session_hash, touch=touch, owner=self._user(request))
+        except SessionDenied:
+            raise gr.Error("This session belongs to another user.") from None
+        except SessionExpired:
+            if touch:  # a user action (not the panel timer): tell once, then the tab may start afresh
+                self.registry.forget_expired(request.session_hash)
+            minutes = self.config.session_timeout_s / 60
+            raise gr.Error(f"This session was freed after {minutes:g} minutes without activity: its documents and "
+                           "chat are gone. Reload the page to start a new one.") from None
+
+    @staticmethod
+    def _user(request: gr.Request) -> str | None:
+        """The logged-in user (with --auth); None without a login."""
+        return getattr(request, "username", None) or None
 
     def view(self, session: Session) -> tuple:
         """The outputs of every work event: chat, documents table, context summary and activity, then the
@@ -105,8 +120,14 @@ class Handlers:
         """A folder, file or git URL on the server; only with --allow-local-paths."""
         session = self._session(request)
         path = (path or "").strip()
-        if not self.config.allow_local_paths:
+        if not self.config.local_paths_enabled:
             raise gr.Error("Reading paths on the server is off; the server owner can enable --allow-local-paths.")
+        if path and not looks_like_url(path):  # git URLs: ingest accepts https only, and clones to a temp folder
+            resolved = self.config.local_path_allowed(path)
+            if resolved is None:
+                raise gr.Error("That path is outside the folders this server allows (--allow-local-paths); "
+                               "nothing was read.")
+            path = str(resolved)  # read what was checked, not a link that could change in between
         if path:
             self._queue_sources(session, None, [path], uploads=False)
         return ("", *self.view(session))
@@ -191,7 +212,10 @@ class Handlers:
         An idle tab then costs next to nothing: no plot frames built or sent, nothing redrawn in the browser.
         The plots change only with a new sample (series.record takes none while idle).
         """
-        session = self._session(request, touch=False)
+        try:
+            session = self._session(request, touch=False)
+        except gr.Error:  # freed or not this user's: the panel just stops changing (actions say why)
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         html, data, memory = self._panel_numbers(session)
         shown, version, key = session.panel_shown, session.series.version, views.panel_key(html, data)
         plots = (gr.skip(), gr.skip())
@@ -204,7 +228,7 @@ class Handlers:
     def unload(self, request: gr.Request):
         """The tab disconnected: stop its work and free its context."""
         if request is not None and request.session_hash:
-            self.registry.close(request.session_hash)
+            self.registry.close(request.session_hash, owner=self._user(request), as_user=True)
 
     def ask(self, question, files, request: gr.Request) -> dict:
         """API ``/ask``: add ``files`` (may be empty) to this session's context, then answer ``question``.

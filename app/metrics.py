@@ -54,6 +54,7 @@ class LiveStats:
     kv_starting: int = 0
     kv_window: int = 0
     kv_middle: int = 0
+    kv_other: int = 0  # the rotation tables and the middle store's spare capacity: held, so counted
     prefill_tps: float = 0.0
     decode_tps: float = 0.0
     ttft_s: float | None = None
@@ -63,10 +64,11 @@ class LiveStats:
 
     def set_kv(self, memory: dict[str, int]) -> None:
         self.kv_starting, self.kv_window, self.kv_middle = memory["starting"], memory["window"], memory["middle"]
+        self.kv_other = sum(memory.values()) - self.kv_starting - self.kv_window - self.kv_middle
 
     @property
     def kv_total(self) -> int:
-        return self.kv_starting + self.kv_window + self.kv_middle
+        return self.kv_starting + self.kv_window + self.kv_middle + self.kv_other
 
     @property
     def active(self) -> bool:

@@ -17,7 +17,7 @@ from .documents import fit_budget, replace_rows
 from .engine import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
 from .generation import GenerationSettings
 from .metrics import LiveStats
-from .runtime import ModelRuntime
+from .runtime import ModelRuntime, is_out_of_memory
 from .sessions import ChatItem, Session, Work
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 UI_INTERVAL_S = 0.1  # streamed updates per second are capped at 10: the browser, not the model, is the limit
 # Regenerate at temperature 0 would decode the same tokens again: it samples that one answer instead.
 REGENERATE_TEMPERATURE, REGENERATE_TOP_P = 0.7, 0.9
+
+
+OUT_OF_MEMORY_TEXT = ("The device ran out of memory. The context was rolled back to its last consistent state; "
+                      "try a shorter document, turn top-k recall off, or start a new context.")
 
 
 class Throttle:
@@ -95,18 +99,30 @@ class ModelWork:
         throttle = Throttle()
         queued = [r for r in fitted.rows if r.status == "queued"]
         item.title = f"Adding {views.plural(len(queued), 'file')} ({fitted.tokens:,} tokens)"
+
+        def stopped() -> None:
+            for row in queued:
+                row.reason = f"stopped while feeding the model; none of its {row.tokens:,} tokens were added"
+                row.status, row.tokens = "cancelled", 0
+            item.title, item.pending, item.text = "■ Stopped: nothing from this upload was added", False, ""
+
+        feeding = engine.feed_documents(fitted.chunks, work.cancel)
         try:
-            for p in engine.feed_documents(fitted.chunks, work.cancel):
+            for p in feeding:
                 rate = f" · {p.tokens_per_s:,.0f} tok/s" if p.tokens_per_s else ""
                 eta = f" · ETA {p.eta_s:.1f} s" if p.eta_s is not None else ""
                 item.text = f"Feeding {p.done:,} / {p.total:,} tokens{rate}{eta}"
                 if throttle():
                     yield self.view(session)
+        except GeneratorExit:  # the request ended (API cancel, closed tab): exactly what Stop leaves
+            work.cancel.set()
+            feeding.close()  # the engine rolls back now, not whenever the generator is collected
+            stopped()
+            if work.question_item is not None and work.question_item.text:
+                work.question_item.in_context = False
+            raise
         except Stopped:
-            for row in queued:
-                row.reason = f"stopped while feeding the model; none of its {row.tokens:,} tokens were added"
-                row.status, row.tokens = "cancelled", 0
-            item.title, item.pending, item.text = "■ Stopped: nothing from this upload was added", False, ""
+            stopped()
             return False
         except EngineError as exc:
             for row in queued:
@@ -114,6 +130,12 @@ class ModelWork:
             item.title, item.pending, item.text = "⚠ Documents not added", False, str(exc)
             return False
         except Exception as exc:  # noqa: BLE001 - the engine rolled back; keep serving
+            if is_out_of_memory(exc):
+                log.warning("out of memory while feeding documents: %s", exc)
+                for row in queued:
+                    row.status, row.reason, row.tokens = "rolled_back", OUT_OF_MEMORY_TEXT, 0
+                item.title, item.pending, item.text = "⚠ Documents not added", False, OUT_OF_MEMORY_TEXT
+                return False
             log.exception("feeding documents failed")
             for row in queued:
                 row.status, row.reason, row.tokens = "rolled_back", f"internal error: {exc}", 0
@@ -130,6 +152,7 @@ class ModelWork:
     def _stream_answer(self, session: Session, item: ChatItem, events, settings: GenerationSettings,
                        question_item: ChatItem | None):
         throttle = Throttle()
+        finished = False
         try:
             for event in events:
                 if isinstance(event, AnswerDelta):
@@ -138,41 +161,66 @@ class ModelWork:
                         yield self.view(session)
                 elif isinstance(event, AnswerResult):
                     self._finish_answer(item, event, settings)
+                    finished = True
+        except GeneratorExit:  # the request ended mid-answer (API cancel, closed tab): what Stop leaves
+            if not finished:
+                events.close()  # the engine rolls the question and the partial answer back now
+                self._mark_stopped(item, question_item)
+            raise
         except Stopped:
-            item.pending, item.stopped, item.in_context = False, True, False
-            if question_item is not None:
-                question_item.in_context = False
+            self._mark_stopped(item, question_item)
         except EngineError as exc:
             item.pending, item.in_context = False, False
             item.text = (item.text + "\n\n" if item.text else "") + f"⚠ {exc}"
             if question_item is not None:
                 question_item.in_context = False
         except Exception as exc:  # noqa: BLE001 - the engine rolled back; keep serving
-            log.exception("answering failed")
             item.pending, item.in_context = False, False
-            item.text = f"⚠ Internal error while answering ({type(exc).__name__}); the context was rolled back."
+            if is_out_of_memory(exc):
+                log.warning("out of memory while answering: %s", exc)
+                item.text = (item.text + "\n\n" if item.text else "") + f"⚠ {OUT_OF_MEMORY_TEXT}"
+            else:
+                log.exception("answering failed")
+                item.text = f"⚠ Internal error while answering ({type(exc).__name__}); the context was rolled back."
             if question_item is not None:
                 question_item.in_context = False
+
+    @staticmethod
+    def _mark_stopped(item: ChatItem, question_item: ChatItem | None) -> None:
+        item.pending, item.stopped, item.in_context = False, True, False
+        if question_item is not None:
+            question_item.in_context = False
 
     def _answer(self, session: Session, work: Work, engine: ContextEngine, settings: GenerationSettings):
         item = ChatItem("assistant", "answer", pending=True)
         session.chat.append(item)
-        yield self.view(session)
+        try:
+            yield self.view(session)
+        except GeneratorExit:  # ended before the question reached the model
+            self._mark_stopped(item, work.question_item)
+            raise
         events = engine.ask(work.question, settings, work.cancel, started=work.created)
         yield from self._stream_answer(session, item, events, settings, work.question_item)
 
     def _regenerate(self, session: Session, work: Work, engine: ContextEngine, settings: GenerationSettings):
-        index = next((i for i in range(len(session.chat) - 1, -1, -1) if session.chat[i].kind == "answer"), None)
+        # The newest answer still in the context (a stopped or cancelled one is not: its turn was rolled back).
+        index = next((i for i in range(len(session.chat) - 1, -1, -1)
+                      if session.chat[i].kind == "answer" and session.chat[i].in_context), None)
         if index is None or not engine.can_regenerate:
             return
         item = session.chat[index]
         question = next((c for c in reversed(session.chat[:index]) if c.kind == "question"), None)
+        old = item.text, item.citations, item.stats, item.recall_note, False
         item.text, item.citations, item.stats, item.recall_note, item.pending = "", [], {}, "", True
         sampling = ""
         if settings.temperature == 0:
             settings = dataclasses.replace(settings, temperature=REGENERATE_TEMPERATURE, top_p=REGENERATE_TOP_P)
             sampling = f"regenerated with sampling, temperature {REGENERATE_TEMPERATURE}"
-        yield self.view(session)
+        try:
+            yield self.view(session)
+        except GeneratorExit:  # ended before the engine started: the old answer is still in the context
+            item.text, item.citations, item.stats, item.recall_note, item.pending = old
+            raise
         events = engine.regenerate(settings, work.cancel, started=work.created)
         yield from self._stream_answer(session, item, events, settings, question)
         if item.stats and sampling:

@@ -11,16 +11,59 @@ import os
 import threading
 import time
 
+import ingest
 from ingest import IngestCancelled
+from ingest.git_url import looks_like_url
 
 from . import views
 from .cli import AppConfig
-from .documents import DocumentRow, progress_line, read_sources, replace_rows, row_from_report
+from .documents import (BUDGET_MARGIN, DocumentRow, limits_for, progress_line, read_sources, replace_rows,
+                        row_from_report)
 from .runtime import ModelRuntime
 from .sessions import Session, Work
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25
+CANCEL_GRACE_S = 0.75  # after Stop, the reading thread has this long to notice; then the step ends without it
+BYTES_PER_TOKEN_MAX = 8  # a token of text covers at most ~8 bytes: bytes / 8 is a lower estimate of its tokens
+
+
+class CancellableTokenizer:
+    """The ingest tokenizer, checking the cancel flag before every encode.
+
+    ingest checks its flag between files, pages and chunks, but splitting one large text measures many
+    pieces with the tokenizer before its first chunk exists; this makes Stop land within one encode.
+    """
+
+    def __init__(self, tokenizer, cancel):
+        self._tokenizer = tokenizer
+        self._cancel = cancel
+
+    def encode(self, text, *args, **kwargs):
+        if self._cancel.is_set():
+            raise IngestCancelled()
+        return self._tokenizer.encode(text, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+def lower_token_estimate(source: str, limits) -> int | None:
+    """At least about this many tokens would ``source``'s text files add (from sizes only, nothing read);
+    None when it cannot be told (a git URL, PDFs only count 0 here: their bytes say little about text)."""
+    if looks_like_url(source):
+        return None
+    try:
+        items = ingest.plan([source], limits=limits, allow_urls=False)
+    except Exception:  # noqa: BLE001 - ingest itself will report what is wrong with the source
+        log.debug("planning %s failed", source, exc_info=True)
+        return None
+    return sum(item.bytes // BYTES_PER_TOKEN_MAX for item in text_items(items))
+
+
+def text_items(items):
+    """Plan items that will be read as text (not skipped, not PDFs, whose bound is a heuristic)."""
+    return [i for i in items if i.tokens_upper and not i.note.startswith("PDF")]
 
 
 class Reader:
@@ -28,6 +71,28 @@ class Reader:
         self.runtime = runtime
         self.config = config
         self.view = view  # session -> component values
+        self._orphan: threading.Thread | None = None  # a stopped reading thread that has not ended yet
+
+    def _screen(self, session: Session, work: Work) -> dict[str, DocumentRow]:
+        """Refuse, before reading, sources whose text alone cannot fit the session's free budget.
+
+        ``ingest.plan`` sizes a source from stat / archive directories without reading it. Its token bound
+        can be 3-4x the real count, so the test here is a lower estimate (bytes / 8 of every file it would
+        read as text): only a source that cannot fit even then is refused; the exact count comes after
+        reading (documents.fit_budget). Returns the refused rows by source, and drops those sources.
+        """
+        free = session.free_tokens - BUDGET_MARGIN
+        limits = limits_for(self.config)
+        refused: dict[str, DocumentRow] = {}
+        for source in list(work.sources):
+            lower = lower_token_estimate(source, limits)
+            if lower is not None and lower > free:
+                name = os.path.basename(source.rstrip("/")) or source
+                refused[source] = DocumentRow(name, "refused", reason=(
+                    f"holds at least about {lower:,} tokens of text, more than the {max(free, 0):,} left in the "
+                    "context budget; not read (start a new context or raise --context-budget)"))
+                work.sources.remove(source)
+        return refused
 
     def read(self, session: Session, work: Work):
         """Generator: ingest the action's files in a thread, yielding the session's view while it reads."""
@@ -39,6 +104,15 @@ class Reader:
         stats.reading = "starting"
         outcome: dict = {}
         started = time.monotonic()
+        too_big = self._screen(session, work)
+        if too_big:
+            outcome["refused"] = too_big
+        if not work.sources:  # every source was refused from its size alone: nothing to read
+            stats.reading = ""
+            self._finish(session, work, names, placeholders, outcome)
+            return
+        tokenizer = CancellableTokenizer(self.runtime.ingest_tokenizer, work.cancel)
+        orphan = self._orphan  # a stopped read still winding down: the tokenizer must not serve two threads
 
         def on_progress(event) -> None:
             rate = event.tokens_done / max(time.monotonic() - started, 1e-6)
@@ -48,7 +122,9 @@ class Reader:
 
         def target() -> None:
             try:
-                outcome["corpus"] = read_sources(work.sources, tokenizer=self.runtime.ingest_tokenizer,
+                if orphan is not None:
+                    orphan.join()
+                outcome["corpus"] = read_sources(work.sources, tokenizer=tokenizer,
                                                  config=self.config, cancel=work.cancel, progress=on_progress)
             except IngestCancelled as exc:
                 outcome["cancelled"] = exc
@@ -58,14 +134,20 @@ class Reader:
 
         thread = threading.Thread(target=target, name=f"read-{session.hash[:8]}", daemon=True)
         thread.start()
+        stopped_at = None
         try:
             while thread.is_alive():
                 thread.join(POLL_S)
+                if work.cancel.is_set():
+                    stopped_at = stopped_at or time.monotonic()
+                    if thread.is_alive() and time.monotonic() - stopped_at > CANCEL_GRACE_S:
+                        break  # Stop answers now; the thread ends at its next check, its result unused
                 yield self.view(session)
         finally:
-            if thread.is_alive():  # the client went away mid-read: stop reading, and do not block the queue
+            if thread.is_alive():  # the client went away mid-read, or Stop: stop reading, do not block the queue
                 work.cancel.set()
-                outcome = {"cancelled": True}
+                self._orphan = thread
+                outcome = {"cancelled": True, **({"refused": too_big} if too_big else {})}
             stats.reading = ""
             self._finish(session, work, names, placeholders, outcome)
 
@@ -74,6 +156,8 @@ class Reader:
         work.stage = "read"
         if work not in session.pending:  # "New context" discarded this action while it was being read
             return
+        refused = list(outcome.get("refused", {}).values())
+        read_names = [n for n in names if n not in {r.path for r in refused}]
         if "corpus" in outcome:
             work.corpus = outcome["corpus"]
             rows = [row_from_report(r) for r in work.corpus.reports]
@@ -82,9 +166,13 @@ class Reader:
                     row.outcome, row.status = row.status, "queued"
         elif "cancelled" in outcome:
             rows = [DocumentRow(name, "cancelled", reason="stopped while reading; nothing was added")
-                    for name in names]
+                    for name in read_names]
+        elif "error" in outcome:
+            rows = [DocumentRow(name, "error", reason=f"could not be read: {outcome.get('error')}")
+                    for name in read_names]
         else:
-            rows = [DocumentRow(name, "error", reason=f"could not be read: {outcome.get('error')}") for name in names]
+            rows = []
+        rows = refused + rows
         replace_rows(session.documents, placeholders, rows)
         work.rows = rows
         if work.status_item is not None:

@@ -22,10 +22,14 @@ class OutOfMemory(RuntimeError):
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    """torch's OutOfMemoryError, or the RuntimeError some backends (and bitsandbytes) raise instead."""
-    if isinstance(exc, (OutOfMemory, torch.OutOfMemoryError)):
+    """torch's OutOfMemoryError, the RuntimeError some backends (and bitsandbytes) raise instead, and what CPU
+    allocations raise: MemoryError, or torch's DefaultCPUAllocator "can't allocate memory"."""
+    if isinstance(exc, (OutOfMemory, torch.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OUT_OF_MEMORY_MARKERS)
+
+
+OUT_OF_MEMORY_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "defaultcpuallocator")
 
 
 @dataclass
@@ -91,7 +95,7 @@ class ModelRuntime:
             input_ids = torch.tensor([ids], dtype=torch.long, device=self.input_device)
             try:
                 out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError too
+            except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError too
                 if not is_out_of_memory(exc):
                     raise
                 self._release_memory()

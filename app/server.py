@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
-import gradio as gr
-from gradio.utils import get_upload_folder
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no usage reports to Gradio's servers unless asked
+
+import gradio as gr  # noqa: E402
+from gradio.utils import get_upload_folder  # noqa: E402
 
 from .budget import Budget, context_budget
 from .cli import AppConfig
@@ -41,7 +44,7 @@ def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = 
     budget = budget or context_budget(runtime, config.context_budget)
     temperature, top_p = default_temperature(runtime)
     info = LayoutInfo(
-        notice=runtime.notice, share_warning=config.share_without_auth, allow_local_paths=config.allow_local_paths,
+        notice=runtime.notice, share_warning=config.share_without_auth, allow_local_paths=config.local_paths_enabled,
         budget_tokens=budget.tokens, max_file_size=human_size(config.max_file_size),
         system_prompt=DEFAULT_SYSTEM_PROMPT, temperature=temperature, top_p=top_p, max_new_tokens=512,
         repetition_penalty=1.0, recall=config.topk > 0, topk=config.topk or 5, window=runtime.window,
@@ -63,6 +66,8 @@ def launch(config: AppConfig, demo: gr.Blocks, *, block: bool = True):
     this app never write; the app prints its own (the address, and the --share flag or the public link)."""
     if config.share_without_auth:
         print(SHARE_WARNING, file=sys.stderr, flush=True)
+    if config.local_paths_enabled:
+        print(local_paths_warning(config), file=sys.stderr, flush=True)
     css = (STATIC_DIR / "app.css").read_text(encoding="utf-8")
     js = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
     result = demo.launch(
@@ -77,6 +82,16 @@ def launch(config: AppConfig, demo: gr.Blocks, *, block: bool = True):
     if block:
         demo.block_thread()
     return result
+
+
+def local_paths_warning(config: AppConfig) -> str:
+    """The loud start-up note of --allow-local-paths: every user can read these folders, and clone git URLs."""
+    bar = "#" * 80
+    lines = [bar, "#  WARNING: --allow-local-paths: every user of this app can read these folders:"]
+    lines += [f"#    {root}" for root in config.local_roots]
+    lines += ["#  (and everything below them; symlinks that lead outside are refused), and have the server",
+              "#  clone https git URLs.", bar]
+    return "\n".join(lines)
 
 
 def startup_lines(config: AppConfig, local_url: str | None, share_url: str | None) -> list[str]:

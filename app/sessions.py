@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -22,6 +22,9 @@ from .documents import DocumentRow
 from .engine import ContextEngine
 from .metrics import LiveStats, SessionSeries
 from .runtime import ModelRuntime
+
+EXPIRED_KEPT = 10_000  # freed session hashes remembered, to tell their late requests what happened
+STALE_WORK_S = 24 * 3600.0  # queued work older than this no longer keeps a session from the idle sweep
 
 
 @dataclass
@@ -59,9 +62,19 @@ class Work:
     created: float = field(default_factory=time.perf_counter)  # when the user acted: time to first token starts here
 
 
+class SessionDenied(Exception):
+    """The request's user is not the user the session belongs to (with --auth)."""
+
+
+class SessionExpired(Exception):
+    """The session was freed after its idle time-out; a request for it must not silently start an empty one."""
+
+
 class Session:
-    def __init__(self, session_hash: str, runtime: ModelRuntime, config: AppConfig, budget: Budget):
+    def __init__(self, session_hash: str, runtime: ModelRuntime, config: AppConfig, budget: Budget,
+                 owner: str | None = None):
         self.hash = session_hash
+        self.owner = owner  # the logged-in user who created it (with --auth); None without a login
         self.runtime = runtime
         self.config = config
         self.budget = budget
@@ -98,7 +111,7 @@ class Session:
         self.engine = None
         self.system_prompt = None
         self.stats.context_tokens = 0
-        self.stats.kv_starting = self.stats.kv_window = self.stats.kv_middle = 0
+        self.stats.set_kv({"starting": 0, "window": 0, "middle": 0})
 
     @property
     def context_tokens(self) -> int:
@@ -122,6 +135,11 @@ class Session:
             self.stop_note = ""
             self.pending.append(work)
         return work
+
+    def waiting(self) -> bool:
+        """Work queued for the reading or model queue (not abandoned for a day): the session is in use."""
+        with self.lock:
+            return any(time.perf_counter() - w.created < STALE_WORK_S for w in self.pending)
 
     @property
     def has_work(self) -> bool:
@@ -195,39 +213,62 @@ class SessionRegistry:
         self.config = config
         self.budget = budget
         self._sessions: dict[str, Session] = {}
+        self._expired: OrderedDict[str, float] = OrderedDict()  # hashes the sweep freed, newest last
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def get(self, session_hash: str, *, touch: bool = True) -> Session:
-        """The session for ``session_hash``; ``touch=False`` (the panel timer) does not count as activity."""
+    def get(self, session_hash: str, *, touch: bool = True, owner: str | None = None) -> Session:
+        """The session for ``session_hash``; ``touch=False`` (the panel timer) does not count as activity.
+
+        ``owner`` is the request's logged-in user: a session is created for it, and then answers no other
+        user (SessionDenied), so knowing another tab's session hash gives no access to it. A hash whose
+        session the idle sweep freed raises SessionExpired (once per new request stream, see ``forget_expired``).
+        """
         self.sweep()
         with self._lock:
             session = self._sessions.get(session_hash)
             if session is None:
-                session = self._sessions[session_hash] = Session(session_hash, self.runtime, self.config, self.budget)
+                if session_hash in self._expired:
+                    raise SessionExpired(session_hash)
+                session = self._sessions[session_hash] = Session(session_hash, self.runtime, self.config,
+                                                                 self.budget, owner=owner)
+        if session.owner is not None and session.owner != owner:
+            raise SessionDenied(session_hash)
         if touch:
             session.touch()
         return session
 
+    def forget_expired(self, session_hash: str) -> None:
+        """The user was told the session expired: the hash may start a new session now."""
+        with self._lock:
+            self._expired.pop(session_hash, None)
+
     def peek(self, session_hash: str) -> Session | None:
         return self._sessions.get(session_hash)
 
-    def close(self, session_hash: str) -> bool:
+    def close(self, session_hash: str, *, owner: str | None = None, as_user: bool = False) -> bool:
+        """Free a session; ``as_user``: only when ``owner`` is its owner (another user's disconnect frees nothing)."""
         with self._lock:
-            session = self._sessions.pop(session_hash, None)
-        if session is None:
-            return False
+            session = self._sessions.get(session_hash)
+            if session is None or (as_user and session.owner is not None and session.owner != owner):
+                return False
+            del self._sessions[session_hash]
         session.close()
         return True
 
     def sweep(self) -> list[str]:
-        """Close sessions idle for longer than the time-out (never one that is working)."""
+        """Close sessions idle for longer than the time-out: never one that is working or has work waiting in
+        a queue (waiting is not idleness: a user whose upload waits behind a long read must not lose it)."""
         now = time.monotonic()
         with self._lock:
             idle = [h for h, s in self._sessions.items()
-                    if not s.busy and now - s.last_active > self.config.session_timeout_s]
+                    if not s.busy and not s.waiting() and now - s.last_active > self.config.session_timeout_s]
         for session_hash in idle:
-            self.close(session_hash)
+            if self.close(session_hash):
+                with self._lock:
+                    self._expired[session_hash] = now
+                    while len(self._expired) > EXPIRED_KEPT:
+                        self._expired.popitem(last=False)
         return idle

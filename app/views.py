@@ -172,7 +172,8 @@ def panel_html(stats: LiveStats, memory: DeviceMemory, budget: int, vanilla_kv: 
     vanilla = f" · a full cache would hold {human_size(vanilla_kv)}" if vanilla_kv else ""
     kv = _card("KV cache", human_size(stats.kv_total),
                f"starting {human_size(stats.kv_starting)} · window {human_size(stats.kv_window)} · "
-               f"middle store {human_size(stats.kv_middle)}{vanilla}")
+               f"middle store {human_size(stats.kv_middle)} · rotation tables and spare "
+               f"{human_size(stats.kv_other)}{vanilla}")
     ctx = _card("Context", f"{stats.context_tokens:,} tokens", f"budget {budget:,}")
     prefill = _card("Prefill", _fmt_rate(stats.prefill_tps), "documents and questions")
     decode = _card("Decode", _fmt_rate(stats.decode_tps), f"time to first token {_fmt_seconds(stats.ttft_s)}")

@@ -10,6 +10,7 @@ plain files, and is killed when it runs too long or grows too big.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -24,6 +25,7 @@ from .limits import IngestLimits, human_bytes
 from .results import IngestCancelled
 
 _POLL_S = 0.25
+log = logging.getLogger(__name__)
 
 
 class CloneRefused(Exception):
@@ -135,6 +137,7 @@ def clone(source: str, dest: str, limits: IngestLimits, *, allowed_protocols: st
             stderr.seek(0)
             lines = [ln for ln in stderr.read().decode("utf-8", "replace").splitlines() if ln.strip()]
             detail = lines[-1].strip() if lines else f"exit code {proc.returncode}"
-            raise CloneRefused(f"git clone failed: {detail}")
+            log.warning("git clone of %s failed: %s", source, detail)  # network details stay in the server log
+            raise CloneRefused("git clone failed: could not clone the repository (details are in the server log)")
     if _tree_bytes(dest) > limits.max_clone_bytes:
         raise CloneRefused(f"repository is larger than {human_bytes(limits.max_clone_bytes)}")

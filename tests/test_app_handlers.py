@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+import zipfile
+from collections import deque
 from types import SimpleNamespace
 
 import gradio as gr
@@ -12,7 +15,7 @@ from app.budget import Budget
 from app.cli import AppConfig
 from app.model_loading import ModelChoice, load_runtime
 from app.server import build_app
-from app_fixtures import make_pdf, make_repo_zip, model_dir
+from app_fixtures import make_long_text, make_pdf, make_repo_zip, model_dir
 
 SETTINGS = ("You are a helpful assistant.", 0.0, 0.9, 16, 1.0, True, 5)
 
@@ -61,7 +64,7 @@ def test_server_paths_need_the_flag(runtime, tmp_path):
     with pytest.raises(gr.Error, match="--allow-local-paths"):
         closed.add_server_path(str(repo), request("a"))
 
-    opened = make_handlers(runtime, allow_local_paths=True)
+    opened = make_handlers(runtime, allow_local_paths=[str(tmp_path)])
     opened.add_server_path(str(repo), request("b"))
     drain(opened.read(request("b")))
     view = drain(opened.run(*SETTINGS, request("b")))
@@ -139,3 +142,195 @@ def test_clear_chat_rebuilds_when_documents_follow_a_question(runtime, tmp_path)
     ask(handlers, fresh, files=[repo])
     rebuilt, expected = handlers.registry.peek("g").engine, handlers.registry.peek("h").engine
     assert list(rebuilt.token_ids) == list(expected.token_ids)  # the documents alone, in the same order
+
+
+def test_server_paths_stay_inside_the_allowed_roots(runtime, tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "docs").mkdir(parents=True)
+    outside.mkdir()
+    (root / "docs" / "ok.txt").write_text("fine to read\n")
+    (outside / "secret.txt").write_text("the server's secret\n")
+    (root / "escape").symlink_to(outside)  # a link inside the root that leads out of it
+    (root / "escape.txt").symlink_to(outside / "secret.txt")
+    handlers = make_handlers(runtime, allow_local_paths=[str(root)])
+    req = request("paths")
+    for path in (outside / "secret.txt", outside, root / "escape", root / "escape.txt", root / ".." / "outside",
+                 "/etc/passwd"):
+        with pytest.raises(gr.Error, match="outside the folders"):
+            handlers.add_server_path(str(path), req)
+    assert handlers.registry.peek("paths").pending == deque()
+    handlers.add_server_path(str(root / "docs" / "ok.txt"), req)
+    drain(handlers.read(req))
+    view = drain(handlers.run(*SETTINGS, req))
+    assert rows_of(view)["ok.txt"][1] == "✓ in context"
+
+
+def test_git_clone_failures_say_nothing_about_the_network(runtime):
+    from app.documents import CLONE_FAILED, hide_network_details
+    from ingest import FileReport
+
+    reports = [FileReport("https://10.0.0.1/x.git", "error", reason="git clone failed: Failed to connect: "
+                          "Connection refused"),
+               FileReport("https://intranet.example/x.git", "error",
+                          reason="cannot resolve intranet.example (offline or unknown host); nothing cloned"),
+               FileReport("https://slow.example/x.git", "error",
+                          reason="git clone took longer than 60 s and was stopped")]
+    hide_network_details(reports, [r.path for r in reports])
+    assert [r.reason for r in reports] == [CLONE_FAILED] * 3
+
+
+def test_sessions_belong_to_their_logged_in_user(runtime):
+    handlers = make_handlers(runtime)
+    alice = SimpleNamespace(session_hash="shared", username="alice")
+    handlers.submit({"text": "my secret question", "files": []}, alice)
+    mallory = SimpleNamespace(session_hash="shared", username="mallory")
+    for call in (handlers.show, handlers.queue_reset, handlers.export, handlers.stop, handlers.queue_regenerate):
+        with pytest.raises(gr.Error, match="another user"):
+            call(mallory)
+    handlers.unload(mallory)  # another user's disconnect frees nothing
+    session = handlers.registry.peek("shared")
+    assert session is not None and session.chat[0].text == "my secret question" and session.pending
+
+
+def test_queued_work_keeps_its_session_and_a_swept_one_says_so(runtime, tmp_path):
+    handlers = make_handlers(runtime, session_timeout_s=0.05)
+    waiting = request("waiting")
+    handlers.submit({"text": "", "files": [str(make_repo_zip(tmp_path / "r.zip"))]}, waiting)
+    time.sleep(0.1)  # B's upload waits in the queue past the time-out while another user's read runs
+    handlers.registry.sweep()
+    session = handlers.registry.peek("waiting")
+    assert session is not None and session.pending  # waiting is not idleness
+    drain(handlers.read(waiting))
+    view = drain(handlers.run(*SETTINGS, waiting))
+    assert rows_of(view)["r.zip/demo_repo/src/greet.py"][1] == "✓ in context"
+
+    time.sleep(0.1)  # now really idle
+    assert "waiting" in handlers.registry.sweep()
+    assert handlers.tick(waiting) == (gr.skip(),) * 4  # the panel timer does not start a new session
+    with pytest.raises(gr.Error, match="freed after"):
+        handlers.show(waiting)
+    assert handlers.show(waiting)[1] == []  # told once; the tab may start afresh
+
+
+def _answering(handlers, req, question="Tell me a long story.", tokens=64):
+    """The model step's generator, advanced until the answer streams."""
+    handlers.submit({"text": question, "files": []}, req)
+    drain(handlers.read(req))
+    settings = list(SETTINGS)
+    settings[3] = tokens
+    step = handlers.run(*settings, req)
+    session = handlers.registry.peek(req.session_hash)
+    for _ in step:
+        if session.engine is not None and session.stats.phase == "decode":
+            return step
+    pytest.fail("the answer ended before it streamed")
+
+
+def test_a_closed_model_step_leaves_what_stop_leaves(runtime, tmp_path, monkeypatch):
+    import app.model_work as model_work
+
+    monkeypatch.setattr(model_work, "UI_INTERVAL_S", 0.0)
+    handlers = make_handlers(runtime)
+    req = request("cancel")
+    ask(handlers, req, "What is the pass key?", files=[make_pdf(tmp_path / "r.pdf")])
+    session = handlers.registry.peek("cancel")
+    kept_tokens, kept_answer = session.context_tokens, session.chat[-1]
+    step = _answering(handlers, req, tokens=200)
+    step.close()  # gradio_client Job.cancel(), a closed tab: the generator is closed mid-answer
+    assert session.context_tokens == kept_tokens and not session.pending
+    question, answer = session.chat[-2], session.chat[-1]
+    assert question.kind == "question" and not question.in_context
+    assert answer.kind == "answer" and answer.stopped and not answer.in_context and not answer.pending
+    data = json_export(handlers, req)
+    assert [(m["kind"], m["in_context"], m["stopped"]) for m in data["messages"]][-2:] == [
+        ("question", False, False), ("answer", False, True)]
+    assert kept_answer.in_context
+    handlers.queue_regenerate(req)  # re-asks the question that was not kept, not the previous one's answer
+    drain(handlers.run(*SETTINGS, req))
+    assert session.chat[-2].text == "Tell me a long story." and session.chat[-2].in_context
+    assert kept_answer.text and kept_answer.in_context
+
+
+def test_a_closed_feed_leaves_no_row_waiting(runtime, tmp_path, monkeypatch):
+    import app.model_work as model_work
+
+    monkeypatch.setattr(model_work, "UI_INTERVAL_S", 0.0)
+    handlers = make_handlers(runtime, prefill_chunk=64)
+    req = request("feed")
+    handlers.submit({"text": "", "files": [str(make_long_text(tmp_path / "long.txt", 400))]}, req)
+    drain(handlers.read(req))
+    step = handlers.run(*SETTINGS, req)
+    session = handlers.registry.peek("feed")
+    for _ in step:
+        if session.stats.phase == "prefill" and session.stats.done > 0:
+            break
+    step.close()
+    assert session.context_tokens == 0
+    assert [r.status for r in session.documents] == ["cancelled"]
+    assert not any(c.pending for c in session.chat)
+
+
+def test_cpu_out_of_memory_is_reported_as_such(runtime, monkeypatch):
+    handlers = make_handlers(runtime)
+    req = request("cpu-oom")
+    model_forward = runtime.model.forward
+
+    def cpu_out_of_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 123456789 bytes.")
+
+    monkeypatch.setattr(runtime.model, "forward", cpu_out_of_memory)
+    view = ask(handlers, req, "What is the pass key?")
+    monkeypatch.setattr(runtime.model, "forward", model_forward)
+    assert "ran out of memory" in view[0][-1]["content"] and "internal error" not in view[0][-1]["content"].lower()
+
+
+def test_a_source_too_big_for_the_budget_is_refused_before_reading(runtime, tmp_path, monkeypatch):
+    big = tmp_path / "big.zip"
+    with zipfile.ZipFile(big, "w", zipfile.ZIP_STORED) as z:
+        for i in range(4):
+            z.writestr(f"notes/part{i}.txt", (f"{i}. The grass is green and the sky is blue.\n") * 40_000)
+    handlers = make_handlers(runtime, budget_tokens=2_000)
+    calls = []
+    encode = runtime.ingest_tokenizer.encode
+    monkeypatch.setattr(runtime.ingest_tokenizer, "encode", lambda *a, **k: calls.append(1) or encode(*a, **k))
+    req = request("too-big")
+    started = time.monotonic()
+    view = ask(handlers, req, files=[big])
+    assert time.monotonic() - started < 5 and calls == []  # nothing was tokenised
+    row = rows_of(view)["big.zip"]
+    assert row[1] == "⊘ refused" and "context budget" in row[4]
+
+    small = make_repo_zip(tmp_path / "small.zip")  # a source that fits still goes through
+    view = ask(handlers, req, files=[small])
+    assert rows_of(view)["small.zip/demo_repo/src/greet.py"][1] == "✓ in context"
+
+
+def test_stop_lands_quickly_while_a_large_text_is_read(runtime, tmp_path):
+    handlers = make_handlers(runtime)
+    req = request("slow-read")
+    text = make_long_text(tmp_path / "huge.txt", 60_000)
+    handlers.submit({"text": "", "files": [str(text)]}, req)
+    session = handlers.registry.peek("slow-read")
+    reading = handlers.read(req)
+    next(reading)
+    time.sleep(0.5)
+    handlers.stop(req)
+    stopped = time.monotonic()
+    drain(reading)
+    assert time.monotonic() - stopped < 2.0
+    assert [r.status for r in session.documents] == ["cancelled"]
+    drain(handlers.run(*SETTINGS, req))
+    assert session.context_tokens == 0 and not session.pending
+
+
+def json_export(handlers, req):
+    import json
+
+    update = handlers.export(req)
+    paths = update.value if hasattr(update, "value") else update["value"]
+    paths = paths if isinstance(paths, list) else [paths]
+    path = next(p if isinstance(p, str) else p["path"] for p in paths if str(p).endswith(".json") or
+                (isinstance(p, dict) and p["path"].endswith(".json")))
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
