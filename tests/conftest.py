@@ -2,9 +2,26 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    """The demo model loaded as the app loads it (test_app_engine.py has its own, with small prefill chunks)."""
+    import torch
+
+    from app.cli import AppConfig
+    from app.model_loading import ModelChoice, load_runtime
+    from app_fixtures import model_dir
+
+    threads = torch.get_num_threads()
+    directory = str(model_dir())
+    yield load_runtime(AppConfig(model=directory, cpu_threads=1), ModelChoice(directory, "test"))
+    torch.set_num_threads(threads)

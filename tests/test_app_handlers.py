@@ -11,39 +11,9 @@ import gradio as gr
 import pytest
 import torch
 
-from app.budget import Budget
-from app.cli import AppConfig
-from app.model_loading import ModelChoice, load_runtime
-from app.server import build_app
-from app_fixtures import make_long_text, make_pdf, make_repo_zip, model_dir
+from app_fixtures import make_long_text, make_pdf, make_repo_zip
+from handler_fixtures import SETTINGS, drain, make_handlers, request
 
-SETTINGS = ("You are a helpful assistant.", 0.0, 0.9, 16, 1.0, True, 5)
-
-
-@pytest.fixture(scope="module")
-def runtime():
-    threads = torch.get_num_threads()
-    directory = str(model_dir())
-    yield load_runtime(AppConfig(model=directory, cpu_threads=1), ModelChoice(directory, "test"))
-    torch.set_num_threads(threads)
-
-
-def make_handlers(runtime, budget_tokens=1_000_000, **config):
-    config = AppConfig(model="test", **config)
-    _, handlers = build_app(config, runtime, Budget(budget_tokens, "test budget", 1))
-    handlers.upload_root = None  # these tests hand files from a tmp dir, not from Gradio's upload folder
-    return handlers
-
-
-def request(name: str):
-    return SimpleNamespace(session_hash=name)
-
-
-def drain(generator):
-    last = None
-    for last in generator:
-        pass
-    return last
 
 
 def rows_of(view):

@@ -4,7 +4,6 @@ timer, Stop / Cancel, the stop note and the export's files."""
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -12,43 +11,18 @@ import torch
 
 from app import engine as engine_module
 from app import handlers as handlers_module
-from app.budget import Budget
-from app.cli import AppConfig
 from app.metrics import DeviceMemory
-from app.model_loading import ModelChoice, load_runtime
-from app.server import build_app
-from app_fixtures import make_pdf, model_dir
+from app_fixtures import make_pdf
+from handler_fixtures import SETTINGS, drain, make_handlers, request
 
-SETTINGS = ("You are a helpful assistant.", 0.0, 0.9, 16, 1.0, True, 5)  # greedy, as the Settings panel starts
 SKIP = {"__type__": "update"}  # gr.skip()
 # Handlers.view: chat, documents, context, activity, stop note, export files, Stop, Cancel.
 STOP_NOTE, EXPORT, STOP, CANCEL = 4, 5, 6, 7
 
 
-@pytest.fixture(scope="module")
-def runtime():
-    threads = torch.get_num_threads()
-    directory = str(model_dir())
-    yield load_runtime(AppConfig(model=directory, cpu_threads=1), ModelChoice(directory, "test"))
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def handlers(runtime):
-    _, handlers = build_app(AppConfig(model="test"), runtime, Budget(1_000_000, "test budget", 1))
-    handlers.upload_root = None  # files come from a tmp dir, not from Gradio's upload folder
-    return handlers
-
-
-def request(name: str):
-    return SimpleNamespace(session_hash=name)
-
-
-def drain(generator):
-    last = None
-    for last in generator:
-        pass
-    return last
+    return make_handlers(runtime)
 
 
 def skipped(outputs) -> list[bool]:

@@ -1,0 +1,31 @@
+"""The event functions in-process: Handlers built as the server builds them, and fake requests.
+
+The demo model's ``runtime`` fixture is in conftest.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from app.budget import Budget
+from app.cli import AppConfig
+from app.server import build_app
+
+SETTINGS = ("You are a helpful assistant.", 0.0, 0.9, 16, 1.0, True, 5)  # greedy, as the Settings panel starts
+
+
+def make_handlers(runtime, budget_tokens=1_000_000, **config):
+    config = AppConfig(model="test", **config)
+    _, handlers = build_app(config, runtime, Budget(budget_tokens, "test budget", 1))
+    handlers.upload_root = None  # these tests hand files from a tmp dir, not from Gradio's upload folder
+    return handlers
+
+
+def request(name: str, username: str | None = None):
+    return SimpleNamespace(session_hash=name, username=username)
+
+
+def drain(generator):
+    last = None
+    for last in generator:
+        pass
+    return last
