@@ -10,7 +10,6 @@ cited sources so whoever refreshes the picture can check them before committing 
 from __future__ import annotations
 
 import argparse
-import base64
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from app_fixtures import start_server  # noqa: E402
-from test_app_browser import CHROMIUM, CHROMIUM_ARGS, DROP_FILE  # noqa: E402
+from test_app_browser import CHROMIUM, CHROMIUM_ARGS, drop_pdf_and_ask  # noqa: E402
 
 SPEC = "/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf"
 
@@ -37,13 +36,7 @@ def main(argv=None) -> None:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1440, "height": 1100})
-            page.goto(server.url)
-            page.wait_for_selector("#chat-input textarea", timeout=60_000)
-            page.evaluate(DROP_FILE, {"selector": "#chat-input .full-container", "name": pdf.name,
-                                      "b64": base64.b64encode(pdf.read_bytes()).decode(), "mime": "application/pdf"})
-            page.wait_for_selector("#chat-input .thumbnail-item, #chat-input .thumbnails", timeout=30_000)
-            page.fill("#chat-input textarea", args.question)
-            page.keyboard.press("Enter")
+            drop_pdf_and_ask(page, server.url, pdf, args.question)
             page.wait_for_function(
                 "() => [...document.querySelectorAll('#chat .message')].some(m => m.innerText.includes('Sources'))",
                 timeout=900_000)

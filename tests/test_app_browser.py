@@ -31,6 +31,17 @@ DROP_FILE = """async ({selector, name, b64, mime}) => {
 }"""
 
 
+def drop_pdf_and_ask(page, url: str, pdf: Path, question: str) -> None:
+    """Open the app, drop ``pdf`` into the chat box as a user's drag and drop does, and send ``question``."""
+    page.goto(url)
+    page.wait_for_selector("#chat-input textarea", timeout=60_000)
+    page.evaluate(DROP_FILE, {"selector": "#chat-input .full-container", "name": pdf.name,
+                              "b64": base64.b64encode(pdf.read_bytes()).decode(), "mime": "application/pdf"})
+    page.wait_for_selector("#chat-input .thumbnail-item, #chat-input .thumbnails", timeout=30_000)
+    page.fill("#chat-input textarea", question)
+    page.keyboard.press("Enter")
+
+
 @pytest.mark.browser
 def test_drop_ask_answer_and_screenshot(tmp_path):
     if not CHROMIUM.exists():
@@ -43,14 +54,7 @@ def test_drop_ask_answer_and_screenshot(tmp_path):
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 1100})
-            page.goto(server.url)
-            page.wait_for_selector("#chat-input textarea", timeout=60_000)
-
-            page.evaluate(DROP_FILE, {"selector": "#chat-input .full-container", "name": pdf.name,
-                                      "b64": base64.b64encode(pdf.read_bytes()).decode(), "mime": "application/pdf"})
-            page.wait_for_selector("#chat-input .thumbnail-item, #chat-input .thumbnails", timeout=30_000)
-            page.fill("#chat-input textarea", "What is the pass key?")
-            page.keyboard.press("Enter")
+            drop_pdf_and_ask(page, server.url, pdf, "What is the pass key?")
 
             # The answer arrives with its sources; the documents table and the live panel are updated.
             page.wait_for_function(
