@@ -17,14 +17,12 @@ Two ideas make that work without re-encoding anything already in the cache:
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from enum import Enum
 
-log = logging.getLogger(__name__)
-
 _SYSTEM, _USER1, _ANSWER1, _USER2, _ANSWER2 = "\ue000S\ue001", "\ue000U\ue001", "\ue000A\ue001", "\ue000V\ue001", "\ue000B\ue001"
 ANCHOR_CHARS = 48
+TAIL_CHARS = 4 * ANCHOR_CHARS  # the end of the fed text a Carry keeps, enough for any anchor
 
 
 class TurnState(Enum):
@@ -142,7 +140,7 @@ class ChatFormat:
         pending = _last_word(text) if hold_back else ""
         now = text[: len(text) - len(pending)]
         ids = self._in_context(now, carry.tail)
-        return ids, Carry(pending, (carry.tail + now)[-4 * ANCHOR_CHARS:], started)
+        return ids, Carry(pending, (carry.tail + now)[-TAIL_CHARS:], started)
 
     # -- pieces --------------------------------------------------------------------------------
     # The user content of a turn is: its documents' text (leading and trailing whitespace removed), "\n\n",
@@ -176,10 +174,10 @@ class ChatFormat:
 
     def close_answer(self, answer_ids: list[int], carry: Carry) -> tuple[list[int], Carry]:
         """What the template puts after an answer up to its end-of-turn token, and the stream's new tail."""
-        answered = Carry("", (carry.tail + self.tokenizer.decode(answer_ids, skip_special_tokens=False))[-4 * ANCHOR_CHARS:])
+        answered = Carry("", (carry.tail + self.tokenizer.decode(answer_ids, skip_special_tokens=False))[-TAIL_CHARS:])
         ids, after = self._feed(self.markers.before_end, answered, hold_back=False, started=False)
         ids.append(self.end_of_turn)
-        return ids, Carry("", (after.tail + self.markers.end_of_turn)[-4 * ANCHOR_CHARS:], False)
+        return ids, Carry("", (after.tail + self.markers.end_of_turn)[-TAIL_CHARS:], False)
 
     def decode_answer(self, ids: list[int]) -> str:
         """Answer text so far; drops a trailing half-decoded multi-byte character while streaming."""
