@@ -1,7 +1,9 @@
-"""How many tokens one session's context may hold: a CLI flag, or sized from the memory the middle store uses.
+"""How much context the server may hold: tokens per session, and bytes across all sessions.
 
 With top-k recall the cache keeps every evicted token once (in GPU memory, or in CPU memory with
-``--offload-middle``), so the budget is what that memory can hold, capped at one million tokens.
+``--offload-middle``), so one session's budget is what that memory can hold, capped at one million tokens.
+Every session may take that much, so a second limit, in bytes, covers all sessions together: work that
+would cross it is refused with a message, instead of the machine swapping or the process being killed.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from ingest import kv_dims_from_config
+import lminfinite
+from ingest import units
 
 from .runtime import ModelRuntime
 
@@ -24,28 +27,48 @@ class Budget:
     tokens: int
     why: str
     middle_bytes_per_token: int
+    memory_bytes: int | None = None  # all sessions' caches together; None: no limit
+    memory_why: str = ""
+
+    def memory_refusal(self, in_use: int, adding_tokens: int) -> str | None:
+        """Why adding ``adding_tokens`` to the sessions' ``in_use`` cache bytes would cross the memory budget."""
+        if self.memory_bytes is None:
+            return None
+        needed = adding_tokens * self.middle_bytes_per_token
+        if in_use + needed <= self.memory_bytes:
+            return None
+        return (f"the server's memory for contexts is taken: these {adding_tokens:,} tokens need "
+                f"{units.human_bytes(needed)}, and the open sessions hold {units.human_bytes(in_use)} of "
+                f"{units.human_bytes(self.memory_bytes)} ({self.memory_why}). Try again when others are done, "
+                "or add less")
 
 
 def middle_bytes_per_token(runtime: ModelRuntime) -> int:
-    """Keys + values one token adds to the middle store (only recall layers keep it)."""
-    dims = kv_dims_from_config(runtime.model.config.get_text_config())
-    layers = max(0, runtime.num_layers - runtime.lm_config.topk_from_layer)
-    dtype_bytes = torch.empty((), dtype=runtime.dtype).element_size()
-    return 2 * layers * dims["num_kv_heads"] * dims["head_dim"] * dtype_bytes
+    """Keys + values one token adds to a session cache's middle store (only recall layers keep it)."""
+    shape = lminfinite.KVShape.from_config(runtime.model.config)
+    return lminfinite.span_bytes(shape, runtime.lm_config, runtime.dtype, keep_middle=True).middle
 
 
-def context_budget(runtime: ModelRuntime, requested: int | None) -> Budget:
+def free_memory(runtime: ModelRuntime) -> tuple[int, str]:
+    """Bytes the caches can still take, and where (free GPU memory, or available CPU memory)."""
+    if runtime.device_type == "cuda" and not runtime.offload_middle:
+        return sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())), "free GPU memory"
+    return psutil.virtual_memory().available, "available CPU memory"
+
+
+def context_budget(runtime: ModelRuntime, requested: int | None, memory: int | None = None) -> Budget:
+    """The per-session token budget (``--context-budget``) and the all-sessions memory (``--memory-budget``),
+    each sized from the memory free at start-up unless given."""
     per_token = middle_bytes_per_token(runtime)
-    if requested is not None:
-        return Budget(requested, "set with --context-budget", per_token)
-    on_gpu = runtime.device_type == "cuda" and not runtime.offload_middle
-    if on_gpu:
-        free = sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
-        where = "free GPU memory"
+    free, where = free_memory(runtime)
+    if memory is not None:
+        memory_why = "set with --memory-budget"
     else:
-        free = psutil.virtual_memory().available
-        where = "available CPU memory"
+        memory, memory_why = int(free * HEADROOM), f"{HEADROOM:.0%} of the {where} at start-up"
+    if requested is not None:
+        return Budget(requested, "set with --context-budget", per_token, memory, memory_why)
     fits = int(free * HEADROOM) // max(per_token, 1)
     tokens = max(1, min(GENEROUS, fits))
     capped = "capped at 1M" if tokens == GENEROUS else f"{HEADROOM:.0%} of the {where}"
-    return Budget(tokens, f"{capped}; the middle store takes {per_token / 1024:.1f} KiB per token", per_token)
+    return Budget(tokens, f"{capped}; the middle store takes {per_token / 1024:.1f} KiB per token", per_token,
+                  memory, memory_why)

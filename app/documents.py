@@ -14,6 +14,7 @@ from pathlib import Path
 import ingest
 from ingest import Corpus, FileReport, IngestLimits
 from ingest.git_url import looks_like_url
+from ingest.units import human_bytes
 
 from .cli import AppConfig
 
@@ -62,15 +63,6 @@ def replace_rows(rows: list[DocumentRow], old: list[DocumentRow], new: list[Docu
     rows[at:at] = new
 
 
-def human_size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GB"
-
-
 def screen_uploads(paths: list[str], max_file_size: int,
                    upload_root: str | None) -> tuple[list[str], list[DocumentRow]]:
     """Keep uploaded files under the size limit; refuse the others (and any path outside the upload folder)."""
@@ -85,8 +77,8 @@ def screen_uploads(paths: list[str], max_file_size: int,
             refused.append(DocumentRow(name, "error", reason="the upload is missing on the server"))
         elif resolved.stat().st_size > max_file_size:
             size = resolved.stat().st_size
-            refused.append(DocumentRow(name, "refused", reason=f"file is {human_size(size)}, over the "
-                                       f"{human_size(max_file_size)} upload limit (--max-file-size)"))
+            refused.append(DocumentRow(name, "refused", reason=f"file is {human_bytes(size)}, over the "
+                                       f"{human_bytes(max_file_size)} upload limit (--max-file-size)"))
         else:
             accepted.append(str(resolved))
     return accepted, refused

@@ -7,6 +7,8 @@ import os
 import time
 from dataclasses import asdict
 
+from ingest.tables import markdown_table
+
 from .documents import DocumentRow
 from .sessions import ChatItem
 
@@ -33,11 +35,9 @@ def to_markdown(data: dict) -> str:
     if data["system_prompt"]:
         lines.append(f"- System prompt: {data['system_prompt']}")
     if data["documents"]:
-        lines += ["", "## Documents", "", "| File | Status | Pages | Tokens | Note |",
-                  "| --- | --- | --- | --- | --- |"]
-        for d in data["documents"]:
-            note = d["reason"].replace("|", "\\|")
-            lines.append(f"| {d['path']} | {d['status']} | {d['pages'] or ''} | {d['tokens'] or ''} | {note} |")
+        lines += ["", "## Documents", "", markdown_table(
+            ["File", "Status", "Pages", "Tokens", "Note"],
+            [[d["path"], d["status"], d["pages"] or "", d["tokens"] or "", d["reason"]] for d in data["documents"]])]
     lines += ["", "## Conversation"]
     for m in data["messages"]:
         if m["kind"] == "question":

@@ -1,7 +1,8 @@
 """Choosing the next token: greedy at temperature 0, otherwise temperature, top-p and repetition penalty.
 
 The app runs its own decode loop (one forward per token) so Stop can halt within one token and every
-token can be streamed; this module is only the per-token choice.
+token can be streamed; this module is only the per-token choice.  The penalty, temperature and top-p are
+transformers' own logits processors, the ones ``generate()`` uses, applied to one row of logits.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers.generation.logits_process import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
+                                                    TemperatureLogitsWarper, TopPLogitsWarper)
 
 
 @dataclass(frozen=True)
@@ -47,28 +50,35 @@ class GenerationSettings:
         )
 
 
+def _processors(settings: GenerationSettings) -> LogitsProcessorList:
+    """The logits processors ``generate()`` would use for these settings, in its order; none that do nothing."""
+    processors = LogitsProcessorList()
+    if settings.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(float(settings.repetition_penalty)))
+    if settings.temperature > 0:
+        processors.append(TemperatureLogitsWarper(float(settings.temperature)))
+        if settings.top_p < 1.0:  # keeps the smallest top set holding >= top_p of the mass (at least one token)
+            processors.append(TopPLogitsWarper(float(settings.top_p)))
+    return processors
+
+
+def next_token_scores(logits: torch.Tensor, answer_so_far: list[int], settings: GenerationSettings) -> torch.Tensor:
+    """``logits`` (vocab,) after the processors: what next_token picks from; -inf for tokens top-p removed.
+
+    The processors see only this answer's tokens as the "input ids", never the documents: penalising
+    every token of a 300-page context would stop the model from quoting it.
+    """
+    answer = torch.tensor(answer_so_far, dtype=torch.long, device=logits.device).reshape(1, -1)
+    return _processors(settings)(answer, logits.unsqueeze(0))[0]
+
+
 def next_token(logits: torch.Tensor, answer_so_far: list[int], settings: GenerationSettings,
                generator: torch.Generator | None = None) -> int:
-    """One token id from float32 ``logits`` (vocab,).
-
-    The repetition penalty looks only at this answer's tokens, not at the documents: penalising every
-    token of a 300-page context would stop the model from quoting it.
-    """
-    logits = logits.clone()
-    if settings.repetition_penalty != 1.0 and answer_so_far:
-        seen = torch.tensor(sorted(set(answer_so_far)), device=logits.device)
-        scores = logits[seen]
-        logits[seen] = torch.where(scores > 0, scores / settings.repetition_penalty,
-                                   scores * settings.repetition_penalty)
+    """One token id from float32 ``logits`` (vocab,): the best at temperature 0, else sampled with ``generator``."""
+    scores = next_token_scores(logits, answer_so_far, settings)
     if settings.temperature == 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits / settings.temperature, dim=-1)
-    if settings.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly before each token
-        sorted_probs = sorted_probs.masked_fill(before >= settings.top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
+        return int(scores.argmax())
+    return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
 
 
 class LoopGuard:

@@ -10,10 +10,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no usage reports t
 
 import gradio as gr  # noqa: E402
 from gradio.utils import get_upload_folder  # noqa: E402
+from ingest.units import human_bytes  # noqa: E402
 
 from .budget import Budget, context_budget
 from .cli import AppConfig
-from .documents import human_size
 from .events import wire
 from .handlers import Handlers
 from .runtime import ModelRuntime
@@ -41,11 +41,11 @@ def default_temperature(runtime: ModelRuntime) -> tuple[float, float]:
 
 
 def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = None) -> tuple[gr.Blocks, Handlers]:
-    budget = budget or context_budget(runtime, config.context_budget)
+    budget = budget or context_budget(runtime, config.context_budget, config.memory_budget)
     temperature, top_p = default_temperature(runtime)
     info = LayoutInfo(
         notice=runtime.notice, share_warning=config.share_without_auth, allow_local_paths=config.local_paths_enabled,
-        budget_tokens=budget.tokens, max_file_size=human_size(config.max_file_size),
+        budget_tokens=budget.tokens, max_file_size=human_bytes(config.max_file_size),
         system_prompt=DEFAULT_SYSTEM_PROMPT, temperature=temperature, top_p=top_p, max_new_tokens=512,
         repetition_penalty=1.0, recall=config.topk > 0, topk=config.topk or 5, window=runtime.window,
         n_starting=runtime.lm_config.n_starting,

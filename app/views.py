@@ -9,7 +9,9 @@ import html
 
 import pandas as pd
 
-from .documents import STATUS_LABELS, DocumentRow, human_size
+from ingest.units import human_bytes
+
+from .documents import STATUS_LABELS, DocumentRow
 from .metrics import DeviceMemory, LiveStats, Sample
 from .budget import Budget
 from .sessions import ChatItem, Session
@@ -19,7 +21,7 @@ DOCUMENT_HEADERS = ["File", "Status", "Pages", "Tokens", "Note"]
 # the room and wrap; status, pages and tokens stay narrow but never break their header.
 DOCUMENT_COLUMN_WIDTHS = ["29%", "19%", "12%", "13%", "27%"]
 PHASE_LABELS = {"idle": "Idle", "reading": "Reading documents", "prefill": "Feeding the model",
-                "decode": "Answering"}
+                "decode": "Answering", "waiting": "Waiting for the model"}
 
 
 FINISH_NOTES = {"length": " · stopped at max tokens", "repetition": " · stopped: the answer began to repeat itself"}
@@ -141,6 +143,8 @@ def activity_html(stats: LiveStats) -> str:
             bits = [f"{done:,} / {total:,} tokens ({fraction:.0%})", _fmt_rate(stats.prefill_tps),
                     f"ETA {_fmt_seconds(stats.eta_s)}"]
             striped = ""
+        elif phase == "waiting":  # behind another session: the detail says behind what, and for how long
+            fraction, bits, striped = 1.0, [], " striped"
         else:
             fraction = 1.0
             bits = [f"{done:,} tokens", _fmt_rate(stats.decode_tps), f"first token {_fmt_seconds(stats.ttft_s)}"]
@@ -163,17 +167,17 @@ def _card(title: str, value: str, sub: str = "") -> str:
 
 def panel_html(stats: LiveStats, memory: DeviceMemory, budget: int, vanilla_kv: int | None) -> str:
     if memory.kind == "cuda":
-        mem = _card("GPU memory", human_size(memory.allocated),
-                    f"allocated · reserved {human_size(memory.reserved or 0)} · peak {human_size(memory.peak)} · "
-                    f"total {human_size(memory.total)}")
+        mem = _card("GPU memory", human_bytes(memory.allocated),
+                    f"allocated · reserved {human_bytes(memory.reserved or 0)} · peak {human_bytes(memory.peak)} · "
+                    f"total {human_bytes(memory.total)}")
     else:
-        mem = _card("Process memory (RSS)", human_size(memory.allocated),
-                    f"peak {human_size(memory.peak)} · machine {human_size(memory.total)}")
-    vanilla = f" · a full cache would hold {human_size(vanilla_kv)}" if vanilla_kv else ""
-    kv = _card("KV cache", human_size(stats.kv_total),
-               f"starting {human_size(stats.kv_starting)} · window {human_size(stats.kv_window)} · "
-               f"middle store {human_size(stats.kv_middle)} · rotation tables and spare "
-               f"{human_size(stats.kv_other)}{vanilla}")
+        mem = _card("Process memory (RSS)", human_bytes(memory.allocated),
+                    f"peak {human_bytes(memory.peak)} · machine {human_bytes(memory.total)}")
+    vanilla = f" · a full cache would hold {human_bytes(vanilla_kv)}" if vanilla_kv else ""
+    kv = _card("KV cache", human_bytes(stats.kv_total),
+               f"starting {human_bytes(stats.kv_starting)} · window {human_bytes(stats.kv_window)} · "
+               f"middle store {human_bytes(stats.kv_middle)} · rotation tables and spare "
+               f"{human_bytes(stats.kv_other)}{vanilla}")
     ctx = _card("Context", f"{stats.context_tokens:,} tokens", f"budget {budget:,}")
     prefill = _card("Prefill", _fmt_rate(stats.prefill_tps), "documents and questions")
     decode = _card("Decode", _fmt_rate(stats.decode_tps), f"time to first token {_fmt_seconds(stats.ttft_s)}")

@@ -223,7 +223,7 @@ def section(results) -> str | None:
 
 
 def section_for(records: list[dict]) -> str | None:
-    from benchmarks.report import markdown_table
+    from ingest.tables import markdown_table
 
     if not records:
         return None

@@ -24,7 +24,8 @@ import lminfinite
 from benchmarks import nll as nll_bench
 from benchmarks import passkey as passkey_bench
 from benchmarks.methods import NLL_METHODS, PASSKEY_METHODS, Variants
-from benchmarks.report import markdown_table, splice_readme
+from benchmarks.report import splice_readme
+from ingest.tables import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPTH_BINS = 5

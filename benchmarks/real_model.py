@@ -135,7 +135,7 @@ def load_jsonl(path: Path) -> list[dict]:
 
 
 def passkey_section() -> str | None:
-    from benchmarks.report import markdown_table
+    from ingest.tables import markdown_table
 
     records = load_jsonl(RESULTS / "real_passkey.jsonl")
     if not records:

@@ -134,7 +134,7 @@ def _tensor(values) -> torch.Tensor:
 
 
 def section(results) -> str | None:
-    from benchmarks.report import markdown_table
+    from ingest.tables import markdown_table
 
     path = results / "real_nll.json"
     if not path.is_file():

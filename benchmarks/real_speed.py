@@ -17,6 +17,7 @@ import time
 import torch
 
 from benchmarks import real_common as rc
+from ingest.units import MiB
 
 QUESTION = "What does the text say about the assert statement?"
 
@@ -24,7 +25,7 @@ QUESTION = "What does the text say about the assert statement?"
 def rss_mib() -> float:
     with open("/proc/self/statm") as f:
         pages = int(f.read().split()[1])
-    return pages * resource.getpagesize() / 2**20
+    return pages * resource.getpagesize() / MiB
 
 
 def peak_mib() -> float:
@@ -54,7 +55,7 @@ def long_context(window: int, context: int, chunk: int, threads: int, decode_tok
                   prefill_s=round(prefill_s, 2),
                   prefill_tps=round(len(ids) / prefill_s, 1),
                   prefill_tps_last_quarter=round(last * chunk / sum(times[-last:]), 1),
-                  rss_loaded_mib=round(rss_loaded, 1), kv_mib={k: round(v / 2**20, 1) for k, v in cache.memory().items()})
+                  rss_loaded_mib=round(rss_loaded, 1), kv_mib={k: round(v / MiB, 1) for k, v in cache.memory().items()})
     q_ids = rc.question_ids(tokenizer, "x", QUESTION)
     snap = cache.snapshot()
     for name, topk in (("topk", 5), ("no_topk", 0)):
@@ -155,7 +156,7 @@ def run(args, results) -> None:
 
 
 def section(results) -> str | None:
-    from benchmarks.report import markdown_table
+    from ingest.tables import markdown_table
 
     path = results / "real_speed.json"
     if not path.is_file():

@@ -1,15 +1,13 @@
-"""Markdown tables for benchmark results, and splicing them into README.md between markers."""
+"""Splicing benchmark results into README.md between markers.
+
+The tables themselves are written by ingest.tables.markdown_table and sizes
+by ingest.units, like every other table and size in the project.
+"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def splice_readme(readme: Path, name: str, body: str) -> None:
@@ -23,6 +21,3 @@ def splice_readme(readme: Path, name: str, body: str) -> None:
         text = text.rstrip() + "\n\n" + block + "\n"
     readme.write_text(text)
 
-
-def mib(n_bytes: float) -> str:
-    return f"{n_bytes / 2**20:,.1f}"

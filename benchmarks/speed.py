@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 
 from benchmarks import measure
-from benchmarks.report import markdown_table, mib, splice_readme
+from benchmarks.report import splice_readme
+from ingest.tables import markdown_table
+from ingest.units import mib
 
 ROOT = Path(__file__).resolve().parent.parent
 

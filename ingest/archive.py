@@ -10,8 +10,11 @@ device/FIFO entries are reported, never followed.
 
 Display paths are `<archive name>/<path inside the archive>`
 ('repo.zip/demo_repo/README.md') whether the archive came alone or with
-other sources.  Filters, .gitignore rules and README-first ordering see the
-path below a single common top folder ('README.md'), as in a clone.
+other sources.  The repository rules (ingest.folder_rules, the same object
+a folder walk uses) and README-first ordering see the path below a single
+common top folder ('README.md'), as in a clone; this module adds only what
+archives have and folders do not: unsafe or duplicate names, link and
+device entries, encryption and compression ratios.
 """
 
 from __future__ import annotations
@@ -24,14 +27,13 @@ from pathlib import Path
 from typing import Callable
 
 from .entries import FileEntry, Item, Listing, repo_order_key
-from .filters import VCS_DIRS, dir_skip_reason, file_skip_reason
-from .gitignore import GitIgnoreMatcher
-from .limits import IngestLimits, human_bytes
+from .folder_rules import MAX_IGNORE_FILE_BYTES, FolderRules, ignore_lines
+from .limits import IngestLimits
 from .results import ERROR, SKIPPED, FileReport
+from .units import human_bytes
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _BLOCK = 64 * 1024
-MAX_IGNORE_FILE_BYTES = 1024 * 1024
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tbz", ".tar.xz", ".txz")
 ZIP_SUFFIXES = (".zip",)
@@ -104,19 +106,8 @@ def check_totals(count: int, declared: int, limits: IngestLimits, bomb: str) -> 
     return None
 
 
-def list_members(members: list[Member], limits: IngestLimits, display: str, listing: Listing,
-                 bomb: str = "zip") -> Listing:
-    """Apply the repository rules to archive members; fills and returns `listing`.
-
-    `display` is the archive's own display name; entries are shown as
-    `display/<name inside>`.
-    """
-    prefix = display.rstrip("/") + "/"
-    found: list[tuple[str, Item]] = []
-
-    def skip(rel: str, shown: str, reason: str, size: int = 0) -> None:
-        found.append((rel, FileReport(path=prefix + shown, status=SKIPPED, reason=reason, bytes=size)))
-
+def _screen_names(members: list[Member], skip) -> list[tuple[str, Member]]:
+    """(normalised name, member) for safe, unique, non-folder names; the others are reported through `skip`."""
     safe: list[tuple[str, Member]] = []
     seen_names: set[str] = set()
     for member in members:
@@ -131,67 +122,66 @@ def list_members(members: list[Member], limits: IngestLimits, display: str, list
             continue
         seen_names.add(name)
         safe.append((name, member))
+    return safe
 
-    top = _common_top_folder([n for n, _ in safe])
-    by_rel = {n[len(top):]: m for n, m in safe}
 
-    def read_ignore(folder: str) -> list[str] | None:
+def _ignore_file_reader(by_rel: dict[str, Member]):
+    """read_ignore_file(folder) for FolderRules over the members of one archive."""
+
+    def read(folder: str) -> list[str] | None:
         member = by_rel.get(f"{folder}/.gitignore" if folder else ".gitignore")
         if member is None or member.kind != "file" or member.encrypted or member.size > MAX_IGNORE_FILE_BYTES:
             return None
-        try:
-            return member.read(MAX_IGNORE_FILE_BYTES).decode("utf-8", errors="replace").splitlines()
-        except Exception:  # noqa: BLE001 - a broken .gitignore just means no patterns
-            return None
+        return ignore_lines(member.read)
 
-    matcher = GitIgnoreMatcher(read_ignore)
-    skipped_dirs: dict[str, list] = {}  # folder -> [reason, file count, bytes]
-    dir_verdict: dict[str, str | None] = {}
+    return read
 
-    def folder_reason(folder: str, depth: int) -> str | None:
-        if folder not in dir_verdict:
-            reason = dir_skip_reason(folder.rsplit("/", 1)[-1])
-            if reason is None and matcher.ignored(folder, is_dir=True):
-                reason = "ignored by .gitignore"
-            if reason is None and depth > limits.max_depth:
-                reason = f"nested deeper than {limits.max_depth} folders"
-            dir_verdict[folder] = reason
-        return dir_verdict[folder]
 
+def _member_reason(member: Member, rel: str, rules: FolderRules, limits: IngestLimits, bomb: str) -> str | None:
+    """Why a member outside pruned folders is not read (entry kind, encryption, the rules, its ratio), else None."""
+    if member.kind != "file":
+        return _KIND_REASONS.get(member.kind, _KIND_REASONS["special"])
+    if member.encrypted:
+        return f"encrypted {bomb} entry"
+    reason = rules.file_reason(rel)
+    if reason is None and (member.compressed_size is not None and member.size >= limits.zip_ratio_min_bytes
+                           and member.size > limits.max_zip_ratio * max(member.compressed_size, 1)):
+        ratio = member.size / max(member.compressed_size, 1)
+        reason = f"compression ratio {ratio:.0f}:1 is over the limit of {limits.max_zip_ratio:.0f}:1 ({bomb} bomb?)"
+    return reason
+
+
+def list_members(members: list[Member], limits: IngestLimits, display: str, listing: Listing,
+                 bomb: str = "zip") -> Listing:
+    """Apply the repository rules to archive members; fills and returns `listing`.
+
+    `display` is the archive's own display name; entries are shown as
+    `display/<name inside>`.  A pruned folder is one report line with the
+    count and bytes of the files it held.
+    """
+    prefix = display.rstrip("/") + "/"
+    found: list[tuple[str, Item]] = []
+
+    def skip(rel: str, shown: str, reason: str, size: int = 0) -> None:
+        found.append((rel, FileReport(path=prefix + shown, status=SKIPPED, reason=reason, bytes=size)))
+
+    safe = _screen_names(members, skip)
+    top = _common_top_folder([n for n, _ in safe])
+    by_rel = {n[len(top):]: m for n, m in safe}
+    rules = FolderRules(_ignore_file_reader(by_rel), limits)
+    pruned: dict[str, list] = {}  # folder -> [reason, file count, bytes]
     for rel, member in by_rel.items():
-        parts = rel.split("/")
-        blocked = None
-        for depth in range(1, len(parts)):
-            folder = "/".join(parts[:depth])
-            reason = folder_reason(folder, depth)
-            if reason:
-                blocked = (folder, reason)
-                break
+        blocked = rules.pruned_ancestor(rel)
         if blocked:
-            record = skipped_dirs.setdefault(blocked[0], [blocked[1], 0, 0])
+            record = pruned.setdefault(blocked[0], [blocked[1], 0, 0])
             record[1] += 1
             record[2] += member.size
-            continue
-        shown = top + rel
-        if member.kind != "file":
-            skip(rel, shown, _KIND_REASONS.get(member.kind, _KIND_REASONS["special"]), member.size)
-        elif member.encrypted:
-            skip(rel, shown, f"encrypted {bomb} entry", member.size)
-        elif parts[-1] in VCS_DIRS:
-            skip(rel, shown, "version-control metadata", member.size)
-        elif matcher.ignored(rel):
-            skip(rel, shown, "ignored by .gitignore", member.size)
-        elif (reason := file_skip_reason(rel)) is not None:
-            skip(rel, shown, reason, member.size)
-        elif (member.compressed_size is not None and member.size >= limits.zip_ratio_min_bytes
-              and member.size > limits.max_zip_ratio * max(member.compressed_size, 1)):
-            ratio = member.size / max(member.compressed_size, 1)
-            skip(rel, shown, f"compression ratio {ratio:.0f}:1 is over the limit of {limits.max_zip_ratio:.0f}:1 "
-                             f"({bomb} bomb?)", member.size)
+        elif reason := _member_reason(member, rel, rules, limits, bomb):
+            skip(rel, top + rel, reason, member.size)
         else:
-            found.append((rel, FileEntry(path=prefix + shown, rel=rel, size=member.size, read=member.read)))
+            found.append((rel, FileEntry(path=prefix + top + rel, rel=rel, size=member.size, read=member.read)))
 
-    for folder, (reason, count, size) in skipped_dirs.items():
+    for folder, (reason, count, size) in pruned.items():
         plural = "s" if count != 1 else ""
         skip(folder + "/", top + folder + "/", f"{reason} ({count} file{plural} not read)", size)
 

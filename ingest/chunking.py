@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .languages import SPLITTER_LANGUAGES
+from .languages import splitter_languages
 
 PROSE_SEPARATORS = ["\n\n", "\n", ". ", " ", ""]
 
@@ -32,7 +32,7 @@ class Splitter:
 
             common = dict(chunk_size=self.chunk_tokens, chunk_overlap=0, length_function=self.length,
                           strip_whitespace=False)
-            if language in SPLITTER_LANGUAGES:
+            if language in splitter_languages():
                 splitter = RecursiveCharacterTextSplitter.from_language(Language(language), **common)
             else:
                 splitter = RecursiveCharacterTextSplitter(separators=PROSE_SEPARATORS, **common)

@@ -21,8 +21,9 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from .limits import IngestLimits, human_bytes
+from .limits import IngestLimits
 from .results import IngestCancelled
+from .units import human_bytes
 
 _POLL_S = 0.25
 log = logging.getLogger(__name__)

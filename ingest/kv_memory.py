@@ -3,17 +3,22 @@
 A vanilla decoder keeps keys and values of every token in every layer.  The
 LM-Infinite cache keeps only the first `n_starting` tokens plus a sliding
 `window` per layer; with top-k middle-token attention (topk > 0) it also keeps
-a middle store of all tokens, so that case saves nothing.
+a middle store of all tokens, so that case saves nothing.  The bytes per token
+come from the library (lminfinite.kv_bytes, torch-free); this rough estimate
+counts every kept token once in every layer.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
+
+from lminfinite.kv_bytes import KVShape
 
 
 def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:
     """Bytes of keys + values one token occupies across all layers."""
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+    return KVShape(num_layers, num_kv_heads, head_dim).token_bytes(dtype_bytes)
 
 
 def estimate_kv_bytes(
@@ -60,13 +65,7 @@ def estimate_kv_bytes(
 
 def kv_dims_from_config(config: Any) -> dict:
     """num_layers / num_kv_heads / head_dim read from a Hugging Face config."""
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return {
-        "num_layers": config.num_hidden_layers,
-        "num_kv_heads": getattr(config, "num_key_value_heads", None) or heads,
-        "head_dim": head_dim,
-    }
+    return asdict(KVShape.from_config(config))
 
 
 # Llama-2-7B, the model the CLI quotes when it prints a memory estimate.

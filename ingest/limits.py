@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
+from .units import GiB, KiB, MiB
 
 
 @dataclass(frozen=True)
@@ -60,12 +58,3 @@ class IngestLimits:
         if self.max_zip_ratio < 1:
             raise ValueError("IngestLimits.max_zip_ratio must be >= 1")
 
-
-def human_bytes(n: int | float) -> str:
-    """Short human size such as '12.3 MB' for report sentences."""
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(value) < 1024 or unit == "TB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TB"  # pragma: no cover - loop always returns

@@ -24,13 +24,14 @@ from .filters import ARCHIVE_EXTENSIONS, BINARY_EXTENSIONS, unsupported_document
 from .formats import HTML_EXTENSIONS, NOTEBOOK_EXTENSIONS, html_declared_charset, html_to_text, notebook_to_text
 from .git_url import CloneRefused, check_https_url, clone_https, looks_like_url, repo_name
 from .languages import language_for, language_from_shebang
-from .limits import IngestLimits, human_bytes
+from .limits import IngestLimits
 from .pdf import PdfExtraction, PdfPage, extract_pdf
 from .repo import disk_reader, walk_folder
 from .results import ERROR, INGESTED, PARTIAL, SKIPPED, FileReport, IngestCancelled, ProgressEvent
 from .sniff import archive_format, content_kind
 from .text import cut_long_lines, decode_text
 from .tokens import TokenCounter
+from .units import human_bytes
 
 Source = Union[str, "os.PathLike[str]"]
 Passwords = Union[str, Mapping[str, str], None]

@@ -36,9 +36,10 @@ from .entries import FileEntry
 from .filters import ARCHIVE_EXTENSIONS, BINARY_EXTENSIONS
 from .git_url import looks_like_url
 from .languages import language_for
-from .limits import IngestLimits, human_bytes
+from .limits import IngestLimits
 from .pipeline import list_local
 from .results import FileReport
+from .units import human_bytes
 
 Source = Union[str, "os.PathLike[str]"]
 

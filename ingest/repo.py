@@ -1,8 +1,11 @@
 """List a repository folder on disk: what to read, what to skip and why.
 
 The walk never follows a symlink out of the root, never opens anything but
-regular files (a FIFO would block forever), prunes ignored folders instead of
-listing their contents, and stops listing at limits.max_files.
+regular files (a FIFO would block forever, a .gitignore included), prunes
+the folders that ingest.folder_rules rejects instead of listing their
+contents, and stops listing at limits.max_files.  The skip rules themselves
+live in folder_rules, shared with zip and tar listings; this module only
+knows the disk: scandir, stat and symlinks.
 """
 
 from __future__ import annotations
@@ -12,20 +15,9 @@ import stat
 from pathlib import Path
 
 from .entries import FileEntry, Item, Listing, repo_order_key
-from .filters import VCS_DIRS, dir_skip_reason, file_skip_reason
-from .gitignore import GitIgnoreMatcher
+from .folder_rules import FolderRules, ignore_lines
 from .limits import IngestLimits
 from .results import ERROR, SKIPPED, FileReport
-
-_MAX_IGNORE_FILE_BYTES = 1024 * 1024
-
-
-def _read_lines(path: Path) -> list[str] | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read(_MAX_IGNORE_FILE_BYTES).decode("utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
 
 
 def disk_reader(path: str):
@@ -45,84 +37,100 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def walk_folder(folder: Path, limits: IngestLimits, prefix: str = "") -> Listing:
-    """List `folder` as a repository; display paths are `prefix + relative path`."""
-    root = os.path.realpath(folder)
-    matcher = GitIgnoreMatcher(
-        lambda rel: _read_lines(Path(root, rel, ".gitignore")),
-        extra_root_lines=_read_lines(Path(root, ".git", "info", "exclude")) or (),
-    )
-    found: list[tuple[str, Item]] = []
-    files_listed = 0
-    stopped_early = False
+class _FolderWalk:
+    """One depth-first walk: `found` collects (relative path, item) pairs in the order met."""
 
-    def skip(rel: str, reason: str, size: int = 0, status: str = SKIPPED) -> None:
-        found.append((rel, FileReport(path=prefix + rel, status=status, reason=reason, bytes=size)))
+    def __init__(self, root: str, limits: IngestLimits, prefix: str) -> None:
+        self.root = root
+        self.prefix = prefix
+        self.max_files = limits.max_files
+        self.rules = FolderRules(
+            lambda rel: ignore_lines(disk_reader(os.path.join(root, rel, ".gitignore"))), limits,
+            extra_root_lines=ignore_lines(disk_reader(os.path.join(root, ".git", "info", "exclude"))) or (),
+        )
+        self.found: list[tuple[str, Item]] = []
+        self.files_listed = 0
+        self.stopped_early = False
 
-    stack: list[tuple[str, int]] = [("", 0)]
-    while stack and not stopped_early:
-        rel_dir, depth = stack.pop()
+    def skip(self, rel: str, reason: str, size: int = 0, status: str = SKIPPED) -> None:
+        self.found.append((rel, FileReport(path=self.prefix + rel, status=status, reason=reason, bytes=size)))
+
+    def run(self) -> None:
+        stack = [""]  # last in, first out: subfolders are walked in reverse name order
+        while stack and not self.stopped_early:
+            stack.extend(self._visit_folder(stack.pop()))
+
+    def _visit_folder(self, rel_dir: str) -> list[str]:
+        """List one folder; returns its subfolders to walk, in name order."""
         try:
-            with os.scandir(os.path.join(root, rel_dir)) as it:
+            with os.scandir(os.path.join(self.root, rel_dir)) as it:
                 dir_entries = sorted(it, key=lambda e: e.name)
         except OSError as exc:
-            skip(rel_dir + "/", f"cannot list folder: {exc.strerror or exc}", status=ERROR)
-            continue
+            self.skip(rel_dir + "/", f"cannot list folder: {exc.strerror or exc}", status=ERROR)
+            return []
+        subfolders = []
         for de in dir_entries:
             rel = f"{rel_dir}/{de.name}" if rel_dir else de.name
-            try:
-                st = de.stat(follow_symlinks=False)
-            except OSError as exc:
-                skip(rel, f"cannot stat: {exc.strerror or exc}", status=ERROR)
-                continue
-            if stat.S_ISLNK(st.st_mode):
-                target = os.path.realpath(de.path)
-                if not _inside(target, root):
-                    skip(rel, "symlink points outside the repository (not followed)")
-                    continue
-                try:
-                    tst = os.stat(target)
-                except OSError:
-                    skip(rel, "broken symlink")
-                    continue
-                if stat.S_ISDIR(tst.st_mode):
-                    skip(rel + "/", "symlink to a folder (not followed)")
-                    continue
-                st, path = tst, target
-            else:
-                path = de.path
-            if stat.S_ISDIR(st.st_mode):
-                reason = dir_skip_reason(de.name)
-                if reason is None and matcher.ignored(rel, is_dir=True):
-                    reason = "ignored by .gitignore"
-                if reason is None and depth + 1 > limits.max_depth:
-                    reason = f"nested deeper than {limits.max_depth} folders"
-                if reason:
-                    skip(rel + "/", reason + " (not read)")
-                else:
-                    stack.append((rel, depth + 1))
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                skip(rel, "not a regular file (device, socket or pipe)")
-                continue
-            if de.name in VCS_DIRS:
-                reason = "version-control metadata"
-            elif matcher.ignored(rel):
-                reason = "ignored by .gitignore"
-            else:
-                reason = file_skip_reason(rel)
-            if reason:
-                skip(rel, reason, st.st_size)
-                continue
-            if files_listed >= limits.max_files:
-                stopped_early = True
+            if self._visit_entry(de, rel):
+                subfolders.append(rel)
+            if self.stopped_early:
                 break
-            files_listed += 1
-            found.append((rel, FileEntry(path=prefix + rel, rel=rel, size=st.st_size, read=disk_reader(path))))
+        return subfolders
 
-    found.sort(key=lambda pair: repo_order_key(pair[0]))
-    items = [item for _, item in found]
-    if stopped_early:
+    def _visit_entry(self, de: os.DirEntry, rel: str) -> bool:
+        """Record one entry; True when it is a folder to walk."""
+        resolved = self._stat(de, rel)
+        if resolved is None:
+            return False
+        st, path = resolved
+        if stat.S_ISDIR(st.st_mode):
+            reason = self.rules.folder_reason(rel)
+            if reason:
+                self.skip(rel + "/", reason + " (not read)")
+            return reason is None
+        if not stat.S_ISREG(st.st_mode):
+            self.skip(rel, "not a regular file (device, socket or pipe)")
+        elif reason := self.rules.file_reason(rel):
+            self.skip(rel, reason, st.st_size)
+        elif self.files_listed >= self.max_files:
+            self.stopped_early = True
+        else:
+            self.files_listed += 1
+            entry = FileEntry(path=self.prefix + rel, rel=rel, size=st.st_size, read=disk_reader(path))
+            self.found.append((rel, entry))
+        return False
+
+    def _stat(self, de: os.DirEntry, rel: str) -> tuple[os.stat_result, str] | None:
+        """(stat, path to open) with an in-root symlink to a file followed; None once reported."""
+        try:
+            st = de.stat(follow_symlinks=False)
+        except OSError as exc:
+            self.skip(rel, f"cannot stat: {exc.strerror or exc}", status=ERROR)
+            return None
+        if not stat.S_ISLNK(st.st_mode):
+            return st, de.path
+        target = os.path.realpath(de.path)
+        if not _inside(target, self.root):
+            self.skip(rel, "symlink points outside the repository (not followed)")
+            return None
+        try:
+            target_st = os.stat(target)
+        except OSError:
+            self.skip(rel, "broken symlink")
+            return None
+        if stat.S_ISDIR(target_st.st_mode):
+            self.skip(rel + "/", "symlink to a folder (not followed)")
+            return None
+        return target_st, target
+
+
+def walk_folder(folder: Path, limits: IngestLimits, prefix: str = "") -> Listing:
+    """List `folder` as a repository; display paths are `prefix + relative path`."""
+    walk = _FolderWalk(os.path.realpath(folder), limits, prefix)
+    walk.run()
+    walk.found.sort(key=lambda pair: repo_order_key(pair[0]))
+    items = [item for _, item in walk.found]
+    if walk.stopped_early:
         items.append(FileReport(path=prefix + "...", status=SKIPPED,
                                 reason=f"folder has more than {limits.max_files} files; the rest were not listed"))
     if not items:

@@ -12,7 +12,8 @@ from dataclasses import asdict
 
 from .corpus import Corpus
 from .kv_memory import LLAMA2_7B_DIMS
-from .limits import human_bytes
+from .tables import text_table
+from .units import human_bytes
 from .visible import visible
 
 # LM-Infinite defaults for Llama-2: 10 starting tokens + the 4k pretraining window.
@@ -54,19 +55,10 @@ def format_table(corpus: Corpus, tokenizer_name: str | None = None) -> str:
     """
     tokens_head = "TOKENS" if corpus.tokens_exact else "TOKENS (est.)"
     rows = [("STATUS", "PAGES", tokens_head, "SIZE", "LANG", "PATH", "REASON")]
-    for r in corpus.reports:
-        rows.append((visible(r.status), str(r.pages) if r.pages else "-", f"{r.tokens:,}" if r.tokens else "-",
-                     human_bytes(r.bytes) if r.bytes else "-", visible(r.language or "-"), visible(r.path),
-                     visible(r.reason)))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    path_width = min(60, max(len(row[5]) for row in rows))
-    lines = []
-    for row in rows:
-        cells = [row[0].ljust(widths[0]), row[1].rjust(widths[1]), row[2].rjust(widths[2]),
-                 row[3].rjust(widths[3]), row[4].ljust(widths[4]), row[5].ljust(path_width)]
-        lines.append("  ".join(cells + [row[6]]).rstrip())
-    lines.append("")
-    lines.extend(summary_lines(corpus, tokenizer_name))
+    rows += [(visible(r.status), str(r.pages) if r.pages else "-", f"{r.tokens:,}" if r.tokens else "-",
+              human_bytes(r.bytes) if r.bytes else "-", visible(r.language or "-"), visible(r.path),
+              visible(r.reason)) for r in corpus.reports]
+    lines = [text_table(rows, align="<>>><<<"), "", *summary_lines(corpus, tokenizer_name)]
     if not corpus.tokens_exact:
         lines.append(ESTIMATE_NOTE)
     return "\n".join(lines)

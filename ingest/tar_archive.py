@@ -23,12 +23,12 @@ import tarfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from .archive import (MAX_IGNORE_FILE_BYTES, Member, check_totals, list_members, normalise_name, refused,
-                      unsafe_name)
+from .archive import Member, check_totals, list_members, normalise_name, refused, unsafe_name
 from .entries import Listing
-from .filters import VCS_DIRS, dir_skip_reason, file_skip_reason
-from .limits import IngestLimits, MiB, human_bytes
+from .folder_rules import MAX_IGNORE_FILE_BYTES, may_be_read
+from .limits import IngestLimits
 from .results import ERROR, FileReport
+from .units import MiB, human_bytes
 
 _HEADER_READ_MAX = 1 * MiB  # a pax/long-name record larger than this is hostile
 _CACHE_BYTES = 128 * MiB  # prefetched member data kept in memory while the archive is listed
@@ -108,14 +108,21 @@ def _kind(info: tarfile.TarInfo) -> str:
     return "special"
 
 
-def _worth_prefetching(name: str) -> bool:
-    """Cheap guess whether the repository rules will keep this member (no .gitignore yet)."""
-    if unsafe_name(name):
-        return False
-    parts = normalise_name(name).split("/")
-    if any(dir_skip_reason(p) for p in parts[:-1]) or parts[-1] in VCS_DIRS:
-        return False
-    return parts[-1] == ".gitignore" or file_skip_reason("/".join(parts)) is None
+def _prefetch_cap(info: tarfile.TarInfo, limits: IngestLimits, prefetch: bool) -> int | None:
+    """Most bytes of this member worth reading while scanning, or None to leave it for later.
+
+    Only regular members the repository rules may keep (a guess: no
+    .gitignore is known yet) are worth it; prefetch=False keeps .gitignore
+    files only.
+    """
+    name = PurePosixPath(info.name).name
+    if not info.isreg() or not (prefetch or name == ".gitignore"):
+        return None
+    if unsafe_name(info.name) or not may_be_read(normalise_name(info.name)):
+        return None
+    if name == ".gitignore":
+        return MAX_IGNORE_FILE_BYTES
+    return limits.max_pdf_bytes if name.lower().endswith(".pdf") else limits.max_file_bytes
 
 
 class _TarReader:
@@ -158,6 +165,71 @@ class _TarReader:
         return read
 
 
+class _Refused(Exception):
+    """The whole archive is refused: `reason`, with `size` declared bytes."""
+
+    def __init__(self, reason: str, size: int = 0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.size = size
+
+
+_UNREADABLE = (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError, ValueError)
+
+
+class _Scan:
+    """The members of one tar, counted as the headers go by; refused as soon as a limit is passed."""
+
+    def __init__(self, tf: tarfile.TarFile, reader: _TarReader, limits: IngestLimits) -> None:
+        self.tf = tf
+        self.reader = reader
+        self.limits = limits
+        self.members: list[Member] = []
+        self.entries = 0
+        self.declared = 0
+
+    def run(self, compressed: bool, prefetch: bool) -> str:
+        """Scan every header; returns '' or why the archive ended early (damaged after some files)."""
+        try:
+            while (info := self.tf.next()) is not None:
+                self._add(info)
+                cap = _prefetch_cap(info, self.limits, prefetch) if compressed else None
+                if cap is not None:
+                    self.reader.prefetch(info, cap)
+        except TarBomb as exc:
+            raise _Refused(f"{exc} (tar bomb?)", self.declared) from None
+        except _UNREADABLE as exc:
+            if not self.members:
+                raise _Refused(f"not a readable tar archive: {exc}") from None
+            return f"archive is damaged or truncated after {len(self.members)} files: {exc}"
+        return ""
+
+    def _add(self, info: tarfile.TarInfo) -> None:
+        max_files = self.limits.max_files
+        self.entries += 1
+        if self.entries > 4 * max_files:
+            raise _Refused(f"archive lists more than {4 * max_files} entries")
+        if info.isdir():
+            return
+        self.members.append(Member(name=info.name, size=info.size, read=self.reader.reader(info), kind=_kind(info)))
+        if len(self.members) > max_files:
+            raise _Refused(f"archive lists more than {max_files} files, the limit")
+        if info.isreg():
+            self.declared += info.size
+        reason = check_totals(0, self.declared, self.limits, "tar")
+        if reason:
+            raise _Refused(reason, self.declared)
+
+
+def _open_tar(stream: _CappedStream) -> tarfile.TarFile:
+    try:
+        return tarfile.open(fileobj=stream, mode="r:")
+    except TarBomb as exc:
+        raise _Refused(f"{exc} (tar bomb?)") from None
+    except _UNREADABLE as exc:
+        raise _Refused(f"not a readable tar archive: {exc}") from None
+
+
 def list_tar(path: Path, limits: IngestLimits, display: str | None = None, prefetch: bool = True) -> Listing:
     """List the files of a tar archive; display paths are `display/<name inside>`.
 
@@ -171,53 +243,16 @@ def list_tar(path: Path, limits: IngestLimits, display: str | None = None, prefe
     cap = limits.max_total_bytes + _HEADER_ROOM
     stream = _CappedStream(raw, cap, compressed, rewind_budget=4 * cap)
     listing = Listing(cleanups=[f.close, stream.close])
-    bad = (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError, ValueError)
     try:
-        tf = tarfile.open(fileobj=stream, mode="r:")
-    except TarBomb as exc:
+        tf = _open_tar(stream)
+        listing.cleanups.insert(1, tf.close)
+        scan = _Scan(tf, _TarReader(tf, stream), limits)
+        damage = scan.run(compressed, prefetch)
+    except _Refused as exc:
         listing.close()
-        return refused(display, f"{exc} (tar bomb?)")
-    except bad as exc:
-        listing.close()
-        return refused(display, f"not a readable tar archive: {exc}")
-    listing.cleanups.insert(1, tf.close)
-    reader = _TarReader(tf, stream)
-    members: list[Member] = []
-    declared = entries = 0
-    damage = ""
-    try:
-        while (info := tf.next()) is not None:
-            entries += 1
-            if entries > 4 * limits.max_files:
-                listing.close()
-                return refused(display, f"archive lists more than {4 * limits.max_files} entries")
-            if info.isdir():
-                continue
-            members.append(Member(name=info.name, size=info.size, read=reader.reader(info), kind=_kind(info)))
-            if len(members) > limits.max_files:
-                listing.close()
-                return refused(display, f"archive lists more than {limits.max_files} files, the limit")
-            if info.isreg():
-                declared += info.size
-            reason = check_totals(0, declared, limits, "tar")
-            if reason:
-                listing.close()
-                return refused(display, reason, declared)
-            name = PurePosixPath(info.name).name
-            if compressed and info.isreg() and (prefetch or name == ".gitignore") and _worth_prefetching(info.name):
-                cap_for = (MAX_IGNORE_FILE_BYTES if name == ".gitignore" else
-                           limits.max_pdf_bytes if name.lower().endswith(".pdf") else limits.max_file_bytes)
-                reader.prefetch(info, cap_for)
-    except TarBomb as exc:
-        listing.close()
-        return refused(display, f"{exc} (tar bomb?)", declared)
-    except bad as exc:
-        if not members:
-            listing.close()
-            return refused(display, f"not a readable tar archive: {exc}")
-        damage = f"archive is damaged or truncated after {len(members)} files: {exc}"
+        return refused(display, exc.reason, exc.size)
     stream.scanning = False
-    listing = list_members(members, limits, display, listing, bomb="tar")
+    listing = list_members(scan.members, limits, display, listing, bomb="tar")
     if damage:
         listing.items.append(FileReport(path=display, status=ERROR, reason=damage))
     return listing

@@ -4,24 +4,49 @@
     model = lminfinite.enable(model, lminfinite.LMInfiniteConfig(n_starting=10, topk=5))
     cache = lminfinite.InfiniteCache(model)
     out = model.generate(input_ids, past_key_values=cache, max_new_tokens=64)
+    cache.topk = 0  # this cache's next forwards without top-k recall; the model and other caches unchanged
 
 See README.md for the semantics (Λ-mask, distance ceiling, top-k middle recall) and their tests.
+
+The torch-free parts (the config, the KV-memory arithmetic in kv_bytes) load with the package; the rest on
+first use (PEP 562), so ``ingest`` sizes a corpus's KV memory with the library's arithmetic without loading torch.
 """
 
-from .cache import CacheSnapshot, InfiniteCache
-from .config import LMInfiniteConfig, suggested_topk_from_layer
-from .observe import TopKObserver, TopKSelection, observe_topk
-from .patch import disable, enable, get_state
+from __future__ import annotations
 
-__all__ = [
-    "CacheSnapshot",
-    "InfiniteCache",
-    "LMInfiniteConfig",
-    "TopKObserver",
-    "TopKSelection",
-    "disable",
-    "enable",
-    "get_state",
-    "observe_topk",
-    "suggested_topk_from_layer",
-]
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+from .config import LMInfiniteConfig, suggested_topk_from_layer
+from .kv_bytes import KVShape, SpanBytes, span_bytes
+
+if TYPE_CHECKING:
+    from .cache import CacheSnapshot, InfiniteCache
+    from .observe import TopKObserver, TopKSelection, observe_topk
+    from .patch import disable, enable
+    from .state import get_state
+
+_LAZY = {
+    "CacheSnapshot": "cache",
+    "InfiniteCache": "cache",
+    "TopKObserver": "observe",
+    "TopKSelection": "observe",
+    "observe_topk": "observe",
+    "disable": "patch",
+    "enable": "patch",
+    "get_state": "state",
+}
+
+__all__ = sorted(["KVShape", "LMInfiniteConfig", "SpanBytes", "span_bytes", "suggested_topk_from_layer", *_LAZY])
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

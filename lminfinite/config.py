@@ -26,13 +26,13 @@ class LMInfiniteConfig:
     offload_middle: bool = False
 
     def __post_init__(self) -> None:
-        _require_int("n_starting", self.n_starting, minimum=0)
+        require_int("n_starting", self.n_starting, minimum=0)
         if self.window is not None:
-            _require_int("window", self.window, minimum=1)
-        _require_int("topk", self.topk, minimum=0)
-        _require_int("topk_from_layer", self.topk_from_layer, minimum=0)
+            require_int("window", self.window, minimum=1)
+        require_int("topk", self.topk, minimum=0)
+        require_int("topk_from_layer", self.topk_from_layer, minimum=0)
         if self.topk_distance is not None:
-            _require_int("topk_distance", self.topk_distance, minimum=0)
+            require_int("topk_distance", self.topk_distance, minimum=0)
             if self.window is not None and self.topk_distance > self.window:
                 raise ValueError(
                     f"topk_distance={self.topk_distance} exceeds window={self.window}: middle tokens would be "
@@ -65,7 +65,7 @@ class LMInfiniteConfig:
         return self.topk > 0 and layer_idx >= self.topk_from_layer
 
 
-def _require_int(name: str, value: object, *, minimum: int) -> None:
+def require_int(name: str, value: object, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:

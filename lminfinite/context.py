@@ -1,4 +1,10 @@
-"""The keys one attention call may look at, with their absolute positions made explicit."""
+"""The keys one attention call may look at, with their absolute positions made explicit.
+
+A KeyContext is what LM-Infinite attention attends to, so it is what a cache returns: an InfiniteLayer's
+``update`` returns it in place of transformers' (keys, values) pair (layer.py says why in both places), and
+without an InfiniteCache the attention builds one from the full keys and values (``full_sequence``).
+Queries arrive as projected and are rotated into the context's frame by ``rotate_queries``.
+"""
 
 from __future__ import annotations
 
@@ -49,11 +55,16 @@ class KeyContext:
         keys = self.recent_k[..., lo - self.recent_start : hi - self.recent_start, :]
         return rope.rotate(keys, self.frame - torch.arange(lo, hi, device=keys.device))
 
+    def rotate_queries(self, query: torch.Tensor, rope: Rope) -> torch.Tensor:
+        """The call's queries, as projected: the last c tokens of recent, rotated into the frame, R(i - frame)·q_i."""
+        return rope.rotate_from(query, self.end - query.shape[-2] - self.frame)
+
     @classmethod
     def full_sequence(cls, keys: torch.Tensor, values: torch.Tensor, n_starting: int, rope: Rope) -> "KeyContext":
-        """Keys of every token of the sequence (no cache, or a DynamicCache), rotated into frame 0.
+        """Keys of every token of the sequence, as projected (no cache, or a DynamicCache), in frame 0.
 
         Positions count from the sequence's first token, whatever position ids the call was given."""
-        start = keys[..., :n_starting, :]
+        recent_k = rope.rotate_from(keys, 0)
+        start = recent_k[..., :n_starting, :]  # unrotated back, as an InfiniteLayer does: both paths agree bit for bit
         start_k = rope.rotate(start, -torch.arange(start.shape[-2], device=keys.device))
-        return cls(keys, values, 0, 0, start_k, values[..., :n_starting, :])
+        return cls(recent_k, values, 0, 0, start_k, values[..., :n_starting, :])

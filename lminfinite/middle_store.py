@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .kv_bytes import row_bytes
 from .modes import outside_inference_mode
 
 
@@ -61,8 +62,8 @@ class MiddleStore:
         """Bytes of the rows in use (the capacity beyond them is reusable slack)."""
         if self.keys is None:
             return 0
-        row = self.keys[..., :1, :].numel() * self.keys.element_size()
-        return 2 * row * self.length
+        batch, kv_heads, _, head_dim = self.keys.shape
+        return self.length * batch * row_bytes(kv_heads, head_dim, self.keys.element_size())
 
     @property
     def allocated_bytes(self) -> int:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .patch import get_state
+from .state import get_state
 
 
 @dataclass

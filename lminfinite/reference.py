@@ -4,17 +4,21 @@ Everything is an explicit n × n matrix: distances, the Λ-mask, the distance ce
 selection, each line matched to the paper's §4. It also computes the paper's ablations (Fig. 5):
 ``lambda_only`` (Λ-mask, true distances) and ``ceiling_only`` (all tokens, distances capped at L); the
 window-only ablation is ``variant="lminfinite"`` with ``n_starting=0``. O(n²) memory: short sequences only.
+Each (variant, dtype) is its own registered attention function, so the patched model's state holds nothing
+the reference alone needs.
 """
 
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import torch
 from transformers import AttentionInterface
 
 from .config import LMInfiniteConfig
-from .patch import enable, get_state
+from .context import KeyContext
+from .patch import enable
 
 REFERENCE_NAME = "lminfinite_reference"
 VARIANTS = ("lminfinite", "lambda_only", "ceiling_only")
@@ -30,14 +34,15 @@ def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) ->
 
 
 def reference_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                        lminfinite_state=None, lminfinite_cache=None, **kwargs):
-    """LM-Infinite attention for a whole sequence (no cache): query i and key j are positions i and j."""
-    if lminfinite_cache is not None:
+                        lminfinite_state=None, lminfinite_config=None, *, variant: str = "lminfinite",
+                        dtype: torch.dtype = torch.float64, **kwargs):
+    """LM-Infinite attention for a whole sequence (no cache), in ``dtype``: query i and key j are positions i and j."""
+    if isinstance(key, KeyContext) or key.shape[-2] != query.shape[-2]:
         raise ValueError("the reference runs whole sequences: call the model with use_cache=False")
     state = lminfinite_state
-    cfg, inv_freq, layer = state.config, state.rope.inv_freq, module.layer_idx
-    L, n_starting, variant = cfg.window, cfg.n_starting, state.reference_variant
-    work = state.reference_dtype
+    cfg, inv_freq, layer = lminfinite_config or state.config, state.rope.inv_freq, module.layer_idx
+    L, n_starting = cfg.window, cfg.n_starting
+    work = dtype
     q, k, v = query.to(work), key.to(work), value.to(work)
     groups = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(groups, dim=1)  # query head h reads key/value head h // groups
@@ -85,7 +90,16 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(REFERENCE_NAME, reference_attention)
+def reference_attention_name(variant: str, dtype: torch.dtype) -> str:
+    """The attention-interface name of ``variant`` computed in ``dtype``; registers it (again: the same function)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown reference variant {variant!r}; choose from {VARIANTS}")
+    name = f"{REFERENCE_NAME}_{variant}_{str(dtype).removeprefix('torch.')}"
+    AttentionInterface.register(name, partial(reference_attention, variant=variant, dtype=dtype))
+    return name
+
+
+AttentionInterface.register(REFERENCE_NAME, reference_attention)  # variant "lminfinite", float64
 
 
 class ReferenceModel:
@@ -93,12 +107,9 @@ class ReferenceModel:
 
     def __init__(self, model, config: LMInfiniteConfig | None = None, *, variant: str = "lminfinite",
                  dtype: torch.dtype = torch.float64, copy_model: bool = True):
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown reference variant {variant!r}; choose from {VARIANTS}")
+        name = reference_attention_name(variant, dtype)  # refuses unknown variants before copying the model
         self.model = (copy.deepcopy(model) if copy_model else model).to(dtype).eval()
-        enable(self.model, config or LMInfiniteConfig(), attention=REFERENCE_NAME)
-        state = get_state(self.model)
-        state.reference_variant, state.reference_dtype = variant, dtype
+        enable(self.model, config or LMInfiniteConfig(), attention=name)
 
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,10 @@
 """Rotary position embedding at relative, bounded offsets.
 
-LM-Infinite never rotates by an absolute position: queries and keys are rotated by offsets from a
-nearby frame (see cache.py). Angles are computed in float64, so position 10^9 behaves exactly like
-position 10^4 (the official code lost precision near 10^7). Small offsets are looked up in a table of
-``lookup_rows(window)`` rows, so the tables a model holds do not grow with the context.
+LM-Infinite never rotates by an absolute position: the model's rotary embedding is made the identity
+(patch.py), and queries and keys are rotated here by offsets from a nearby frame (layer.py, context.py).
+Angles are computed in float64, so position 10^9 behaves exactly like position 10^4 (the official code
+lost precision near 10^7). Small offsets are looked up in a table of ``lookup_rows(window)`` rows, so the
+tables a model holds do not grow with the context.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 def lookup_rows(window: int) -> int:
     """Offsets a Rope looks up rather than computes: [0, 4·window).
 
-    An InfiniteCache re-bases once its frame is 2·window behind (cache.rebase_interval), so a decode step
+    An InfiniteLayer re-bases once its frame is 2·window behind (layer.rebase_interval), so a decode step
     rotates by at most about 2·window, and a prefill chunk of up to 2·window tokens by at most 4·window.
     Larger offsets (long chunks, calls without an InfiniteCache) are computed the same way and not kept.
     """
@@ -38,7 +39,7 @@ class Rope:
     attention_scaling: float = 1.0
     table_rows: int = 4096  # enable() sets lookup_rows(window)
     _tables: dict = field(default_factory=dict, init=False, repr=False)
-    _last_uniform: dict = field(default_factory=dict, init=False, repr=False)
+    _rows: dict = field(default_factory=dict, init=False, repr=False)  # kept one-offset rows, see _row
 
     @property
     def head_dim(self) -> int:
@@ -66,18 +67,32 @@ class Rope:
             return _full(cos_table[lo:hi]), _full(sin_table[lo:hi])
         return self.cos_sin(torch.arange(lo, hi, device=device), dtype)
 
-    def rotate_uniform(self, x: torch.Tensor, offset: int) -> torch.Tensor:
-        """``rotate`` with one offset for every row: a decode step's start keys or query.
+    def rotate_from(self, x: torch.Tensor, first: int) -> torch.Tensor:
+        """Rows of ``x`` (n, head_dim) rotated by first, first + 1, ...: a call's queries or new keys.
 
-        Every layer of a step asks for the same offset, so the last one's cos/sin row is kept.
+        Computed in x's dtype exactly as HF's ``apply_rotary_pos_emb`` does, with these cos/sin: the keys and
+        queries the attention sees are the numbers the model's own rotation would give at these offsets.
         """
+        if x.shape[-2] == 1:
+            cos, sin = self._row("from", first, x.device, x.dtype)
+        else:
+            cos, sin = self.span(first, first + x.shape[-2], x.dtype, x.device)
+        return (x * cos) + (_rotate_half(x) * sin)
+
+    def rotate_uniform(self, x: torch.Tensor, offset: int) -> torch.Tensor:
+        """``rotate`` with one offset for every row: a decode step's start keys or query."""
         work = torch.promote_types(x.dtype, torch.float32)
-        key = (offset, x.device, work)
-        if self._last_uniform.get("key") != key:
+        return _apply(x, *self._row("uniform", offset, x.device, work))
+
+    def _row(self, purpose: str, offset: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin (1, head_dim) of one offset. Every layer of a decode step asks for the same one, so the last
+        row of each purpose is kept (the rotate_from and rotate_uniform offsets of a step differ)."""
+        key = (offset, device, dtype)
+        kept = self._rows.get(purpose)
+        if kept is None or kept[0] != key:
             with outside_inference_mode():  # kept across calls
-                cos_sin = self.cos_sin(torch.tensor([offset], device=x.device), work)
-            self._last_uniform.update(key=key, cos_sin=cos_sin)
-        return _apply(x, *self._last_uniform["cos_sin"])
+                kept = self._rows[purpose] = (key, self.span(offset, offset + 1, dtype, device))
+        return kept[1]
 
     def _table(self, device: torch.device, dtype: torch.dtype):
         """(table_rows, head_dim / 2) cos and sin: the other half of each row repeats the first."""
@@ -96,9 +111,9 @@ class Rope:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: inv_freq, the tables (table_rows rows per device and dtype used), the kept uniform row."""
+        """Bytes held: inv_freq, the tables (table_rows rows per device and dtype used), the kept rows."""
         tensors = [self.inv_freq, *(t for pair in self._tables.values() for t in pair)]
-        tensors += list(self._last_uniform.get("cos_sin", ()))
+        tensors += [t for _, pair in self._rows.values() for t in pair]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 

@@ -1,4 +1,6 @@
-"""enable/disable, configuration errors, quantized models, the top-k observer."""
+"""enable/disable, configuration errors, per-cache recall, quantized models, the top-k observer."""
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -27,7 +29,7 @@ def test_enable_twice_replaces_the_config():
     lminfinite.enable(model, lminfinite.LMInfiniteConfig(n_starting=6, window=8))
     state = lminfinite.get_state(model)
     assert (state.config.n_starting, state.config.window, state.config.topk_distance) == (6, 8, 4)
-    assert len(state.hooks) == 2 + model.config.num_hidden_layers
+    assert len(state.hooks) == 1 + model.config.num_hidden_layers  # the rotary embedding, each attention module
     lminfinite.disable(model)
     assert model.config._attn_implementation == "sdpa"
 
@@ -99,6 +101,45 @@ def test_cache_without_middle_store_refuses_topk():
     lminfinite.enable(model, lminfinite.LMInfiniteConfig(n_starting=4, topk=2, topk_from_layer=0))
     with pytest.raises(ValueError, match="keep_middle=True"):
         feed_in_chunks(model, random_ids(2), 1, cache)
+
+
+def _hook_ids(model) -> dict:
+    return {name: (tuple(m._forward_pre_hooks), tuple(m._forward_hooks)) for name, m in model.named_modules()}
+
+
+def test_recall_k_is_per_cache_and_moves_no_hooks():
+    """Two sessions on one model, recall off in one and k = 3 in the other, their calls interleaved: each gets
+    exactly what a model enabled with its own config gives, and no hook is removed or registered."""
+    base = lminfinite.LMInfiniteConfig(n_starting=4, topk_from_layer=1)
+    prompt, answer = random_ids(6 * WINDOW), random_ids(4, seed=7)
+    expected = {}
+    for k in (0, 3):
+        alone = lminfinite.enable(tiny_model("llama-gqa"), replace(base, topk=k))
+        cache = lminfinite.InfiniteCache(alone, keep_middle=True)
+        expected[k] = torch.cat((feed_in_chunks(alone, prompt, 7, cache), feed_in_chunks(alone, answer, 1, cache)), 1)
+
+    shared = lminfinite.enable(tiny_model("llama-gqa"), base)
+    state, hooks = lminfinite.get_state(shared), _hook_ids(shared)
+    caches = {k: lminfinite.InfiniteCache(shared, keep_middle=True, topk=k) for k in (0, 3)}
+    got = {0: [], 3: []}
+    for ids, chunk in ((prompt, 7), (answer, 1)):
+        for lo in range(0, ids.shape[1], chunk):
+            for k, cache in caches.items():
+                got[k].append(feed_in_chunks(shared, ids[:, lo : lo + chunk], chunk, cache))
+    assert (expected[3] - expected[0]).abs().max() > 1e-3  # recall does change these logits
+    for k in (0, 3):
+        torch.testing.assert_close(torch.cat(got[k], 1), expected[k], atol=0, rtol=0)
+    assert lminfinite.get_state(shared) is state and state.config.topk == 0 and _hook_ids(shared) == hooks
+
+
+def test_cache_topk_follows_the_model_unless_set():
+    model = lminfinite.enable(tiny_model(), lminfinite.LMInfiniteConfig(n_starting=4, topk=2, topk_from_layer=1))
+    cache = lminfinite.InfiniteCache(model)
+    assert cache.topk is None and cache.attention_config(lminfinite.get_state(model).config, 1).topk == 2
+    cache.topk = 0
+    assert cache.attention_config(lminfinite.get_state(model).config, 1).topk == 0
+    with pytest.raises(ValueError, match="topk must be >= 0"):
+        cache.topk = -1
 
 
 def test_observer_reports_middle_positions_and_weights():

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import lminfinite
+from lminfinite.context import KeyContext
 from lminfinite_models import WINDOW, feed_in_chunks, held_bytes, random_ids, tiny_model
 
 N_STARTING = 4
@@ -48,6 +49,32 @@ def test_bytes_held_do_not_grow_with_context_and_memory_reports_them(model):
     assert held_bytes(long) == short_bytes
     assert sum(short.memory().values()) == short_bytes
     assert sum(long.memory().values()) == short_bytes
+
+
+def test_span_bytes_are_what_the_cache_holds():
+    """lminfinite.span_bytes, the arithmetic the app's budget and ingest's estimates use, is what memory() reports."""
+    config = lminfinite.LMInfiniteConfig(n_starting=N_STARTING, topk=2, topk_from_layer=1)
+    model = lminfinite.enable(tiny_model("llama-gqa"), config)
+    cache = lminfinite.InfiniteCache(model)
+    n = 20 * WINDOW
+    feed_in_chunks(model, random_ids(n), 13, cache)
+    resolved = lminfinite.get_state(model).config
+    per_token = lminfinite.span_bytes(lminfinite.KVShape.from_config(model.config), resolved, torch.float32)
+    memory = cache.memory()
+    assert memory["starting"] == per_token.starting * N_STARTING and memory["window"] == per_token.window * WINDOW
+    assert memory["starting"] + memory["window"] == per_token.bounded(resolved)
+    assert memory["middle"] == per_token.middle * (n - N_STARTING - (WINDOW - 1))
+
+
+def test_update_returns_the_key_context_the_attention_reads(model):
+    """transformers hands update's (keys, values) to the attention function: both are the call's KeyContext."""
+    cache = lminfinite.InfiniteCache(model)
+    feed_in_chunks(model, random_ids(3 * WINDOW), 8, cache)
+    new_key, new_value = torch.randn(1, 2, 1, HEAD_DIM), torch.randn(1, 2, 1, HEAD_DIM)
+    keys, values = cache.update(new_key, new_value, 0)
+    assert isinstance(keys, KeyContext) and values is keys
+    assert keys.end == 3 * WINDOW + 1 == cache.layers[0].get_seq_length()
+    assert keys.decode_keys.shape[-2] == N_STARTING + WINDOW  # steady decoding: start and window, all visible
 
 
 def test_memory_counts_the_middle_store_and_its_spare_capacity():

@@ -1,0 +1,221 @@
+"""InfiniteLayer: one layer's bounded cache, and the update contract LM-Infinite keeps with transformers.
+
+The contract. transformers' attention modules call ``keys, values = past_key_values.update(k, v, layer_idx)``
+and hand both results to the attention function as its ``key`` and ``value``: a cache layer returns what
+attention attends to. For LM-Infinite that is not two tensors but one structure, a :class:`KeyContext` (the
+recent keys in the layer's frame, the unrotated start keys, the middle store, the decode rows), so ``update``
+returns that context in both places, ``(ctx, ctx)``. Only LM-Infinite's attention function reads it; any other
+attention given an InfiniteCache fails on its first tensor operation instead of attending to the wrong keys.
+
+What a layer keeps: the first n_starting tokens (unrotated) and the last window - 1 tokens (the token being
+computed completes the window) in a ring buffer, rotated into the layer's *frame*: key j is stored as
+R(j - frame)·k_j. ``update`` receives keys as projected (the model's rotary embedding is the identity, see
+patch.py) and rotates the new ones into the frame itself; the attention rotates queries by i - frame
+(KeyContext.rotate_queries), so scores depend on i - j only. The frame moves forward when it falls
+``rebase_interval`` behind (a re-base rotates the ring once), which bounds every rotation offset and with it
+the model's rotation tables (rotary.lookup_rows). Steady decoding writes one row and reads the buffer as it
+is: no per-token rotation or copy of the window. Layers that do top-k recall also keep every evicted token
+once, unrotated, in a MiddleStore. Everything kept across calls is allocated outside inference mode, so a
+cache filled under ``torch.inference_mode`` goes on under ``no_grad`` (``generate``) and back.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import CacheLayerMixin
+
+from .config import LMInfiniteConfig
+from .context import KeyContext
+from .kv_bytes import row_bytes
+from .middle_store import MiddleStore
+from .modes import outside_inference_mode
+from .rotary import Rope
+
+
+def rebase_interval(window: int) -> int:
+    """Tokens the frame may fall behind the next position before the ring is re-rotated: 2·window.
+
+    A re-base moves the frame to the oldest window token, window - 1 behind, so it comes every window + 2
+    tokens at most: one rotation of n_starting + window rows per layer, about one row per token. In
+    exchange every offset stays below 2·window (plus the call's chunk), which bounds the rotation tables.
+    """
+    return 2 * window
+
+
+class InfiniteLayer(CacheLayerMixin):
+    """One layer's bounded cache; ``update`` stores the call's keys and returns its KeyContext (see above)."""
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, config: LMInfiniteConfig, rope: Rope, keep_middle: bool, middle_device=None):
+        super().__init__()
+        self.config, self.rope = config, rope
+        self.middle = MiddleStore(middle_device) if keep_middle else None
+        self.start_k = self.start_v = None  # unrotated, positions [0, min(seen, n_starting))
+        # Rows [0, n_starting): start keys placed for the current decode step; then the ring, slot(p) below.
+        self.ring_k = self.ring_v = None
+        self.win_start = 0  # the ring holds positions [win_start, seen)
+        self.seen = 0
+        self.frame = 0
+        self.shared = False  # a snapshot references the ring: copy it before writing
+
+    # -- transformers' layer contract -------------------------------------------------------------
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        n_starting, window = self.config.n_starting, self.config.window_
+        shape = (*key_states.shape[:2], n_starting + window, key_states.shape[-1])
+        with outside_inference_mode():
+            self.ring_k = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+            self.ring_v = torch.zeros(shape, dtype=value_states.dtype, device=value_states.device)
+            self.start_k, self.start_v = key_states[..., :0, :].clone(), value_states[..., :0, :].clone()
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[KeyContext, KeyContext]:
+        """Keep what later calls need of the new keys (as projected) and values; return what this call attends to."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if self.seen - self.frame > rebase_interval(self.config.window_):
+            self._rebase(self.win_start)
+        rotated = self.rope.rotate_from(key_states, self.seen - self.frame)  # R(p - frame)·k_p
+        if key_states.shape[-2] == 1 and self.seen >= self.config.n_starting + self.config.window_ - 1:
+            ctx = self._decode_step(rotated, value_states)
+        else:
+            ctx = self._prefill(rotated, value_states)
+        return ctx, ctx
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.seen + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.__init__(self.config, self.rope, self.middle is not None, None if self.middle is None else self.middle.device)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError("InfiniteCache does not support beam search")
+
+    # -- the two phases ---------------------------------------------------------------------------
+    def _decode_step(self, rotated, value_states) -> KeyContext:
+        """One token once the window is full: write it into the free slot, evict the oldest afterwards."""
+        n_starting, window = self.config.n_starting, self.config.window_
+        position = self.seen
+        self._writable()
+        slot = self._slot(position)
+        self.ring_k[..., slot, :] = rotated[..., 0, :]
+        self.ring_v[..., slot, :] = value_states[..., 0, :]
+        # Start keys at exactly distance `window` from this query: the distance ceiling.
+        self.ring_k[..., :n_starting, :] = self.rope.rotate_uniform(self.start_k, position - self.frame - window)
+        self.ring_v[..., :n_starting, :] = self.start_v
+        ctx = KeyContext(
+            rotated, value_states, position, self.frame, self.start_k, self.start_v, *self._middle_view(),
+            decode_keys=self.ring_k, decode_values=self.ring_v,
+        )
+        oldest = self.win_start  # at distance window - 1 now, beyond the window from the next token on
+        if self.middle is not None:
+            old = self._slot(oldest)
+            self.middle.append(self._unrotate(self.ring_k[..., old : old + 1, :], oldest), self.ring_v[..., old : old + 1, :])
+        self.win_start += 1
+        self.seen += 1
+        return ctx
+
+    def _prefill(self, rotated, value_states) -> KeyContext:
+        """Any chunk: lay out [start?, window, chunk] in position order, then keep what the future needs."""
+        first, c = self.seen, rotated.shape[-2]
+        slots = self._slot(torch.arange(self.win_start, first, device=rotated.device))
+        ordered_k, ordered_v = self.ring_k.index_select(-2, slots), self.ring_v.index_select(-2, slots)
+        if self.win_start == self.start_k.shape[-2]:  # nothing evicted yet: [0, seen) is all here
+            ctx = self._contiguous_context(rotated, value_states, ordered_k, ordered_v)
+        else:
+            ctx = KeyContext(
+                _join(ordered_k, rotated), _join(ordered_v, value_states), self.win_start, self.frame,
+                self.start_k, self.start_v, *self._middle_view(),
+            )
+        self._commit(ctx, rotated, value_states, first + c)
+        return ctx
+
+    def _contiguous_context(self, rotated, value_states, ordered_k, ordered_v) -> KeyContext:
+        """[0, seen + c) all at hand: recent starts at position 0, and the start keys may still be filling."""
+        n_starting, first = self.config.n_starting, self.seen
+        n_start = self.start_k.shape[-2]
+        start_pos = torch.arange(n_start, device=rotated.device)
+        recent_k = _join(self.rope.rotate(self.start_k, start_pos - self.frame), ordered_k, rotated)
+        recent_v = _join(self.start_v, ordered_v, value_states)
+        new_start = self._unrotate(rotated[..., : max(0, n_starting - first), :], first)
+        start_k = torch.cat((self.start_k, new_start), dim=-2)
+        start_v = torch.cat((self.start_v, value_states), dim=-2)[..., :n_starting, :]
+        return KeyContext(recent_k, recent_v, 0, self.frame, start_k, start_v, *self._middle_view())
+
+    def _commit(self, ctx: KeyContext, rotated, value_states, end: int) -> None:
+        """Keep what the next query (position ``end``) needs: the start, and keys at [end - window + 1, end)."""
+        n_starting, window = self.config.n_starting, self.config.window_
+        first = self.seen
+        if ctx.recent_start == 0 and self.start_k.shape[-2] < n_starting:  # the start keys were still filling
+            with outside_inference_mode():
+                self.start_k, self.start_v = ctx.start_k.clone(), ctx.start_v.clone()
+        keep_from = max(min(n_starting, end), end - (window - 1))
+        evict_from = max(ctx.recent_start, n_starting)
+        if self.middle is not None and keep_from > evict_from:
+            lo, hi = evict_from - ctx.recent_start, keep_from - ctx.recent_start
+            self.middle.append(self._unrotate(ctx.recent_k[..., lo:hi, :], evict_from), ctx.recent_v[..., lo:hi, :])
+        new_from = max(keep_from, first)
+        if end > new_from:
+            self._writable()
+            new_slots = self._slot(torch.arange(new_from, end, device=rotated.device))
+            self.ring_k.index_copy_(-2, new_slots, rotated[..., new_from - first :, :])
+            self.ring_v.index_copy_(-2, new_slots, value_states[..., new_from - first :, :])
+        self.win_start, self.seen = keep_from, end
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _middle_view(self):
+        return self.middle.view() if self.middle is not None else (None, None)
+
+    def _slot(self, position):
+        return self.config.n_starting + position % self.config.window_
+
+    def _unrotate(self, keys: torch.Tensor, first_position: int) -> torch.Tensor:
+        offsets = self.frame - torch.arange(first_position, first_position + keys.shape[-2], device=keys.device)
+        return self.rope.rotate(keys, offsets)
+
+    def _writable(self) -> None:
+        if self.shared:
+            with outside_inference_mode():
+                self.ring_k, self.ring_v = self.ring_k.clone(), self.ring_v.clone()
+            self.shared = False
+
+    def _rebase(self, new_frame: int) -> None:
+        """Move the frame forward: R(j - new) k = R(old - new) R(j - old) k, one rotation of the ring."""
+        offsets = torch.full((self.ring_k.shape[-2],), self.frame - new_frame, device=self.ring_k.device)
+        with outside_inference_mode():
+            self.ring_k = self.rope.rotate(self.ring_k, offsets)  # a new tensor: snapshots keep the old one
+            self.ring_v = self.ring_v.clone() if self.shared else self.ring_v
+        self.shared = False
+        self.frame = new_frame
+
+    def memory(self) -> dict[str, int]:
+        """Bytes: the ring (n_starting decode rows + window slots, preallocated), the unrotated start keys,
+        the middle store's rows in use and its capacity beyond them."""
+        middle = (0, 0) if self.middle is None else (self.middle.nbytes, self.middle.reserved_bytes)
+        if not self.is_initialized:
+            return {"starting": 0, "window": 0, "middle": middle[0], "middle_reserved": middle[1]}
+        batch, kv_heads, _, head_dim = self.ring_k.shape
+        row = batch * row_bytes(kv_heads, head_dim, self.ring_k.element_size())
+        return {
+            "starting": row * (self.start_k.shape[-2] + self.config.n_starting),
+            "window": row * self.config.window_,
+            "middle": middle[0],
+            "middle_reserved": middle[1],
+        }
+
+
+def _join(*parts: torch.Tensor) -> torch.Tensor:
+    """Concatenate along positions, without a copy when only one part holds any (a first chunk)."""
+    filled = [part for part in parts if part.shape[-2]]
+    return filled[0] if len(filled) == 1 else torch.cat(filled, dim=-2)
