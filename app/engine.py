@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from array import array
 from contextlib import contextmanager
+from itertools import accumulate
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol, Sequence
 
@@ -191,9 +192,13 @@ class ContextEngine:
                 self._open = None
         self.stats.phase, self.stats.detail, self.stats.eta_s = "idle", "", None
 
+    def _answering(self):
+        """Hold the shared model from the question to the answer's last token (model_gate.py says why)."""
+        return self.runtime.gate.turn(self.cache, answer=True, stats=self.stats)
+
     # -- low level: one forward ----------------------------------------------------------------
     def _forward(self, ids: list[int], *, topk: int):
-        logits = self.runtime.forward(ids, self.cache, topk=topk)
+        logits = self.runtime.forward(ids, self.cache, topk=topk, stats=self.stats)
         self.token_ids.extend(ids)
         self.tokens_fed += len(ids)
         self.stats.context_tokens = self.length
@@ -220,33 +225,47 @@ class ContextEngine:
         return []
 
     def _prefill(self, pieces: list[Piece], cancel, *, topk: int, phase: str) -> Iterator[PrefillProgress]:
-        """Feed ``pieces`` in chunks of at most ``prefill_chunk`` tokens, checking ``cancel`` before each."""
+        """Feed ``pieces`` in forwards of ``prefill_chunk`` tokens, checking ``cancel`` before each.
+
+        Pieces are packed: a forward may end one piece and start the next, so ten thousand small files
+        cost as many forwards as one file of the same size, not one forward each.
+        """
         total = sum(len(p.ids) for p in pieces)
         meter = RateMeter()
         self.stats.phase, self.stats.detail, self.stats.done, self.stats.total = "prefill", phase, 0, total
         step = self.runtime.prefill_chunk
-        for piece in pieces:
-            start = self.length
-            for lo in range(0, len(piece.ids), step):
-                if cancel is not None and cancel.is_set():
-                    raise Stopped(phase)
-                self._logits = self._forward(piece.ids[lo : lo + step], topk=topk)
-                meter.add(len(piece.ids[lo : lo + step]))
-                self.stats.done = meter.tokens
-                if total >= MEASURED_PREFILL:
-                    self.stats.prefill_tps = meter.rate
-                self.stats.eta_s = meter.eta(total - meter.tokens)
-                yield PrefillProgress(meter.tokens, total, meter.rate, self.stats.eta_s)
-            chunk = piece.chunk
-            self.spans.append(Span(
-                start, self.length, piece.kind,
-                source=getattr(chunk, "source", None), page=getattr(chunk, "page", None),
-                page_label=getattr(chunk, "page_label", None), line_start=getattr(chunk, "line_start", None),
-                line_end=getattr(chunk, "line_end", None),
-            ))
-            self.state, self.carry = piece.state, piece.carry
+        stream = [token for piece in pieces for token in piece.ids]
+        ends = list(accumulate(len(p.ids) for p in pieces))
+        start, finished = self.length, 0  # the context length before the pieces; pieces fully fed
+        for lo in range(0, total, step):
+            if cancel is not None and cancel.is_set():
+                raise Stopped(phase)
+            ids = stream[lo : lo + step]
+            self._logits = self._forward(ids, topk=topk)
+            meter.add(len(ids))
+            while finished < len(pieces) and ends[finished] <= lo + len(ids):
+                self._record(pieces[finished], start + ends[finished] - len(pieces[finished].ids))
+                finished += 1
+            self.stats.done = meter.tokens
+            if total >= MEASURED_PREFILL:
+                self.stats.prefill_tps = meter.rate
+            self.stats.eta_s = meter.eta(total - meter.tokens)
+            yield PrefillProgress(meter.tokens, total, meter.rate, self.stats.eta_s)
+        for piece in pieces[finished:]:  # empty pieces at the end
+            self._record(piece, self.length)
         if total >= MEASURED_PREFILL and meter.final_rate:  # a feed shorter than the live rate's minimum
             self.stats.prefill_tps = meter.final_rate
+
+    def _record(self, piece: Piece, start: int) -> None:
+        """A piece is in the cache: its span, and the turn state and carry after it."""
+        chunk = piece.chunk
+        self.spans.append(Span(
+            start, start + len(piece.ids), piece.kind,
+            source=getattr(chunk, "source", None), page=getattr(chunk, "page", None),
+            page_label=getattr(chunk, "page_label", None), line_start=getattr(chunk, "line_start", None),
+            line_end=getattr(chunk, "line_end", None),
+        ))
+        self.state, self.carry = piece.state, piece.carry
 
     def plan_documents(self, chunks: Sequence[DocumentChunk]) -> list[Piece]:
         """Token pieces for ``chunks`` appended now (exact counts, for the budget check)."""
@@ -341,7 +360,7 @@ class ContextEngine:
         planned = sum(len(p.ids) for p in pieces)
         self._check_budget(planned + 2, "This question")
         result = None
-        with self._operation() as before:
+        with self._answering(), self._operation() as before:
             meter_start = time.perf_counter()
             yield from self._prefill(pieces, cancel, topk=settings.answer_topk, phase="question")
             prefill_tps = planned / max(time.perf_counter() - meter_start, 1e-9)
@@ -371,7 +390,7 @@ class ContextEngine:
         turn = self.turns[-1]
         started = time.perf_counter() if started is None else started
         result = None
-        with self._operation(restore_to=turn.before):
+        with self._answering(), self._operation(restore_to=turn.before):
             self._restore(turn.after_question)
             question_tokens = turn.after_question.n_tokens - turn.before.n_tokens
             for item in self._decode(turn.after_question.logits, settings, cancel, started, 0.0, question_tokens):

@@ -3,8 +3,9 @@
 Three kinds of events:
 - fast bookkeeping (no limit): record the action, show it, set Stop flags, export, the panel timer;
 - reading (concurrency id "read", one at a time): ingest parses files, never touching the model;
-- model work (concurrency id "model", one at a time for the device): prefill and decode. Gradio shows
-  each waiting user their position in this queue.
+- model work (concurrency id "model"): prefill and decode. Sessions' model steps run side by side and
+  take turns at the model through runtime.gate (model_gate.py), so a question waits behind one chunk of
+  someone's document rather than behind the whole upload; the live panel shows the measured wait.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from .ui import Components
 
 FAST = {"concurrency_limit": None, "show_progress": "hidden"}
 READ = {"concurrency_id": "read", "concurrency_limit": 1, "show_progress": "hidden"}
-MODEL = {"concurrency_id": "model", "concurrency_limit": 1}
+MODEL = {"concurrency_id": "model", "concurrency_limit": None}
 
 
 def wire(demo, c: Components, h: Handlers) -> None:

@@ -41,8 +41,8 @@ class Handlers:
         self.upload_root = upload_root
         self.kv_dims = kv_dims_from_config(runtime.model.config.get_text_config())
         self.dtype_bytes = 4 if "32" in str(runtime.dtype) else 2
-        self.reader = Reader(runtime, config, self.view)
-        self.model_work = ModelWork(runtime, budget, self.view)
+        self.reader = Reader(runtime, config, self.progress_view)
+        self.model_work = ModelWork(runtime, budget, self.progress_view, registry.cache_bytes)
         self.default_settings = default_settings  # Handlers.run's settings inputs, as the Settings panel starts
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -65,18 +65,29 @@ class Handlers:
         """The logged-in user (with --auth); None without a login."""
         return getattr(request, "username", None) or None
 
-    def view(self, session: Session) -> tuple:
+    def view(self, session: Session, *, full: bool = True) -> tuple:
         """The outputs of every work event: chat, documents table, context summary and activity, then the
         controls that follow the work: the stop note, the export's files (hidden once the chat has moved on
-        from what they hold), and Stop and Cancel (active only while this session has work to stop)."""
+        from what they hold), and Stop and Cancel (active only while this session has work to stop).
+
+        ``full=False`` (progress while reading and feeding) skips the documents table when this tab was
+        already sent it: a 10,000-file archive's table costs Gradio more to post-process than the model
+        takes to read the files.
+        """
         chat, rows, context, activity = views.session_view(session, self.budget)
+        shown_rows = gr.skip() if not full and rows == session.shown_rows else rows
+        session.shown_rows = rows
         export = gr.skip()
         if session.exported is not None and session.exported != chat:
             session.exported = None
             export = gr.update(value=None, visible=False)
         busy = session.has_work
-        return (chat, rows, context, activity, session.stop_note, export, gr.update(interactive=busy),
+        return (chat, shown_rows, context, activity, session.stop_note, export, gr.update(interactive=busy),
                 gr.update(interactive=busy))
+
+    def progress_view(self, session: Session) -> tuple:
+        """The view while work streams: only what changed is post-processed and sent."""
+        return self.view(session, full=False)
 
     def _queue_sources(self, session: Session, question: str | None, paths: list[str], *, uploads: bool) -> Work:
         names = [os.path.basename(p.rstrip("/")) or p for p in paths]
@@ -272,14 +283,15 @@ class Handlers:
         except (TypeError, ValueError) as exc:
             raise gr.Error(f"Invalid setting: {exc}") from exc
         with session.working():
-            while session.pending and not session.closed:
-                work = session.pending[0]
-                if work.stage == "queued":
-                    if work.reading:
-                        break  # its reading step is running; that action's own model step comes after it
-                    yield from self.reader.read(session, work)  # a client that skipped the reading step
+            if session.claim_model_step():
                 try:
-                    yield from self.model_work.run(session, work, settings, system_prompt or "")
+                    while (work := session.next_model_work()) is not None:
+                        if work.stage == "queued":
+                            yield from self.reader.read(session, work)  # a client that skipped the reading step
+                        try:
+                            yield from self.model_work.run(session, work, settings, system_prompt or "")
+                        finally:
+                            session.finish_work(work)
                 finally:
-                    session.finish_work(work)
+                    session.release_model_step()
         yield self.view(session)

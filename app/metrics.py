@@ -47,7 +47,7 @@ def device_memory(device_type: str) -> DeviceMemory:
 class LiveStats:
     """One session's latest figures; rates are those of the running phase, else of the last one."""
 
-    phase: str = "idle"  # the model's work: idle | prefill | decode
+    phase: str = "idle"  # the model's work: idle | prefill | decode | waiting (behind another session)
     detail: str = ""
     reading: str = ""  # ingest progress, on its own queue: may overlap the model's work
     context_tokens: int = 0

@@ -23,6 +23,7 @@ from .sessions import ChatItem, Session, Work
 log = logging.getLogger(__name__)
 
 UI_INTERVAL_S = 0.1  # streamed updates per second are capped at 10: the browser, not the model, is the limit
+FEED_INTERVAL_S = 0.5  # feeding progress (a line of text) needs fewer: each costs a post-processed chat
 # Regenerate at temperature 0 would decode the same tokens again: it samples that one answer instead.
 REGENERATE_TEMPERATURE, REGENERATE_TOP_P = 0.7, 0.9
 
@@ -47,10 +48,11 @@ class Throttle:
 
 
 class ModelWork:
-    def __init__(self, runtime: ModelRuntime, budget: Budget, view):
+    def __init__(self, runtime: ModelRuntime, budget: Budget, view, cache_bytes):
         self.runtime = runtime
         self.budget = budget
         self.view = view  # session -> component values
+        self.cache_bytes = cache_bytes  # () -> bytes all sessions' caches hold (the memory budget's measure)
 
     def run(self, session: Session, work: Work, settings: GenerationSettings, system_prompt: str):
         """Generator: carry out one ready action, yielding the session's view as it streams."""
@@ -96,8 +98,15 @@ class ModelWork:
             item.title, item.pending = "Nothing to add", False
             item.text = "\n".join(f"{r.path}: {views.status_line(r)}" for r in fitted.rows)
             return True
-        throttle = Throttle()
         queued = [r for r in fitted.rows if r.status == "queued"]
+        refusal = self.budget.memory_refusal(self.cache_bytes(), fitted.tokens)
+        if refusal is not None:
+            for row in queued:
+                row.status, row.reason, row.tokens = "refused", f"not added: {refusal}", 0
+            item.title, item.pending, item.text = "⚠ Documents not added: the server is out of context memory", \
+                False, refusal[0].upper() + refusal[1:] + "."
+            return False
+        throttle = Throttle(FEED_INTERVAL_S)
         item.title = f"Adding {views.plural(len(queued), 'file')} ({fitted.tokens:,} tokens)"
 
         def stopped() -> None:
@@ -239,7 +248,7 @@ class ModelWork:
         note = ChatItem("assistant", "status", title="Re-reading the documents without the conversation",
                         pending=True)
         session.chat.append(note)
-        throttle = Throttle()
+        throttle = Throttle(FEED_INTERVAL_S)
         try:
             for chunks in session.fed_chunks:
                 for p in rebuilt.feed_documents(chunks, work.cancel):

@@ -21,7 +21,7 @@ from .cli import AppConfig
 from .documents import DocumentRow
 from .engine import ContextEngine
 from .metrics import LiveStats, SessionSeries
-from .runtime import ModelRuntime
+from .runtime import ModelRuntime, release_memory
 
 EXPIRED_KEPT = 10_000  # freed session hashes remembered, to tell their late requests what happened
 STALE_WORK_S = 24 * 3600.0  # queued work older than this no longer keeps a session from the idle sweep
@@ -89,8 +89,10 @@ class Session:
         self.last_active = time.monotonic()
         self.stop_note = ""  # what Stop said ("Stopping 2 actions…"), until that work is over or new work starts
         self.exported: list | None = None  # the chat messages the shown export was made of
+        self.shown_rows: list | None = None  # the documents table this session's tab was last sent
         self.panel_shown: dict = {}  # what this session's tab was last sent by the panel timer
         self.busy = 0
+        self.model_step = False  # a request of this session is running its actions on the model
         self.closed = False
         self.lock = threading.RLock()
         self.tmpdir = tempfile.mkdtemp(prefix="lminfinite-session-")
@@ -150,6 +152,30 @@ class Session:
         with self.lock:
             return next((w for w in self.pending if w.stage == stage), None)
 
+    def claim_model_step(self) -> bool:
+        """Become the session's one model step; False when another request of this session is it already
+        (model steps of different sessions run side by side, one session's actions run in order)."""
+        with self.lock:
+            if self.model_step:
+                return False
+            self.model_step = True
+            return True
+
+    def next_model_work(self) -> Work | None:
+        """The oldest action for the model step, or None, releasing the step, when there is none yet (or it is
+        still being read: that action's own model step comes after its reading step). One lock for both, so
+        an action queued meanwhile is never left without a step."""
+        with self.lock:
+            work = self.pending[0] if self.pending and not self.closed else None
+            if work is None or (work.stage == "queued" and work.reading):
+                self.model_step = False
+                return None
+            return work
+
+    def release_model_step(self) -> None:
+        with self.lock:
+            self.model_step = False
+
     def finish_work(self, work: Work) -> None:
         with self.lock:
             work.stage = "done"
@@ -202,6 +228,7 @@ class Session:
 
     def _release(self) -> None:
         self.reset()
+        release_memory()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
@@ -244,6 +271,12 @@ class SessionRegistry:
         """The user was told the session expired: the hash may start a new session now."""
         with self._lock:
             self._expired.pop(session_hash, None)
+
+    def cache_bytes(self) -> int:
+        """Bytes every live session's cache holds now: what the memory budget (--memory-budget) measures."""
+        with self._lock:
+            engines = [s.engine for s in self._sessions.values() if s.engine is not None]
+        return sum(sum(engine.memory().values()) for engine in engines if engine.cache is not None)
 
     def peek(self, session_hash: str) -> Session | None:
         return self._sessions.get(session_hash)

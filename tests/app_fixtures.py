@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks.launched_app import AppServer, start_app
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_MODEL = ROOT / "demo_model"
@@ -106,56 +102,10 @@ def make_long_text(path: Path, sentences: int = 3000) -> Path:
 
 
 # -- a launched app ------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class AppServer:
-    process: subprocess.Popen
-    url: str
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)  # our own process group: the server and its PDF worker
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-
-
 def start_server(*extra: str, timeout_s: float = 180, real_model: bool = False) -> AppServer:
     """``python app.py`` on the test model, or with ``real_model`` on the default (SmolLM2) as a user runs it."""
-    port = free_port()
-    log_path = Path(tempfile.mkdtemp(prefix="app-test-log-")) / "server.log"
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
-           "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     model = [] if real_model else ["--model", str(model_dir())]
-    command = [sys.executable, str(ROOT / "app.py"), *model, "--host", "127.0.0.1", "--port", str(port),
-               "--cpu-threads", "2" if real_model else "1", *extra]
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    server = AppServer(process, f"http://127.0.0.1:{port}/", log_path)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"app exited with {process.returncode}:\n{server.log()}")
-        try:
-            with urllib.request.urlopen(server.url, timeout=2) as response:
-                if response.status == 200:
-                    return server
-        except OSError:
-            time.sleep(0.5)
-    server.stop()
-    raise RuntimeError(f"app did not start within {timeout_s} s:\n{server.log()}")
+    return start_app(*model, "--cpu-threads", "2" if real_model else "1", *extra, timeout_s=timeout_s)
 
 
 _shared: AppServer | None = None

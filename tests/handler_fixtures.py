@@ -13,9 +13,9 @@ from app.server import build_app
 SETTINGS = ("You are a helpful assistant.", 0.0, 0.9, 16, 1.0, True, 5)  # greedy, as the Settings panel starts
 
 
-def make_handlers(runtime, budget_tokens=1_000_000, **config):
+def make_handlers(runtime, budget_tokens=1_000_000, budget: Budget | None = None, **config):
     config = AppConfig(model="test", **config)
-    _, handlers = build_app(config, runtime, Budget(budget_tokens, "test budget", 1))
+    _, handlers = build_app(config, runtime, budget or Budget(budget_tokens, "test budget", 1))
     handlers.upload_root = None  # these tests hand files from a tmp dir, not from Gradio's upload folder
     return handlers
 

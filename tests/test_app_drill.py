@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from gradio_client import Client
 
-from app_fixtures import ROOT, start_server
+from app_client import AppClient, message_text
+from app_fixtures import ROOT, make_long_text, shared_server, start_server
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +51,58 @@ def test_the_app_sends_no_usage_analytics_by_default():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+def test_a_question_does_not_wait_for_another_users_whole_upload(tmp_path):
+    server = shared_server()
+    feeder, asker = AppClient(server.url), AppClient(server.url)
+    feeder.add_files([make_long_text(tmp_path / "long.txt", sentences=6000)])
+    feeder.read()
+    feeding = feeder.run_job()
+    started = feeder.wait_for_phase("prefill", timeout_s=120)
+
+    asker.submit("What is this about?")
+    asker.run()
+    during = feeder.panel()
+    feeding.result()
+
+    assert asker.last_answer() and "(empty answer)" not in asker.last_answer()
+    assert during["phase"] == "prefill" and started["done"] <= during["done"] < during["total"], (
+        f"the question waited for the other user's whole upload: {during}")
+
+
+def wait_until_settled(app: AppClient, name: str, timeout_s: float = 60) -> None:
+    """Until the model is idle for this session and ``name``'s row is final (not reading or waiting)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if app.panel()["phase"] == "idle":
+            app.show()
+            if not app.row(name)[1].startswith("…"):
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"the session's work did not end: {app.rows}")
+
+
+def test_api_cancel_while_feeding_leaves_chat_export_and_context_consistent(tmp_path):
+    app = AppClient(shared_server().url)
+    app.submit("What is in the long file?", [make_long_text(tmp_path / "long.txt", sentences=6000)])
+    app.read()
+    job = app.run_job()
+    app.wait_for_phase("prefill", timeout_s=120)
+    job.cancel()
+    wait_until_settled(app, "long.txt")
+
+    assert app.context_tokens == 0
+    assert app.row("long.txt")[1] == "■ cancelled" and "none of its" in app.row("long.txt")[4]
+    assert "not in the context" in message_text(app.chat[0])
+    _, exported = app.export()
+    assert [m["in_context"] for m in exported["messages"] if m["kind"] == "question"] == [False]
+    assert [d["status"] for d in exported["documents"]] == ["cancelled"]
+
+    app.call("/regenerate")  # asks the cancelled question again: the last one the user asked
+    app.run()
+    questions = [message_text(m) for m in app.chat if m["role"] == "user"]
+    assert len(questions) == 2 and questions[1] == "What is in the long file?"
+    assert app.chat[-1]["role"] == "assistant" and app.answers()
+    _, exported = app.export()
+    assert [m["in_context"] for m in exported["messages"] if m["kind"] == "question"] == [False, True]

@@ -208,7 +208,7 @@ def test_other_errors_roll_back_too(runtime, monkeypatch):
     run(engine.feed_documents(pdf_like()))
     length = engine.length
 
-    def broken(ids, cache, *, topk):
+    def broken(ids, cache, **options):
         raise ValueError("boom")
 
     monkeypatch.setattr(runtime, "forward", broken)

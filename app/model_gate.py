@@ -1,0 +1,100 @@
+"""Who runs the shared model next: a waiting answer goes before the next chunk of anyone's document feed.
+
+Sessions' model steps run side by side (Gradio runs them in threads); the gate lets one forward through at
+a time. An answer holds the gate from its question's prefill to its last token, so answers never
+interleave (recall observers see one answer's forwards only). A document feed takes the gate one chunk at
+a time and steps aside while an answer waits: a question waits behind at most one chunk of someone else's
+document, not behind the whole upload.
+
+Ownership is a token (the session's cache), not a thread: a Gradio generator may resume on any worker thread.
+While a session waits, its live panel says behind what and for how long, measured as it goes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+from .metrics import LiveStats
+
+WAIT_TICK_S = 0.5  # how often a waiting session's "waited" line is refreshed
+STALE_S = 30.0  # a holder that has not run the model for this long was abandoned (a generator never closed)
+
+
+class ModelGate:
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._holder: object | None = None
+        self._depth = 0
+        self._holder_stats: LiveStats | None = None
+        self._answers_waiting = 0
+        self._last_used = 0.0  # when the holder last entered a turn
+
+    @contextmanager
+    def turn(self, owner: object, *, answer: bool, stats: LiveStats | None = None):
+        """Hold the model for ``owner`` (re-entrant for the same owner); ``answer`` goes before feeds."""
+        self._acquire(owner, answer, stats)
+        try:
+            yield
+        finally:
+            self._release(owner)
+
+    @property
+    def busy(self) -> bool:
+        with self._cond:
+            return self._holder is not None
+
+    def _acquire(self, owner: object, answer: bool, stats: LiveStats | None) -> None:
+        with self._cond:
+            if self._holder is owner:
+                self._depth += 1
+                self._last_used = time.monotonic()
+                return
+            if answer:
+                self._answers_waiting += 1
+            try:
+                self._wait_for_turn(answer, stats)
+            finally:
+                if answer:
+                    self._answers_waiting -= 1
+            self._holder, self._depth, self._holder_stats = owner, 1, stats
+            self._last_used = time.monotonic()
+
+    def _free_for(self, answer: bool) -> bool:
+        free = self._holder is None or time.monotonic() - self._last_used > STALE_S  # an abandoned turn lapses
+        return free and (answer or self._answers_waiting == 0)
+
+    def _wait_for_turn(self, answer: bool, stats: LiveStats | None) -> None:
+        """Block (the condition's lock held) until free; meanwhile ``stats`` shows the measured wait."""
+        if self._free_for(answer):
+            return
+        started = time.monotonic()
+        shown = (stats.phase, stats.detail) if stats is not None else None
+        try:
+            while not self._free_for(answer):
+                if stats is not None:
+                    stats.phase, stats.detail = "waiting", self._waiting_line(time.monotonic() - started)
+                self._cond.wait(WAIT_TICK_S)
+        finally:
+            if shown is not None:
+                stats.phase, stats.detail = shown
+
+    def _waiting_line(self, waited: float) -> str:
+        holder = self._holder_stats
+        if holder is None:
+            what = "work"
+        elif holder.phase == "decode" or holder.detail == "question":
+            what = "answer"
+        else:
+            what = "documents"
+        return f"behind another session's {what} · waited {waited:.1f} s"
+
+    def _release(self, owner: object) -> None:
+        with self._cond:
+            if self._holder is not owner:
+                return
+            self._depth -= 1
+            if self._depth == 0:
+                self._holder, self._holder_stats = None, None
+                self._cond.notify_all()

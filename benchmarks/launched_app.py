@@ -1,0 +1,66 @@
+"""``python app.py`` as a user runs it, in its own process group, for the HTTP tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUIET_ENV = {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+             "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class AppServer:
+    process: subprocess.Popen
+    url: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)  # our own process group: the server and its PDF worker
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+
+
+def start_app(*args: str, timeout_s: float = 180) -> AppServer:
+    """Launch ``app.py args`` on a free loopback port; returns once the page answers."""
+    port = free_port()
+    log_path = Path(tempfile.mkdtemp(prefix="app-log-")) / "server.log"
+    command = [sys.executable, str(ROOT / "app.py"), *args, "--host", "127.0.0.1", "--port", str(port)]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **QUIET_ENV}, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    server = AppServer(process, f"http://127.0.0.1:{port}/", log_path)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"app exited with {process.returncode}:\n{server.log()}")
+        try:
+            with urllib.request.urlopen(server.url, timeout=2) as response:
+                if response.status == 200:
+                    return server
+        except OSError:
+            time.sleep(0.5)
+    server.stop()
+    raise RuntimeError(f"app did not start within {timeout_s} s:\n{server.log()}")

@@ -1,0 +1,137 @@
+"""Sessions share one model fairly: a question waits behind one chunk of another session's upload, not all of it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from app.metrics import LiveStats
+from app.model_gate import ModelGate
+from app_fixtures import make_long_text
+from handler_fixtures import SETTINGS, drain, make_handlers, request
+
+
+def wait_until(condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_waiting_answer_goes_before_the_next_chunk_of_a_feed():
+    gate, order = ModelGate(), []
+    feed, answer_stats = object(), LiveStats()
+    with gate.turn(feed, answer=False, stats=LiveStats(phase="prefill", detail="documents")):
+        order.append("chunk 1")
+
+        def answer() -> None:
+            with gate.turn(object(), answer=True, stats=answer_stats):
+                order.append("answer")
+
+        asking = threading.Thread(target=answer)
+        asking.start()
+        wait_until(lambda: answer_stats.phase == "waiting")
+        assert answer_stats.detail.startswith("behind another session's documents · waited")
+    with gate.turn(feed, answer=False):  # the feed's next chunk: the waiting answer went first
+        order.append("chunk 2")
+    asking.join()
+    assert order == ["chunk 1", "answer", "chunk 2"]
+    assert answer_stats.phase == "idle"  # what it showed before waiting
+
+
+def test_the_gate_is_reentrant_for_its_holder_and_owned_by_a_token_not_a_thread():
+    gate, owner, other = ModelGate(), object(), object()
+    turn = gate.turn(owner, answer=True)
+    turn.__enter__()
+    with gate.turn(owner, answer=False):  # an answer's forwards inside its own turn
+        pass
+    assert gate.busy
+    taken = threading.Event()
+
+    def elsewhere() -> None:
+        with gate.turn(other, answer=False):
+            taken.set()
+
+    waiting = threading.Thread(target=elsewhere)
+    waiting.start()
+    assert not taken.wait(0.3)
+    threading.Thread(target=turn.__exit__, args=(None, None, None)).start()  # released from another thread
+    waiting.join(10)
+    assert taken.is_set() and not gate.busy
+
+
+def test_a_question_is_answered_while_another_session_is_still_feeding(runtime, tmp_path):
+    handlers = make_handlers(runtime)
+    feeder, asker = request("feeder"), request("asker")
+    handlers.add_files([str(make_long_text(tmp_path / "long.txt", sentences=6000))], feeder)
+    drain(handlers.read(feeder))
+    feeding = threading.Thread(target=drain, args=(handlers.run(*SETTINGS, feeder),))
+    feeding.start()
+    feeder_stats = handlers.registry.peek("feeder").stats
+    wait_until(lambda: feeder_stats.phase == "prefill" and feeder_stats.done > 0)
+
+    handlers.submit({"text": "What is this about?", "files": []}, asker)
+    view = drain(handlers.run(*SETTINGS, asker))
+    done, total = feeder_stats.done, feeder_stats.total
+    feeding.join()
+
+    assert view[0][-1]["role"] == "assistant" and "(empty answer)" not in view[0][-1]["content"]
+    assert done < total, f"the question waited for the whole upload ({done:,} of {total:,} tokens fed)"
+    assert handlers.registry.peek("feeder").context_tokens >= total  # the feed then finished, all of it
+
+
+def test_two_requests_of_one_session_run_its_actions_once_and_in_order(runtime):
+    handlers = make_handlers(runtime)
+    req = request("twice")
+    for text in ("First question?", "Second question?"):
+        handlers.submit({"text": text, "files": []}, req)
+    runs = [threading.Thread(target=drain, args=(handlers.run(*SETTINGS, req),)) for _ in range(2)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    chat = handlers.registry.peek("twice").chat
+    kinds = [(item.kind, item.text) for item in chat if item.kind == "question"]
+    assert kinds == [("question", "First question?"), ("question", "Second question?")]
+    assert sum(1 for item in chat if item.kind == "answer") == 2
+
+
+def test_the_memory_budget_across_sessions_refuses_a_feed_that_would_cross_it(runtime, tmp_path):
+    from app.budget import Budget, middle_bytes_per_token
+
+    document = make_long_text(tmp_path / "doc.txt", sentences=300)
+    measuring = make_handlers(runtime)
+    measuring.add_files([str(document)], request("measure"))
+    drain(measuring.read(request("measure")))
+    drain(measuring.run(*SETTINGS, request("measure")))
+    tokens = measuring.registry.peek("measure").context_tokens
+    per_token = middle_bytes_per_token(runtime)
+    budget = Budget(1_000_000, "test", per_token, memory_bytes=int(1.5 * tokens * per_token),
+                    memory_why="set with --memory-budget")
+    handlers = make_handlers(runtime, budget=budget)
+
+    def add(name: str):
+        handlers.add_files([str(document)], request(name))
+        drain(handlers.read(request(name)))
+        return drain(handlers.run(*SETTINGS, request(name)))
+
+    assert add("first")[1][0][1] == "✓ in context"
+    refused = add("second")
+    assert refused[1][0][1] == "⊘ refused" and "memory for contexts is taken" in refused[1][0][4]
+    assert "--memory-budget" in refused[1][0][4]
+    assert handlers.registry.peek("second").context_tokens == 0
+    handlers.unload(request("first"))  # the first session's memory is freed: now the second fits
+    assert add("second")[1][-1][1] == "✓ in context"
+
+
+def test_a_turn_abandoned_by_a_generator_never_closed_lapses(monkeypatch):
+    import app.model_gate as model_gate
+
+    monkeypatch.setattr(model_gate, "STALE_S", 0.3)
+    gate = ModelGate()
+    abandoned = gate.turn(object(), answer=True)
+    abandoned.__enter__()  # entered, never exited (and still referenced, so never collected)
+    started = time.monotonic()
+    with gate.turn(object(), answer=False):
+        waited = time.monotonic() - started
+    assert 0.3 <= waited < 10
