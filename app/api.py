@@ -6,18 +6,20 @@ questions of it; the answer's sources are the passages top-k recall attended to 
 
 from __future__ import annotations
 
+from .citations import Citation
 from .documents import DocumentRow
 from .sessions import ChatItem
 
 
-def source_json(citation: dict) -> dict:
+def source_json(citation: Citation) -> dict:
     """One cited passage: where it is, what it says, and its share of the recall weight on documents."""
-    where: dict = {"file": citation["source"], "label": citation["label"]}
-    if citation["page"] is not None:
-        where.update(page=citation["page"], page_label=citation["page_label"])
-    elif citation["line_start"] is not None:
-        where["lines"] = [citation["line_start"], citation["line_end"]]
-    return {**where, "snippet": citation.get("snippet", ""), "weight": citation["share"]}
+    where = citation.where
+    found: dict = {"file": where.source, "label": where.label()}
+    if where.page is not None:
+        found.update(page=where.page, page_label=where.page_label)
+    elif where.line_start is not None:
+        found["lines"] = [where.line_start, where.line_end]
+    return {**found, "snippet": citation.snippet, "weight": round(citation.share, 4)}
 
 
 def answer_json(answer: ChatItem | None, rows: list[DocumentRow], context_tokens: int, model: str) -> dict:

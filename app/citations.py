@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from ingest import citation_label
+from ingest import Provenance
 
 from .spans import Span, SpanIndex
 
@@ -25,22 +25,12 @@ from .spans import Span, SpanIndex
 class Citation:
     """One cited passage, its share of the recall weight that fell on documents, and the text it peaked on."""
 
-    source: str
-    page: int | None
-    page_label: str | None
-    line_start: int | None
-    line_end: int | None
+    where: Provenance  # a PDF page, or a text chunk's line range
     share: float
     snippet: str = ""  # the context around the passage's most-recalled token
 
-    def label(self) -> str:
-        """'report.pdf p. 12 (xii)', 'src/app.py:40-88' or just the file name."""
-        return citation_label(self.source, self.page, self.page_label, self.line_start, self.line_end)
-
     def as_dict(self) -> dict:
-        return {"source": self.source, "page": self.page, "page_label": self.page_label,
-                "line_start": self.line_start, "line_end": self.line_end, "share": round(self.share, 4),
-                "label": self.label(), "snippet": self.snippet}
+        return {**self.where.as_dict(), "share": round(self.share, 4), "snippet": self.snippet}
 
 
 @dataclass(frozen=True)
@@ -97,13 +87,6 @@ def content_token_ids(tokenizer) -> frozenset[int]:
                      if i not in special and is_content_token(tokenizer.decode([i])))
 
 
-def _group_key(span: Span) -> tuple:
-    """PDF passages are cited per page, text and code per chunk line range."""
-    if span.page is not None:
-        return (span.source, span.page, span.page_label, None, None)
-    return (span.source, None, None, span.line_start, span.line_end)
-
-
 def cite(tally: RecallTally, spans: SpanIndex, *, limit: int = 5, min_share: float = 0.05,
          snippet: Callable[[int, Span], str] | None = None,
          counts: Callable[[int], bool] | None = None) -> CitationReport:
@@ -116,14 +99,14 @@ def cite(tally: RecallTally, spans: SpanIndex, *, limit: int = 5, min_share: flo
     total = sum(weights)
     if total <= 0:
         return CitationReport((), 0.0, recalled=False)
-    by_passage: dict[tuple, float] = {}
-    peak: dict[tuple, tuple[float, int, Span]] = {}  # the passage's most-recalled token
+    by_passage: dict[Provenance, float] = {}
+    peak: dict[Provenance, tuple[float, int, Span]] = {}  # the passage's most-recalled token
     on_documents = 0.0
     for position, weight in zip(positions, weights):
         span = spans.at(position)
         if span is None or span.kind != "document" or (counts is not None and not counts(position)):
             continue
-        key = _group_key(span)
+        key = span.where.page_only()  # PDF passages are cited per page, text and code per chunk
         by_passage[key] = by_passage.get(key, 0.0) + weight
         if weight > peak.get(key, (-1.0,))[0]:
             peak[key] = (weight, position, span)
@@ -132,7 +115,7 @@ def cite(tally: RecallTally, spans: SpanIndex, *, limit: int = 5, min_share: flo
         return CitationReport((), 0.0, recalled=True)
     ranked = sorted(by_passage.items(), key=lambda item: -item[1])
     citations = tuple(  # the best passage is always cited; the rest only above min_share
-        Citation(*key, weight / on_documents, snippet(*peak[key][1:]) if snippet else "")
+        Citation(key, weight / on_documents, snippet(*peak[key][1:]) if snippet else "")
         for rank, (key, weight) in enumerate(ranked[:limit])
         if rank == 0 or weight / on_documents >= min_share
     )

@@ -18,6 +18,8 @@ from itertools import accumulate
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol, Sequence
 
+from ingest import Provenance
+
 from .chat_format import Carry, ChatFormat, TurnState
 from .citations import CitationReport, RecallTally, cite
 from .generation import GenerationSettings, LoopGuard, next_token
@@ -49,14 +51,10 @@ class ContextOutOfMemory(EngineError):
 
 
 class DocumentChunk(Protocol):
-    """What the engine needs of an ingested chunk (``ingest.Chunk`` has it)."""
+    """What the engine needs of an ingested chunk (``ingest.Chunk`` has it): its text and where it came from."""
 
     text: str
-    source: str
-    page: int | None
-    page_label: str | None
-    line_start: int | None
-    line_end: int | None
+    where: Provenance
 
 
 @dataclass(frozen=True)
@@ -258,13 +256,8 @@ class ContextEngine:
 
     def _record(self, piece: Piece, start: int) -> None:
         """A piece is in the cache: its span, and the turn state and carry after it."""
-        chunk = piece.chunk
-        self.spans.append(Span(
-            start, start + len(piece.ids), piece.kind,
-            source=getattr(chunk, "source", None), page=getattr(chunk, "page", None),
-            page_label=getattr(chunk, "page_label", None), line_start=getattr(chunk, "line_start", None),
-            line_end=getattr(chunk, "line_end", None),
-        ))
+        where = piece.chunk.where if piece.chunk is not None else None
+        self.spans.append(Span(start, start + len(piece.ids), piece.kind, where))
         self.state, self.carry = piece.state, piece.carry
 
     def plan_documents(self, chunks: Sequence[DocumentChunk]) -> list[Piece]:

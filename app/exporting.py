@@ -23,7 +23,7 @@ def export_data(*, model: str, system_prompt: str | None, documents: list[Docume
         "documents": [asdict(d) for d in documents],
         "messages": [
             {"role": c.role, "kind": c.kind, "text": c.text, "title": c.title, "files": c.files,
-             "citations": c.citations, "stats": c.stats, "stopped": c.stopped, "in_context": c.in_context}
+             "citations": [citation.as_dict() for citation in c.citations], "stats": c.stats, "stopped": c.stopped, "in_context": c.in_context}
             for c in chat
         ],
     }

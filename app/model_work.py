@@ -274,7 +274,7 @@ class ModelWork:
     @staticmethod
     def _finish_answer(item: ChatItem, result: AnswerResult, settings: GenerationSettings) -> None:
         item.text, item.pending = result.text, False
-        item.citations = [c.as_dict() for c in result.citations.citations]
+        item.citations = list(result.citations.citations)
         if not settings.recall:
             item.recall_note = "Top-k recall is off: no attention-grounded sources."
         elif not result.citations.recalled:

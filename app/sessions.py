@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .budget import Budget
+from .citations import Citation
 from .cli import AppConfig
 from .documents import DocumentRow
 from .engine import ContextEngine
@@ -37,7 +38,7 @@ class ChatItem:
     title: str | None = None  # status/notice messages render as collapsible, titled blocks
     pending: bool = False
     files: list[str] = field(default_factory=list)
-    citations: list[dict] = field(default_factory=list)
+    citations: list[Citation] = field(default_factory=list)
     recall_note: str = ""
     stats: dict = field(default_factory=dict)
     stopped: bool = False

@@ -5,23 +5,21 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from ingest import Provenance
+
 
 @dataclass(frozen=True)
 class Span:
     """Tokens ``[start, end)`` of the context.
 
     kind: "system", "document", "question", "answer" or "format" (chat markers between them).
-    Documents carry their provenance: file, PDF page (and its printed label) or 1-based line range.
+    Documents carry their chunk's provenance (file, PDF page and its printed label, or line range) unchanged.
     """
 
     start: int
     end: int
     kind: str
-    source: str | None = None
-    page: int | None = None
-    page_label: str | None = None
-    line_start: int | None = None
-    line_end: int | None = None
+    where: Provenance | None = None
 
     @property
     def length(self) -> int:

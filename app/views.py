@@ -49,7 +49,7 @@ def _fmt_rate(rate: float) -> str:
 def answer_markdown(item: ChatItem) -> str:
     parts = [item.text or ("…" if item.pending else "(empty answer)")]
     if item.citations:
-        lines = [f"- `{c['label']}` · {c['share']:.0%} of recall" + (f" · “{c['snippet']}”" if c.get("snippet") else "")
+        lines = [f"- `{c.where.label()}` · {c.share:.0%} of recall" + (f" · “{c.snippet}”" if c.snippet else "")
                  for c in item.citations]
         parts.append("**Sources**, ranked by the share of top-k recall attention that fell on each passage:\n"
                      + "\n".join(lines))

@@ -49,8 +49,8 @@ Corpus
               decoded from PDF string syntax, '<FEFF0031>' -> '1').
     .n_tokens sum of chunk tokens (chunks are tokenised one by one, as the
               app feeds them).  .tokens_exact: False when estimated.
-    .locate(char_offset) -> Provenance(source, page, page_label, line, chunk)
-    .locate_token(token_index) -> Provenance of the chunk whose cumulative
+    .locate(char_offset) -> Location(source, page, page_label, line, chunk)
+    .locate_token(token_index) -> Location of the chunk whose cumulative
               token range holds the index (line = chunk's first line).
     .chunks_of(source), .totals(), .estimate_kv_bytes(**model_dims)
 
@@ -118,11 +118,11 @@ from .pdf import shutdown_pdf_worker
 from .pipeline import ingest
 from .plan import PlanItem, plan
 from .report import format_table, to_json
-from .results import FileReport, IngestCancelled, ProgressEvent, Provenance, citation_label
+from .results import FileReport, IngestCancelled, Location, ProgressEvent, Provenance, citation_label
 from .tokens import TokenCounter, estimate_tokens
 
 __all__ = [
-    "Chunk", "Corpus", "FileReport", "IngestCancelled", "IngestLimits", "PlanItem", "ProgressEvent", "Provenance",
+    "Chunk", "Corpus", "FileReport", "IngestCancelled", "IngestLimits", "Location", "PlanItem", "ProgressEvent", "Provenance",
     "TokenCounter", "citation_label", "estimate_kv_bytes", "estimate_tokens", "format_table", "ingest",
     "kv_dims_from_config", "plan",
     "shutdown_pdf_worker", "to_json",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from .chunking import Splitter
 from .documents import Document, file_header
 from .kv_memory import estimate_kv_bytes
-from .results import ERROR, INGESTED, PARTIAL, SKIPPED, FileReport, IngestCancelled, Provenance
+from .results import ERROR, INGESTED, PARTIAL, SKIPPED, FileReport, IngestCancelled, Location, Provenance
 from .tokens import TokenCounter
 
 
@@ -22,11 +22,7 @@ class Chunk:
     """One prefill unit and citation anchor."""
 
     text: str  # header (if first of its file/page) + content
-    source: str  # display path
-    page: int | None  # 1-based PDF page, else None
-    page_label: str | None
-    line_start: int | None  # 1-based, text/code only
-    line_end: int | None
+    where: Provenance  # file, page, line range: what a citation of this chunk says
     char_start: int  # offsets into Corpus.text
     char_end: int
     tokens: int  # tokens of `text` alone (the app feeds chunks one by one)
@@ -35,6 +31,13 @@ class Chunk:
     index: int = 0
     language: str = ""
     header_chars: int = 0  # len of the header prefix of `text`
+
+    # Read-through to the provenance, for callers that ask a chunk directly.
+    source = property(lambda self: self.where.source)
+    page = property(lambda self: self.where.page)
+    page_label = property(lambda self: self.where.page_label)
+    line_start = property(lambda self: self.where.line_start)
+    line_end = property(lambda self: self.where.line_end)
 
 
 @dataclass
@@ -56,7 +59,7 @@ class Corpus:
             raise IndexError(f"{what} {value} is outside the context (0..{end - 1})")
         return self.chunks[bisect.bisect_right(starts, value) - 1]
 
-    def locate(self, char_offset: int) -> Provenance:
+    def locate(self, char_offset: int) -> Location:
         """File, page and line of the character at `char_offset` of `text`."""
         chunk = self._chunk_at(self._char_starts, char_offset, len(self.text), "character offset")
         line = None
@@ -64,19 +67,19 @@ class Corpus:
             inner = char_offset - chunk.char_start
             line = chunk.line_start + (chunk.text.count("\n", chunk.header_chars, inner)
                                        if inner > chunk.header_chars else 0)
-        return Provenance(source=chunk.source, page=chunk.page, page_label=chunk.page_label, line=line,
-                          chunk=chunk.index)
+        return Location(source=chunk.source, page=chunk.page, page_label=chunk.page_label, line=line,
+                        chunk=chunk.index)
 
-    def locate_token(self, token_index: int) -> Provenance:
-        """Provenance of the chunk whose cumulative token range holds `token_index`.
+    def locate_token(self, token_index: int) -> Location:
+        """Location of the chunk whose cumulative token range holds `token_index`.
 
         Exact when the corpus was built with the model's tokenizer; with the
         estimate (tokens_exact False) it is only as good as the estimate.  The
         line is the chunk's first line: token -> character is not tracked.
         """
         chunk = self._chunk_at(self._token_starts, token_index, self.n_tokens, "token index")
-        return Provenance(source=chunk.source, page=chunk.page, page_label=chunk.page_label,
-                          line=chunk.line_start, chunk=chunk.index)
+        return Location(source=chunk.source, page=chunk.page, page_label=chunk.page_label,
+                        line=chunk.line_start, chunk=chunk.index)
 
     def chunks_of(self, source: str) -> list[Chunk]:
         """Chunks of one file, in order."""
@@ -134,8 +137,8 @@ class CorpusBuilder:
                     line_start = section.line_start + section.text.count("\n", 0, a)
                     line_end = line_start + body.rstrip("\n").count("\n")
                 tokens = self.counter(text)
-                chunk = Chunk(text=text, source=doc.path, page=section.page, page_label=section.page_label,
-                              line_start=line_start, line_end=line_end, char_start=self._chars,
+                where = Provenance(doc.path, section.page, section.page_label, line_start, line_end)
+                chunk = Chunk(text=text, where=where, char_start=self._chars,
                               char_end=self._chars + len(text), tokens=tokens, token_start=self._tokens,
                               token_end=self._tokens + tokens, index=len(self.chunks), language=doc.language,
                               header_chars=len(header))

@@ -40,7 +40,31 @@ class FileReport:
 
 @dataclass(frozen=True)
 class Provenance:
-    """Where a character or token of the context came from."""
+    """Where a passage of the context came from: made once here, carried unchanged by ingest's chunks, the app's
+    context spans and its citations, and serialised once (``as_dict``)."""
+
+    source: str  # display path
+    page: int | None = None  # 1-based PDF page
+    page_label: str | None = None  # the page's printed label, when the PDF has one
+    line_start: int | None = None  # 1-based line range, text and code
+    line_end: int | None = None
+
+    def label(self) -> str:
+        """'paper.pdf p. 12 (xii)', 'src/app.py:40-88' or just the file name."""
+        return citation_label(self.source, self.page, self.page_label, self.line_start, self.line_end)
+
+    def page_only(self) -> "Provenance":
+        """The whole page of a PDF passage (citations group a page's chunks); other passages as they are."""
+        return Provenance(self.source, self.page, self.page_label) if self.page is not None else self
+
+    def as_dict(self) -> dict:
+        return {"source": self.source, "page": self.page, "page_label": self.page_label,
+                "line_start": self.line_start, "line_end": self.line_end, "label": self.label()}
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where one character or token of the context came from: its passage narrowed to a line, and its chunk."""
 
     source: str
     page: int | None

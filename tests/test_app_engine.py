@@ -14,6 +14,7 @@ from app.cli import AppConfig
 from app.engine import AnswerDelta, AnswerResult, ContextEngine, ContextFull, ContextOutOfMemory, EngineError, Stopped
 from app.generation import GenerationSettings
 from app.model_loading import ModelChoice, load_runtime
+from ingest import Provenance
 from app_fixtures import FILLER, model_dir
 
 GREEDY = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=True, topk=5)
@@ -30,6 +31,10 @@ class Chunk:
     page_label: str | None = None
     line_start: int | None = None
     line_end: int | None = None
+
+    @property
+    def where(self) -> Provenance:
+        return Provenance(self.source, self.page, self.page_label, self.line_start, self.line_end)
 
 
 def pdf_like(pages: int = 8, secret_page: int = 5) -> list[Chunk]:
@@ -277,7 +282,7 @@ def test_sources_come_from_recalled_document_tokens(runtime):
     report = result.citations
     assert report.recalled and report.citations
     assert 0 < report.document_share <= 1
-    assert all(c.source == "report.pdf" and 1 <= c.page <= 10 for c in report.citations)
+    assert all(c.where.source == "report.pdf" and 1 <= c.where.page <= 10 for c in report.citations)
     assert sum(c.share for c in report.citations) <= 1 + 1e-9
     assert [c.share for c in report.citations] == sorted((c.share for c in report.citations), reverse=True)
 

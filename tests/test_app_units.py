@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from app import bundled_model, cli, model_loading
-from app.citations import RecallTally, cite
+from app.citations import Citation, RecallTally, cite
 from app.documents import DocumentRow, fit_budget, screen_uploads
 from app.exporting import export_data, to_markdown, write_exports
 from app.generation import GenerationSettings, next_token
@@ -20,7 +20,7 @@ from app.metrics import DeviceMemory, LiveStats, RateMeter, SessionSeries, devic
 from app.sessions import ChatItem, SessionRegistry
 from app.spans import Span, SpanIndex
 from app import views
-from ingest import Corpus, FileReport
+from ingest import Corpus, FileReport, Provenance
 from ingest.corpus import Chunk
 from lminfinite import TopKSelection
 
@@ -149,8 +149,8 @@ def test_screen_uploads_refuses_big_files_and_foreign_paths(tmp_path):
 
 
 def _chunk(source, tokens, index):
-    return Chunk(text="x", source=source, page=None, page_label=None, line_start=1, line_end=2, char_start=0,
-                 char_end=1, tokens=tokens, index=index)
+    return Chunk(text="x", where=Provenance(source, line_start=1, line_end=2), char_start=0, char_end=1,
+                 tokens=tokens, index=index)
 
 
 def test_fit_budget_refuses_whole_files_that_do_not_fit():
@@ -201,9 +201,9 @@ def test_greedy_top_p_and_repetition_penalty():
 def test_citations_group_recall_weight_by_page_and_line_range():
     spans = SpanIndex()
     spans.append(Span(0, 10, "system"))
-    spans.append(Span(10, 50, "document", source="r.pdf", page=3, page_label="iii"))
-    spans.append(Span(50, 90, "document", source="r.pdf", page=4, page_label="4"))
-    spans.append(Span(90, 120, "document", source="src/a.py", line_start=10, line_end=30))
+    spans.append(Span(10, 50, "document", where=Provenance("r.pdf", page=3, page_label="iii")))
+    spans.append(Span(50, 90, "document", where=Provenance("r.pdf", page=4, page_label="4")))
+    spans.append(Span(90, 120, "document", where=Provenance("src/a.py", line_start=10, line_end=30)))
     spans.append(Span(120, 130, "question"))
     tally = RecallTally()
     positions = torch.tensor([[[[12, 55, 95, 5, 0]]]])  # (B, H, c, k)
@@ -211,7 +211,7 @@ def test_citations_group_recall_weight_by_page_and_line_range():
     tally(TopKSelection(6, torch.tensor([130]), positions, weights))
     tally(TopKSelection(7, torch.tensor([130]), torch.tensor([[[[13, 96]]]]), torch.tensor([[[[0.10, 0.05]]]])))
     report = cite(tally, spans)
-    labels = [(c.label(), round(c.share, 3)) for c in report.citations]
+    labels = [(c.where.label(), round(c.share, 3)) for c in report.citations]
     # documents received 0.75 of the 0.80 recalled: page 3 0.40, a.py 0.25, page 4 0.10
     assert labels == [("r.pdf p. 3 (iii)", 0.533), ("src/a.py:10-30", 0.333), ("r.pdf p. 4", 0.133)]
     assert report.recalled and report.document_share == pytest.approx(0.75 / 0.80)
@@ -223,16 +223,16 @@ def test_citations_count_content_tokens_not_attention_sinks():
     from app.citations import content_token_ids, is_content_token
 
     spans = SpanIndex()
-    spans.append(Span(0, 100, "document", source="spec.pdf", page=1))
-    spans.append(Span(100, 200, "document", source="spec.pdf", page=13))
+    spans.append(Span(0, 100, "document", where=Provenance("spec.pdf", page=1)))
+    spans.append(Span(100, 200, "document", where=Provenance("spec.pdf", page=13)))
     texts = {12: "Thomas", 13: " Leonard", 150: " the", 151: "\n", 152: " "}
     tally = RecallTally()
     tally(TopKSelection(6, torch.tensor([300]), torch.tensor([[[[150, 151, 152, 12, 13]]]]),
                         torch.tensor([[[[0.30, 0.10, 0.08, 0.04, 0.03]]]])))
     everything = cite(tally, spans)
-    assert everything.citations[0].page == 13  # sinks win when every token counts
+    assert everything.citations[0].where.page == 13  # sinks win when every token counts
     content = cite(tally, spans, counts=lambda position: is_content_token(texts[position]))
-    assert [(c.page, round(c.share, 3)) for c in content.citations] == [(1, 1.0)]
+    assert [(c.where.page, round(c.share, 3)) for c in content.citations] == [(1, 1.0)]
 
     assert [is_content_token(t) for t in ("Thomas", " 50", " the", "The", "\n", " ", "---", "é")] == \
         [True, True, False, False, False, False, False, True]
@@ -246,10 +246,10 @@ def test_citations_count_content_tokens_not_attention_sinks():
 def test_span_index_lookup_and_truncation():
     spans = SpanIndex()
     spans.append(Span(0, 5, "system"))
-    spans.append(Span(5, 9, "document", source="a"))
+    spans.append(Span(5, 9, "document", where=Provenance("a")))
     with pytest.raises(ValueError):
         spans.append(Span(10, 12, "question"))  # a gap
-    assert spans.at(4).kind == "system" and spans.at(5).source == "a" and spans.at(9) is None
+    assert spans.at(4).kind == "system" and spans.at(5).where.source == "a" and spans.at(9) is None
     spans.truncate(1)
     assert spans.end == 5 and len(spans) == 1
 
@@ -302,7 +302,7 @@ def test_chat_messages_render_answers_sources_and_stops():
     items = [
         ChatItem("user", "question", "What is the key?", files=["r.pdf"]),
         ChatItem("assistant", "status", "r.pdf: ✓ in context", title="Added 1 file"),
-        ChatItem("assistant", "answer", "It is 42.", citations=[{"label": "r.pdf p. 3", "share": 0.6, "snippet": "the key is 42"}],
+        ChatItem("assistant", "answer", "It is 42.", citations=[Citation(Provenance("r.pdf", 3), 0.6, "the key is 42")],
                  stats={"ttft_s": 0.25, "decode_tps": 31.0, "tokens": 5, "finish": "eos"}),
         ChatItem("user", "question", "More?", in_context=False),
         ChatItem("assistant", "answer", "Well", stopped=True, in_context=False),
@@ -333,7 +333,7 @@ def test_exports_hold_documents_sources_and_flags(tmp_path):
                        documents=[DocumentRow("r.pdf", "ingested", 3, 90),
                                   DocumentRow("x.bin", "skipped", reason="binary | file")],
                        chat=[ChatItem("user", "question", "Q?"),
-                             ChatItem("assistant", "answer", "A.", citations=[{"label": "r.pdf p. 2", "share": 1.0}]),
+                             ChatItem("assistant", "answer", "A.", citations=[Citation(Provenance("r.pdf", 2), 1.0)]),
                              ChatItem("user", "question", "Q2?", in_context=False),
                              ChatItem("assistant", "answer", "Par", stopped=True, in_context=False)])
     markdown = to_markdown(data)
