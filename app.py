@@ -15,8 +15,8 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)  # --help exits here, before the heavy imports
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from app.model_loading import choose_model, load_runtime
-    from app.server import build_app, launch
+    from app.engine.model_loading import choose_model, load_runtime
+    from app.web.server import build_app, launch
 
     choice = choose_model(config)
     print(f"[lminfinite-chat] model: {choice.name_or_path} ({choice.reason})", file=sys.stderr, flush=True)

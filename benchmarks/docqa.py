@@ -229,39 +229,14 @@ def section_for(records: list[dict]) -> str | None:
         return None
     window = records[0]["window"]
     docs = list(dict.fromkeys(r["document"] for r in records))
-
-    def pct(hits) -> str:
-        hits = list(hits)
-        return f"{100 * sum(hits) / len(hits):.0f}% ({sum(hits)}/{len(hits)})" if hits else "–"
-
     header = ["", *docs, "all"]
-    groups = [[r for r in records if r["document"] == d] for d in docs] + [records]
+    groups = [[r for r in records if r["document"] == d] for d in docs] + [records]  # each document, then all
     rows = [["questions", *[str(len(g)) for g in groups]],
             ["context tokens", *[f"{g[0]['context_tokens']:,}" for g in groups[:-1]], "–"]]
-    for method, label in (("truncate", f"correct: truncate (last {window:,} tokens)"),
-                          ("lminfinite", "correct: LM-Infinite, top-k off"),
-                          ("lminfinite_topk", "correct: LM-Infinite + top-k (app)")):
-        rows.append([label, *[pct(r[method + "_correct"] for r in g) for g in groups]])
-    for key, label in (("cite_decode", "cited page, top-1"), ("cite_decode", "cited page, in top-3")):
-        idx = 0 if "top-1" in label else 1
-        rows.append([label, *[pct(r[key + "_hits"][idx] for r in g) for g in groups]])
-        rows.append([label + ", page beyond the window",
-                     *[pct(r[key + "_hits"][idx] for r in g if r["answer_outside_window"]) for g in groups]])
-    for idx, label in ((0, "cited page, top-1, minus the document's average (contrastive)"),
-                       (1, "cited page, in top-3, contrastive")):
-        if all("cite_contrastive_hits" in r for r in records):
-            rows.append([label, *[pct(r["cite_contrastive_hits"][idx] for r in g) for g in groups]])
-    for idx, label in ((0, "cited page, top-1, question + decode attention"),
-                       (1, "cited page, in top-3, question + decode attention")):
-        rows.append([label, *[pct(r["cite_question_decode_hits"][idx] for r in g) for g in groups]])
+    rows += _correct_rows(groups, window) + _citation_rows(groups) + _contrastive_rows(records, groups)
+    rows += _question_decode_rows(groups)
     detail_header = ["document", "question", "page", "truncate", "top-k off", "top-k", "cited pages (share)"]
-    detail = []
-    for r in records:
-        mark = lambda ok: "✓" if ok else "✗"  # noqa: E731
-        detail.append([r["document"].split("-")[0].split(".")[0], r["question"].replace("|", "\\|"),
-                       ",".join(map(str, r["pages"])), mark(r["truncate_correct"]), mark(r["lminfinite_correct"]),
-                       mark(r["lminfinite_topk_correct"]) + " " + _short(r["lminfinite_topk"]),
-                       ", ".join(f"{p} ({s:.0%})" for p, s in r["cite_decode"][:3])])
+    detail = [_detail_row(r) for r in records]
     return (f"**Document QA with citations** ({len(records)} questions with short known answers, W = {window:,}, "
             f"top-k = 5 from layer 5, answers of at most {MAX_NEW_TOKENS} tokens; questions in "
             "`benchmarks/docqa_set.py`; correct = an expected regex matches the answer; cited page = the page "
@@ -269,6 +244,61 @@ def section_for(records: list[dict]) -> str | None:
             + markdown_table(header, rows)
             + "\n\n<details><summary>Per question</summary>\n\n" + markdown_table(detail_header, detail)
             + "\n\n</details>")
+
+
+def _pct(hits) -> str:
+    """'75% (3/4)' of a run of booleans; '–' when there are none."""
+    hits = list(hits)
+    return f"{100 * sum(hits) / len(hits):.0f}% ({sum(hits)}/{len(hits)})" if hits else "–"
+
+
+def _correct_rows(groups: list[list[dict]], window: int) -> list[list[str]]:
+    """Share of correct answers per method, one cell per group."""
+    rows = []
+    for method, label in (("truncate", f"correct: truncate (last {window:,} tokens)"),
+                          ("lminfinite", "correct: LM-Infinite, top-k off"),
+                          ("lminfinite_topk", "correct: LM-Infinite + top-k (app)")):
+        rows.append([label, *[_pct(r[method + "_correct"] for r in g) for g in groups]])
+    return rows
+
+
+def _citation_rows(groups: list[list[dict]]) -> list[list[str]]:
+    """Decode-attention citation hits (top-1, top-3), over all questions and over those whose page lies
+    beyond the window."""
+    rows = []
+    for key, idx, label in (("cite_decode", 0, "cited page, top-1"), ("cite_decode", 1, "cited page, in top-3")):
+        rows.append([label, *[_pct(r[key + "_hits"][idx] for r in g) for g in groups]])
+        rows.append([label + ", page beyond the window",
+                     *[_pct(r[key + "_hits"][idx] for r in g if r["answer_outside_window"]) for g in groups]])
+    return rows
+
+
+def _contrastive_rows(records: list[dict], groups: list[list[dict]]) -> list[list[str]]:
+    """Contrastive citation hits, only when every record has them (older saved runs do not)."""
+    if not all("cite_contrastive_hits" in r for r in records):
+        return []
+    return [[label, *[_pct(r["cite_contrastive_hits"][idx] for r in g) for g in groups]]
+            for idx, label in ((0, "cited page, top-1, minus the document's average (contrastive)"),
+                               (1, "cited page, in top-3, contrastive"))]
+
+
+def _question_decode_rows(groups: list[list[dict]]) -> list[list[str]]:
+    """Citation hits when the question's prefill attention is added to the answer's decode attention."""
+    return [[label, *[_pct(r["cite_question_decode_hits"][idx] for r in g) for g in groups]]
+            for idx, label in ((0, "cited page, top-1, question + decode attention"),
+                               (1, "cited page, in top-3, question + decode attention"))]
+
+
+def _mark(ok) -> str:
+    return "✓" if ok else "✗"
+
+
+def _detail_row(r: dict) -> list[str]:
+    """One question of the per-question table: its answers marked right or wrong, and its top cited pages."""
+    return [r["document"].split("-")[0].split(".")[0], r["question"].replace("|", "\\|"),
+            ",".join(map(str, r["pages"])), _mark(r["truncate_correct"]), _mark(r["lminfinite_correct"]),
+            _mark(r["lminfinite_topk_correct"]) + " " + _short(r["lminfinite_topk"]),
+            ", ".join(f"{p} ({s:.0%})" for p, s in r["cite_decode"][:3])]
 
 
 def _short(text: str, n: int = 50) -> str:

@@ -24,7 +24,7 @@ PREFILL_CHUNK = 512
 
 
 def model_path():
-    from app.bundled_model import bundled_gguf, converted_folder
+    from app.engine.bundled_model import bundled_gguf, converted_folder
 
     gguf = bundled_gguf()
     if gguf is None:

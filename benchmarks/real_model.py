@@ -97,22 +97,9 @@ def main(argv=None) -> None:
 def run_passkey(args) -> None:
     from benchmarks import real_passkey as rp
 
-    out = RESULTS / "real_passkey.jsonl"
     tokenizer, model = rc.load_real()
-    p = rp.pieces(tokenizer)
-    lengths = [int(x) for x in args.lengths.split(",")]
-    cases = rp.make_cases(tokenizer, p, lengths, args.samples, args.seed)
-    if args.subset is not None:
-        cases = [c for n in lengths for c in [c for c in cases if c.length == n][: args.subset]]
-    all_cases = cases
-    if args.keys:
-        cases = [c for c in cases if c.key in args.keys.split(",")]
-
-    def save(records):
-        with out.open("a") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
-
+    cases, all_cases = passkey_cases(args, tokenizer)
+    save = jsonl_appender(RESULTS / "real_passkey.jsonl")
     for window in [int(w) for w in args.windows.split(",") if w]:
         settings = rc.Settings(window=window, prefill_chunk=args.chunk)
         clock = rc.Stopwatch()
@@ -121,11 +108,42 @@ def run_passkey(args) -> None:
         if not args.no_truncate:
             save(rp.run_truncate(model, tokenizer, all_cases, window))
     if not args.no_vanilla:
-        wanted = dict(tuple(int(v) for v in item.split(":")) for item in args.vanilla_samples.split(","))
-        chosen = [c for length, n in wanted.items() for c in [c for c in all_cases if c.length == length][:n]]
+        chosen = vanilla_cases(all_cases, args.vanilla_samples)
         clock = rc.Stopwatch()
         rp.run_vanilla(model, tokenizer, chosen, args.chunk, save=save)
         print(f"vanilla {clock():.0f} s", flush=True)
+
+
+def passkey_cases(args, tokenizer) -> tuple[list, list]:
+    """(cases for LM-Infinite, all cases): --subset trims the set per length for every method; --keys narrows
+    only the LM-Infinite runs (truncation and vanilla keep the whole set)."""
+    from benchmarks import real_passkey as rp
+
+    lengths = [int(x) for x in args.lengths.split(",")]
+    cases = rp.make_cases(tokenizer, rp.pieces(tokenizer), lengths, args.samples, args.seed)
+    if args.subset is not None:
+        cases = [c for n in lengths for c in [c for c in cases if c.length == n][: args.subset]]
+    all_cases = cases
+    if args.keys:
+        cases = [c for c in cases if c.key in args.keys.split(",")]
+    return cases, all_cases
+
+
+def vanilla_cases(all_cases: list, samples: str) -> list:
+    """The first `count` cases of each length in 'length:count,...': vanilla is too slow for them all."""
+    wanted = dict(tuple(int(v) for v in item.split(":")) for item in samples.split(","))
+    return [c for length, n in wanted.items() for c in [c for c in all_cases if c.length == length][:n]]
+
+
+def jsonl_appender(out: Path):
+    """save(records): append records to `out` as they come, so a stopped run keeps what it measured."""
+
+    def save(records) -> None:
+        with out.open("a") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+
+    return save
 
 
 def load_jsonl(path: Path) -> list[dict]:

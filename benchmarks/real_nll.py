@@ -84,15 +84,9 @@ def run(args, results) -> None:
     ids = real_text_ids(tokenizer, args.nll_tokens + 1)
     path = results / "real_nll.json"
     saved = json.loads(path.read_text()) if path.is_file() else {}
-    # cheap ones first: a long run that is stopped keeps what it measured
-    plan = [("window", args.window)] + [("lminfinite", int(w)) for w in args.nll_windows.split(",")] + [("vanilla", None)]
-    for method, window in plan:
-        if (method == "vanilla" and getattr(args, "skip_vanilla_nll", False)) or \
-                (method == "window" and getattr(args, "skip_window_nll", False)):
-            continue
+    for method, window in nll_plan(args):
         name = method if window is None else f"{method} W={window}"
-        limits = dict(item.rsplit(":", 1) for item in (args.nll_limits or "").split(",") if item)
-        n = min(len(ids), int(limits.get(name, len(ids) - 1)) + 1)
+        n = min(len(ids), token_limit(args.nll_limits, name, len(ids) - 1) + 1)
         clock = rc.Stopwatch()
         print(f"NLL {name}: {n - 1:,} tokens", flush=True)
         curve = curve_for(model, method, window or L, ids[:n], args.chunk)
@@ -103,6 +97,20 @@ def run(args, results) -> None:
         print(f"  {name}: " + ", ".join(f"{mean(curve[lo:hi]):.3f}" for lo, hi in spans)
               + f"  ({clock():.0f} s)", flush=True)
     plot(saved, results / "real_nll.png")
+
+
+def nll_plan(args) -> list[tuple[str, int | None]]:
+    """(method, window) pairs to measure, cheap ones first: a long run that is stopped keeps what it measured."""
+    plan = [("window", args.window), *[("lminfinite", int(w)) for w in args.nll_windows.split(",")],
+            ("vanilla", None)]
+    skipped = {"vanilla": getattr(args, "skip_vanilla_nll", False), "window": getattr(args, "skip_window_nll", False)}
+    return [(method, window) for method, window in plan if not skipped.get(method)]
+
+
+def token_limit(limits: str | None, name: str, default: int) -> int:
+    """The tokens `name` is measured to, from 'name:tokens,...' (the slow methods stop early)."""
+    table = dict(item.rsplit(":", 1) for item in (limits or "").split(",") if item)
+    return int(table.get(name, default))
 
 
 def plot(saved: dict, path) -> None:

@@ -55,37 +55,64 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    contexts, n = [], args.window
-    while n <= (args.max_context or 64 * args.window):
-        contexts.append(n)
-        n *= 2
+    contexts = context_ladder(args.window, args.max_context or 64 * args.window)
     methods = [m for m in args.methods.split(",") if m]
     saved = rounds_path(args)
     rounds: list[list[dict]] = json.loads(saved.read_text()) if args.extend and saved.is_file() else []
-    stop_at: dict[str, int] = {}  # method -> the smallest context it is no longer run at (failed, or too slow)
-    for row in (row for results in rounds for row in results):
-        note_stop(stop_at, row, args.vanilla_budget_s)
+    stop_at = stops_in(rounds, args.vanilla_budget_s)
     args.out.mkdir(parents=True, exist_ok=True)
-    context_ = multiprocessing.get_context("spawn")
+    spawn = multiprocessing.get_context("spawn")
     for _ in range(args.rounds):
-        results = []
-        for context in contexts:  # methods interleaved per context: ratios come from the same conditions
-            for method in methods:
-                if method in stop_at and context >= stop_at[method]:
-                    results.append(measure.Measurement(method, context, 0, 0, 0, 0, 0, error="too slow").__dict__)
-                    continue
-                job = dict(method=method, context=context, model_spec=args.model, window=args.window,
-                           device=args.device, dtype=dtype, load_in_4bit=args.load_in_4bit,
-                           decode_tokens=args.decode_tokens, prefill_chunk=args.prefill_chunk or 4 * args.window,
-                           n_starting=args.n_starting, topk=args.topk, threads=args.threads)
-                with context_.Pool(1) as pool:
-                    row = pool.apply(measure.run, (job,))
-                results.append(row)
-                print(json.dumps(row), flush=True)
-                note_stop(stop_at, row, args.vanilla_budget_s)
-        rounds.append(results)
+        rounds.append(run_round(args, dtype, contexts, methods, stop_at, spawn))
         saved.write_text(json.dumps(rounds))
     write_results(args, best_of_rounds(rounds), dtype, len(rounds))
+
+
+def stops_in(rounds: list[list[dict]], vanilla_budget_s: float) -> dict[str, int]:
+    """method -> the smallest context it is no longer run at (failed, or too slow), from the rounds so far."""
+    stop_at: dict[str, int] = {}
+    for row in (row for results in rounds for row in results):
+        note_stop(stop_at, row, vanilla_budget_s)
+    return stop_at
+
+
+def context_ladder(window: int, largest: int) -> list[int]:
+    """L, 2L, 4L ... up to `largest`."""
+    contexts, n = [], window
+    while n <= largest:
+        contexts.append(n)
+        n *= 2
+    return contexts
+
+
+def run_round(args, dtype: str, contexts: list[int], methods: list[str], stop_at: dict[str, int], spawn) -> list[dict]:
+    """One sweep, methods interleaved per context so that ratios come from the same conditions; a method
+    past its stop point gets a 'too slow' row instead of a run."""
+    results = []
+    for context in contexts:
+        for method in methods:
+            if method in stop_at and context >= stop_at[method]:
+                results.append(measure.Measurement(method, context, 0, 0, 0, 0, 0, error="too slow").__dict__)
+                continue
+            row = measure_in_fresh_process(spawn, speed_job(args, dtype, method, context))
+            results.append(row)
+            print(json.dumps(row), flush=True)
+            note_stop(stop_at, row, args.vanilla_budget_s)
+    return results
+
+
+def speed_job(args, dtype: str, method: str, context: int) -> dict:
+    """measure.run's arguments for one (method, context) cell."""
+    return dict(method=method, context=context, model_spec=args.model, window=args.window,
+                device=args.device, dtype=dtype, load_in_4bit=args.load_in_4bit,
+                decode_tokens=args.decode_tokens, prefill_chunk=args.prefill_chunk or 4 * args.window,
+                n_starting=args.n_starting, topk=args.topk, threads=args.threads)
+
+
+def measure_in_fresh_process(spawn, job: dict) -> dict:
+    """Each cell in a fresh process, so that no cell inherits another's memory peak or warm state."""
+    with spawn.Pool(1) as pool:
+        return pool.apply(measure.run, (job,))
 
 
 def results_stem(args) -> str:

@@ -55,37 +55,80 @@ _NOTEBOOK_LANGUAGES = {"python": "python", "python3": "python", "r": "r", "julia
                        "c#": "csharp", "haskell": "haskell", "lua": "lua", "perl": "perl"}
 
 
-def notebook_to_text(text: str) -> Converted | None:
-    """Cells of a notebook as text, or None when `text` is not a notebook."""
+# Languages whose line comments are not '#': the cell markers must read as comments.
+_LINE_COMMENTS = (
+    ("//", ("js", "ts", "java", "cpp", "rust", "go", "kotlin", "csharp", "scala")),
+    ("--", ("haskell", "lua")),
+)
+_READ_CELL_KINDS = ("code", "markdown", "raw", "heading")  # others (unknown types) are skipped
+
+
+def _line_comment(language: str) -> str:
+    for marker, languages in _LINE_COMMENTS:
+        if language in languages:
+            return marker
+    return "#"
+
+
+def _parse_notebook(text: str) -> dict | None:
+    """The notebook's JSON object, or None when `text` is not a JSON object."""
     try:
         nb = json.loads(text)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(nb, dict):
-        return None
+    return nb if isinstance(nb, dict) else None
+
+
+def _notebook_cells(nb: dict) -> list | None:
+    """The cell list: 'cells' (nbformat 4), else every worksheet's cells (nbformat 3); None without one."""
     cells = nb.get("cells")
     if cells is None and isinstance(nb.get("worksheets"), list):  # nbformat 3
         cells = [c for ws in nb["worksheets"] if isinstance(ws, dict) for c in ws.get("cells", []) or []]
-    if not isinstance(cells, list):
+    return cells if isinstance(cells, list) else None
+
+
+def _cell_kind(cell) -> str | None:
+    """The cell's type when its source is read, else None (not a cell, or a type we do not know)."""
+    if not isinstance(cell, dict):
+        return None
+    kind = cell.get("cell_type")
+    return kind if kind in _READ_CELL_KINDS else None
+
+
+def _output_count(cell: dict, kind: str) -> int:
+    """Outputs of a code cell, which are left out but counted for the report."""
+    return len(cell["outputs"]) if kind == "code" and isinstance(cell.get("outputs"), list) else 0
+
+
+def _cell_text(cell: dict, kind: str, number: int, comment: str) -> str | None:
+    """A marker line ('# %% [code] cell 3') and the cell's source; None for a blank cell."""
+    source = _cell_source(cell, "input" if kind == "code" and "input" in cell else "source")  # nbformat 3 code
+    if not source.strip():
+        return None
+    label = "markdown" if kind == "heading" else kind
+    return f"{comment} %% [{label}] cell {number}\n{source.rstrip()}\n"
+
+
+def notebook_to_text(text: str) -> Converted | None:
+    """Cells of a notebook as text, or None when `text` is not a notebook."""
+    nb = _parse_notebook(text)
+    if nb is None:
+        return None
+    cells = _notebook_cells(nb)
+    if cells is None:
         return None
     language = _NOTEBOOK_LANGUAGES.get(_notebook_language(nb), "text")
-    comment = "//" if language in ("js", "ts", "java", "cpp", "rust", "go", "kotlin", "csharp", "scala") else \
-        "--" if language in ("haskell", "lua") else "#"
+    comment = _line_comment(language)
     parts: list[str] = []
     outputs = 0
     for number, cell in enumerate(cells, 1):
-        if not isinstance(cell, dict):
+        kind = _cell_kind(cell)
+        if kind is None:
             continue
-        kind = cell.get("cell_type")
-        if kind not in ("code", "markdown", "raw", "heading"):
-            continue
-        source = _cell_source(cell, "input" if kind == "code" and "input" in cell else "source")
-        if kind == "code" and isinstance(cell.get("outputs"), list):
-            outputs += len(cell["outputs"])
-        if not source.strip():
-            continue
-        label = "markdown" if kind == "heading" else kind
-        parts.append(f"{comment} %% [{label}] cell {number}\n{source.rstrip()}\n")
+        outputs += _output_count(cell, kind)
+        part = _cell_text(cell, kind, number, comment)
+        if part is not None:
+            parts.append(part)
     notes = [f"cell outputs not read ({outputs})"] if outputs else []
     return Converted(text="\n".join(parts), language=language, notes=notes)
 
@@ -98,6 +141,10 @@ _BLOCK = {"p", "div", "section", "article", "main", "header", "footer", "nav", "
           "h1", "h2", "h3", "h4", "h5", "h6", "title"}
 _VOID = {"br", "hr", "img", "input", "meta", "link", "area", "base", "col", "embed", "param", "source", "track", "wbr"}
 _SPACES = re.compile(r"[ \t\r\n\f\v]+")
+
+
+def _is_heading(tag: str) -> bool:
+    return tag[0] == "h" and tag[1:].isdigit()
 
 
 class _TextExtractor(HTMLParser):
@@ -125,40 +172,65 @@ class _TextExtractor(HTMLParser):
             self.lines.append("")
 
     def handle_starttag(self, tag: str, attrs) -> None:
-        if self.drop_tag:
-            if tag == self.drop_tag[-1] and tag not in _VOID:
-                self.drop_tag.append(tag)
-            return
-        if tag == "title":
-            self.in_title = True
-            return
-        if self.in_title:
-            return
-        if tag in _DROP:
-            self.drop_tag.append(tag)
+        if self._hidden_start(tag):
             return
         if tag == "br":
-            if self.pre:
-                self.current.append("\n")
-            else:
-                self.flush()
+            self._line_break()
             return
         if tag in _BLOCK:
-            self.flush(blank=tag in ("p", "pre", "table", "blockquote") or tag[0] == "h" and tag[1:].isdigit())
-        if tag in ("ul", "ol"):
-            self.list_depth += 1
-        elif tag == "li":
-            self.current.append("  " * max(0, self.list_depth - 1) + "- ")
-        elif len(tag) == 2 and tag[0] == "h" and tag[1] in "123456":
-            self.current.append("#" * int(tag[1]) + " ")
-        elif tag == "pre":
-            self.pre += 1
-        elif tag in ("td", "th") and self.current:
+            self.flush(blank=tag in ("p", "pre", "table", "blockquote") or _is_heading(tag))
+        opener = self._OPENERS.get(tag)
+        if opener is not None:
+            opener(self, tag, attrs)
+
+    def _hidden_start(self, tag: str) -> bool:
+        """True when `tag` shows nothing: inside a dropped element or the title, or opening one of them."""
+        if self.drop_tag:
+            if tag == self.drop_tag[-1] and tag not in _VOID:  # the same element nested: count it
+                self.drop_tag.append(tag)
+            return True
+        if tag == "title":
+            self.in_title = True
+            return True
+        if self.in_title:
+            return True
+        if tag in _DROP:
+            self.drop_tag.append(tag)
+            return True
+        return False
+
+    def _line_break(self) -> None:
+        """<br>: a newline inside <pre>, a new line elsewhere."""
+        if self.pre:
+            self.current.append("\n")
+        else:
+            self.flush()
+
+    def _open_list(self, tag: str, attrs) -> None:
+        self.list_depth += 1
+
+    def _open_item(self, tag: str, attrs) -> None:
+        self.current.append("  " * max(0, self.list_depth - 1) + "- ")
+
+    def _open_heading(self, tag: str, attrs) -> None:
+        self.current.append("#" * int(tag[1]) + " ")
+
+    def _open_pre(self, tag: str, attrs) -> None:
+        self.pre += 1
+
+    def _open_cell(self, tag: str, attrs) -> None:
+        if self.current:  # not the row's first cell
             self.current.append(" | ")
-        elif tag == "img":
-            alt = dict(attrs).get("alt")
-            if alt:
-                self.current.append(f"[image: {alt}]")
+
+    def _open_image(self, tag: str, attrs) -> None:
+        alt = dict(attrs).get("alt")
+        if alt:
+            self.current.append(f"[image: {alt}]")
+
+    # What an opening tag writes once any line break is made (tags not listed write nothing).
+    _OPENERS = {"ul": _open_list, "ol": _open_list, "li": _open_item, "pre": _open_pre, "td": _open_cell,
+                "th": _open_cell, "img": _open_image,
+                **dict.fromkeys(("h1", "h2", "h3", "h4", "h5", "h6"), _open_heading)}
 
     def handle_endtag(self, tag: str) -> None:
         if self.drop_tag:
@@ -177,7 +249,7 @@ class _TextExtractor(HTMLParser):
         if tag in ("ul", "ol") and self.list_depth:
             self.list_depth -= 1
         if tag in _BLOCK:
-            self.flush(blank=tag in ("p", "table", "blockquote") or tag[0] == "h" and tag[1:].isdigit())
+            self.flush(blank=tag in ("p", "table", "blockquote") or _is_heading(tag))
 
     def handle_data(self, data: str) -> None:
         if self.drop_tag:

@@ -126,46 +126,61 @@ class PdfWorker:
             except (BrokenPipeError, EOFError, OSError) as exc:
                 result.failure, result.message = "crash", f"could not start the PDF worker: {exc}"
                 return result
-            deadline = time.monotonic() + timeout_s
-            while True:
-                if cancel is not None and cancel.is_set():
-                    self.stop()
-                    raise IngestCancelled()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    self.stop()
-                    result.failure = "timeout"
-                    result.message = f"PDF extraction took longer than {timeout_s:g} s and was stopped"
-                    return result
-                try:
-                    if not self._conn.poll(min(remaining, _POLL_S)):
-                        continue
-                    raw = self._conn.recv_bytes(_MAX_MESSAGE_BYTES)
-                    pages_before = len(result.pages)
-                    done = self._handle(json.loads(raw.decode("utf-8", "surrogatepass")), result)
-                except (EOFError, OSError) as exc:
-                    code = None
-                    if self._proc is not None:
-                        self._proc.join(timeout=2)
-                        code = self._proc.exitcode
-                    self.stop()
-                    result.failure = "crash"
-                    result.message = (f"the PDF extractor died (exit code {code})" if code is not None
-                                      else f"lost contact with the PDF extractor ({type(exc).__name__})")
-                    return result
-                except (ValueError, TypeError, KeyError, IndexError) as exc:
-                    self.stop()
-                    result.failure = "crash"
-                    result.message = f"the PDF extractor sent a bad message ({type(exc).__name__})"
-                    return result
-                if on_page is not None and len(result.pages) > pages_before:
-                    stop_reason = on_page(result.pages[-1])
-                    if stop_reason:
-                        self.stop()
-                        result.failure, result.message = "stopped", stop_reason
-                        return result
-                if done:
-                    return result
+            return self._collect(result, time.monotonic() + timeout_s, timeout_s, cancel, on_page)
+
+    def _collect(self, result: PdfExtraction, deadline: float, timeout_s: float, cancel: Any,
+                 on_page: Callable[[PdfPage], str | None] | None) -> PdfExtraction:
+        """Apply the worker's messages to `result` until the document ends, the worker fails or dies,
+        time runs out or `on_page` stops it; cancel raises IngestCancelled."""
+        while True:
+            self._check_cancel(cancel)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return self._give_up(result, "timeout",
+                                     f"PDF extraction took longer than {timeout_s:g} s and was stopped")
+            try:
+                if not self._conn.poll(min(remaining, _POLL_S)):
+                    continue
+                raw = self._conn.recv_bytes(_MAX_MESSAGE_BYTES)
+                pages_before = len(result.pages)
+                done = self._handle(json.loads(raw.decode("utf-8", "surrogatepass")), result)
+            except (EOFError, OSError) as exc:
+                return self._give_up(result, "crash", self._lost_worker_message(exc))
+            except (ValueError, TypeError, KeyError, IndexError) as exc:
+                return self._give_up(result, "crash", f"the PDF extractor sent a bad message ({type(exc).__name__})")
+            stop_reason = self._page_stop_reason(on_page, result, pages_before)
+            if stop_reason:
+                return self._give_up(result, "stopped", stop_reason)
+            if done:
+                return result
+
+    def _check_cancel(self, cancel: Any) -> None:
+        if cancel is not None and cancel.is_set():
+            self.stop()
+            raise IngestCancelled()
+
+    def _give_up(self, result: PdfExtraction, failure: str, message: str) -> PdfExtraction:
+        """Kill the worker (it may be stuck or mid-document) and say why the extraction ended early."""
+        self.stop()
+        result.failure, result.message = failure, message
+        return result
+
+    def _lost_worker_message(self, exc: BaseException) -> str:
+        """Why the pipe broke: the worker's exit code when it died, else the error seen."""
+        code = None
+        if self._proc is not None:
+            self._proc.join(timeout=2)
+            code = self._proc.exitcode
+        return (f"the PDF extractor died (exit code {code})" if code is not None
+                else f"lost contact with the PDF extractor ({type(exc).__name__})")
+
+    @staticmethod
+    def _page_stop_reason(on_page: Callable[[PdfPage], str | None] | None, result: PdfExtraction,
+                          pages_before: int) -> str | None:
+        """What `on_page` says about a page that just arrived: a sentence to stop at, or None to go on."""
+        if on_page is None or len(result.pages) <= pages_before:
+            return None
+        return on_page(result.pages[-1])
 
     @staticmethod
     def _handle(message: list, result: PdfExtraction) -> bool:

@@ -143,48 +143,69 @@ def parse_label_rule(rule: str) -> dict:
     Only the three label keys are read; anything else (/Type, unknown keys)
     is skipped.  Malformed rules give what could be read.
     """
+    text = _dictionary_body(rule)
+    out = {"style": "", "prefix": "", "first": 1}
+    i, key = 0, None
+    while i < len(text):
+        kind, token, i = _next_token(text, i)
+        if kind == _END:
+            break
+        if kind == _SKIP:
+            continue
+        if kind == _NAME and key is None:
+            key = token
+            continue
+        _set_label_entry(out, key, token)
+        key = None
+    return out
+
+
+def _dictionary_body(rule: str) -> str:
+    """The rule's text inside '<<' and '>>' (either may be missing)."""
     text = rule.strip()
     if text.startswith("<<"):
         text = text[2:]
     if text.endswith(">>"):
         text = text[:-2]
-    out = {"style": "", "prefix": "", "first": 1}
-    i, key = 0, None
-    while i < len(text):
-        ch = text[i]
-        if ch.isspace():
-            i += 1
-            continue
-        if ch == "/":
-            m = _NAME_CHARS.match(text, i + 1)
-            name = _unescape_name(m.group(0)) if m else ""
-            i = m.end() if m else i + 1
-            if key is None:
-                key = name
-                continue
-            value: object = name
-        elif ch in "(<" and not text.startswith("<<", i):
-            try:
-                value, i = _read_string(text, i)
-            except ValueError:
-                break
-        else:
-            m = re.compile(r"[^\s/<>\[\]()]+").match(text, i)
-            if not m:
-                i += 1
-                continue
-            value, i = m.group(0), m.end()
-        if key == "S" and isinstance(value, str):
-            out["style"] = value
-        elif key == "P" and isinstance(value, str):
-            out["prefix"] = value[:_MAX_PREFIX]
-        elif key == "St":
-            try:
-                out["first"] = min(max(1, int(float(value))), 10**9)
-            except (TypeError, ValueError, OverflowError):
-                pass
-        key = None
-    return out
+    return text
+
+
+# Kinds of token in a rule: a /Name (a key, or a value after a key), any other value, nothing, or a broken rest.
+_NAME, _VALUE, _SKIP, _END = "name", "value", "skip", "end"
+_BARE_VALUE = re.compile(r"[^\s/<>\[\]()]+")
+
+
+def _next_token(text: str, i: int) -> tuple[str, object, int]:
+    """(kind, token, index after it) for the token at text[i]."""
+    ch = text[i]
+    if ch.isspace():
+        return _SKIP, None, i + 1
+    if ch == "/":
+        m = _NAME_CHARS.match(text, i + 1)
+        return (_NAME, _unescape_name(m.group(0)), m.end()) if m else (_NAME, "", i + 1)
+    if ch in "(<" and not text.startswith("<<", i):
+        try:
+            value, end = _read_string(text, i)
+        except ValueError:  # a broken hex string (unterminated, not hex): nothing after it can be read
+            return _END, None, i
+        return _VALUE, value, end
+    m = _BARE_VALUE.match(text, i)
+    if not m:  # a delimiter that starts no value ('>', ']', a nested '<<')
+        return _SKIP, None, i + 1
+    return _VALUE, m.group(0), m.end()
+
+
+def _set_label_entry(out: dict, key: str | None, value: object) -> None:
+    """Store `value` under the label key it belongs to; values of other keys are dropped."""
+    if key == "S" and isinstance(value, str):
+        out["style"] = value
+    elif key == "P" and isinstance(value, str):
+        out["prefix"] = value[:_MAX_PREFIX]
+    elif key == "St":
+        try:
+            out["first"] = min(max(1, int(float(value))), 10**9)
+        except (TypeError, ValueError, OverflowError):
+            pass
 
 
 _MAX_SPELLED = 10_000  # roman numerals and letter runs above this are written as digits

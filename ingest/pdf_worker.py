@@ -86,19 +86,12 @@ def _send(conn, *message) -> None:
 
 
 def _extract(conn, pymupdf, data: bytes, password: str | None, options: dict) -> None:
-    try:
-        doc = pymupdf.open(stream=data, filetype="pdf")
-    except Exception as exc:  # noqa: BLE001 - MuPDF raises several types for bad files
-        _send(conn, "fail", "corrupt", str(exc) or type(exc).__name__)
+    doc = _open(conn, pymupdf, data)
+    if doc is None:
         return
     with doc:
-        if doc.needs_pass:
-            if not password:
-                _send(conn, "fail", "needs_password", "PDF is encrypted")
-                return
-            if not doc.authenticate(password):
-                _send(conn, "fail", "wrong_password", "wrong password")
-                return
+        if not _unlock(conn, doc, password):
+            return
         page_count = doc.page_count
         repaired = bool(doc.is_repaired)
         labels = _labels(doc, page_count)
@@ -106,26 +99,62 @@ def _extract(conn, pymupdf, data: bytes, password: str | None, options: dict) ->
                              "encrypted": bool(doc.is_encrypted or password)})
         delay = float(options.get("debug_delay_s", 0))  # tests simulate a hanging PDF
         for index in range(min(page_count, int(options.get("max_pages", page_count)))):
-            if delay:
-                time.sleep(delay)
-            if options.get("debug_crash_at") == index:  # tests simulate a MuPDF crash
-                os._exit(70)
-            try:
-                page = doc.load_page(index)
-                if repaired:  # a page whose object did not survive the repair reads as blank
-                    doc.xref_object(page.xref)
-                text = _page_text(pymupdf, page)
-                has_images = not text and bool(page.get_images(full=False))
-            except Exception as exc:  # noqa: BLE001
-                _send(conn, "page_error", index, str(exc) or type(exc).__name__)
-                continue
-            try:
-                label = labels[index] if labels is not None else decode_pdf_string(page.get_label())
-            except Exception:  # noqa: BLE001 - a bad label costs the label, not the page
-                label = ""
-            _send(conn, "page", index, label, text, has_images)
+            _simulate_trouble(options, index, delay)
+            _send_page(conn, pymupdf, doc, index, repaired, labels)
         warnings = pymupdf.TOOLS.mupdf_warnings(reset=True)
         _send(conn, "end", {"warnings": warnings[-2000:]})
+
+
+def _open(conn, pymupdf, data: bytes):
+    """The opened document, or None after telling the parent the file is corrupt."""
+    try:
+        return pymupdf.open(stream=data, filetype="pdf")
+    except Exception as exc:  # noqa: BLE001 - MuPDF raises several types for bad files
+        _send(conn, "fail", "corrupt", str(exc) or type(exc).__name__)
+        return None
+
+
+def _unlock(conn, doc, password: str | None) -> bool:
+    """True when the document can be read; otherwise the parent is told which password problem stops it."""
+    if not doc.needs_pass:
+        return True
+    if not password:
+        _send(conn, "fail", "needs_password", "PDF is encrypted")
+        return False
+    if not doc.authenticate(password):
+        _send(conn, "fail", "wrong_password", "wrong password")
+        return False
+    return True
+
+
+def _simulate_trouble(options: dict, index: int, delay: float) -> None:
+    """Test hooks: a slow page (a hanging PDF) and a hard exit at one page (a MuPDF crash)."""
+    if delay:
+        time.sleep(delay)
+    if options.get("debug_crash_at") == index:
+        os._exit(70)
+
+
+def _send_page(conn, pymupdf, doc, index: int, repaired: bool, labels: list[str] | None) -> None:
+    """One 'page' message, or a 'page_error' when MuPDF cannot read the page."""
+    try:
+        page = doc.load_page(index)
+        if repaired:  # a page whose object did not survive the repair reads as blank
+            doc.xref_object(page.xref)
+        text = _page_text(pymupdf, page)
+        has_images = not text and bool(page.get_images(full=False))
+    except Exception as exc:  # noqa: BLE001
+        _send(conn, "page_error", index, str(exc) or type(exc).__name__)
+        return
+    _send(conn, "page", index, _page_label(page, index, labels), text, has_images)
+
+
+def _page_label(page, index: int, labels: list[str] | None) -> str:
+    """The decoded label, from `labels` when read, else from PyMuPDF; '' when it cannot be read."""
+    try:
+        return labels[index] if labels is not None else decode_pdf_string(page.get_label())
+    except Exception:  # noqa: BLE001 - a bad label costs the label, not the page
+        return ""
 
 
 def serve(conn, memory_limit: int) -> None:

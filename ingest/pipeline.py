@@ -13,6 +13,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Mapping, Union
 
@@ -146,44 +147,66 @@ class _Run:
         return report
 
     def read_into(self, entry: FileEntry, report: FileReport) -> None:
-        limits = self.limits
         suffix = PurePosixPath(entry.rel).suffix.lower()
+        cap = self.limits.max_pdf_bytes if suffix == ".pdf" else self.limits.max_file_bytes
+        if (reason := self.refusal_before_reading(entry, suffix, cap)) is not None:
+            report.reason = reason
+            return
+        data = self.read_bytes(entry, cap, report)
+        if data is None:
+            return
+        if (reason := self.refusal_after_reading(entry, data, cap)) is not None:
+            report.reason = reason
+            return
+        self.read_content(entry, data, report)
+
+    def refusal_before_reading(self, entry: FileEntry, suffix: str, cap: int) -> str | None:
+        """Why the file is skipped without reading it (its name or size, or a limit already reached), if so."""
+        limits = self.limits
         if entry.explicit and suffix in BINARY_EXTENSIONS:
-            report.reason = unsupported_document_reason(suffix) or f"binary file ({suffix})"
-            return
+            return unsupported_document_reason(suffix) or f"binary file ({suffix})"
         if entry.explicit and suffix in ARCHIVE_EXTENSIONS:
-            report.reason = (f"unsupported archive format ({suffix}); upload repositories as .zip, .tar, "
-                             ".tar.gz or .tgz")
-            return
+            return (f"unsupported archive format ({suffix}); upload repositories as .zip, .tar, "
+                    ".tar.gz or .tgz")
         if self.files_read >= limits.max_files:
-            report.reason = f"file limit reached ({limits.max_files} files)"
-            return
-        cap = limits.max_pdf_bytes if suffix == ".pdf" else limits.max_file_bytes
+            return f"file limit reached ({limits.max_files} files)"
         if entry.size > cap:
-            report.reason = f"file is {human_bytes(entry.size)}, over the {human_bytes(cap)} limit"
-            return
+            return f"file is {human_bytes(entry.size)}, over the {human_bytes(cap)} limit"
         if self.bytes_read + entry.size > limits.max_total_bytes:
-            report.reason = f"total input limit of {human_bytes(limits.max_total_bytes)} reached"
-            return
+            return f"total input limit of {human_bytes(limits.max_total_bytes)} reached"
+        return None
+
+    def read_bytes(self, entry: FileEntry, cap: int, report: FileReport) -> bytes | None:
+        """At most cap + 1 bytes (one more tells a file that grew past the cap), counted against the limits;
+        None when the read failed (the report says why)."""
         try:
             data = entry.read(cap + 1)
         except Exception as exc:  # noqa: BLE001 - OSError, BadZipFile, zlib.error, ...
             report.status, report.reason = ERROR, f"cannot read: {exc}"
-            return
+            return None
         self.files_read += 1
         self.bytes_read += len(data)
         report.bytes = len(data)
+        return data
+
+    def refusal_after_reading(self, entry: FileEntry, data: bytes, cap: int) -> str | None:
+        """Why the bytes read are not used (too many, none, or a copy of an earlier file), if so."""
         if len(data) > cap:
-            report.reason = f"file is larger than the {human_bytes(cap)} limit"
-            return
+            return f"file is larger than the {human_bytes(cap)} limit"
         if not data:
-            report.reason = "empty file"
-            return
+            return "empty file"
+        return self.duplicate_reason(entry, data)
+
+    def duplicate_reason(self, entry: FileEntry, data: bytes) -> str | None:
+        """'duplicate of <first path>' for content seen before; otherwise remember this file as its first copy."""
         digest = hashlib.sha256(data).hexdigest()
         if digest in self.seen:
-            report.reason = f"duplicate of {self.seen[digest]}"
-            return
+            return f"duplicate of {self.seen[digest]}"
         self.seen[digest] = entry.path
+        return None
+
+    def read_content(self, entry: FileEntry, data: bytes, report: FileReport) -> None:
+        """Route the bytes by what they are, whatever the file's name says."""
         kind = content_kind(data, entry.rel)
         if kind == "archive":
             where = "" if entry.explicit else " inside a repository or archive"
@@ -316,43 +339,92 @@ def list_local(text: str, limits: IngestLimits, prefetch: bool = True) -> Listin
                                     explicit=True, origin=text)])
 
 
+# Failures that leave nothing to read: (status, reason template; {message} is the worker's message).
+_PDF_REFUSALS = {
+    "corrupt": (ERROR, "not a readable PDF ({message})"),
+    "needs_password": (SKIPPED, "encrypted PDF: a password is needed"),
+    "wrong_password": (SKIPPED, "encrypted PDF: the password is wrong"),
+}
+_PDF_CUT_SHORT = ("timeout", "crash", "stopped")  # failures after which the pages received are kept
+
+
+@dataclass(frozen=True)
+class _PdfTally:
+    """Page counts of one extraction, which decide the PDF's status and notes."""
+
+    total: int  # pages in the document
+    target: int  # pages to read (the page limit may cut the document)
+    with_text: int
+    scanned: int  # pages without text but with images
+    unreadable: int
+    not_reached: int  # pages never received (timeout, crash, stop)
+
+    @classmethod
+    def of(cls, result: PdfExtraction, max_pages: int) -> _PdfTally:
+        total = result.page_count
+        target = min(total, max_pages)
+        unreadable = len(result.page_errors)
+        return cls(total=total, target=target,
+                   with_text=sum(1 for p in result.pages if p.text.strip()),
+                   scanned=sum(1 for p in result.pages if not p.text.strip() and p.has_images),
+                   unreadable=unreadable,
+                   not_reached=max(0, target - len(result.pages) - unreadable))
+
+
 def pdf_outcome(result: PdfExtraction, max_pages: int) -> tuple[str, str]:
     """(status, reason) for a PDF from what the worker reported."""
-    if result.failure == "corrupt":
-        return ERROR, f"not a readable PDF ({result.message})"
-    if result.failure == "needs_password":
-        return SKIPPED, "encrypted PDF: a password is needed"
-    if result.failure == "wrong_password":
-        return SKIPPED, "encrypted PDF: the password is wrong"
-    total = result.page_count
-    target = min(total, max_pages)
-    with_text = sum(1 for p in result.pages if p.text.strip())
-    scanned = sum(1 for p in result.pages if not p.text.strip() and p.has_images)
-    unreadable = len(result.page_errors)
-    not_reached = max(0, target - len(result.pages) - unreadable)
+    if result.failure in _PDF_REFUSALS:
+        status, template = _PDF_REFUSALS[result.failure]
+        return status, template.format(message=result.message)
+    tally = _PdfTally.of(result, max_pages)
+    notes = _pdf_notes(result, tally)
+    if tally.with_text == 0:
+        return _textless_pdf_outcome(result, tally, notes)
+    return (PARTIAL if _pdf_lossy(result, tally) else INGESTED), "; ".join(notes)
+
+
+def _pdf_notes(result: PdfExtraction, tally: _PdfTally) -> list[str]:
+    """Everything the report should say about pages missed, lost or without text."""
     notes: list[str] = []
-    if result.failure in ("timeout", "crash", "stopped"):
-        notes.append(f"{result.message}; {not_reached} of {total} pages not read")
+    if result.failure in _PDF_CUT_SHORT:
+        notes.append(f"{result.message}; {tally.not_reached} of {tally.total} pages not read")
+    damage = _pdf_damage_note(result, tally)
+    if damage:
+        notes.append(damage)
+    if tally.total > tally.target:
+        notes.append(f"only the first {tally.target} of {tally.total} pages read (page limit)")
+    if tally.scanned:
+        notes.append(f"{tally.scanned} of {tally.total} pages have no text layer (scanned images; OCR is not enabled)")
+    return notes
+
+
+def _pdf_damage_note(result: PdfExtraction, tally: _PdfTally) -> str | None:
+    """A repaired file counts unread and unreached pages as lost; otherwise only unreadable pages are told."""
     if result.repaired:
-        lost = unreadable + not_reached
-        notes.append(f"damaged file repaired by MuPDF; {lost} of {total} pages lost" if unreadable
-                     else "damaged file repaired by MuPDF")
-    elif unreadable:
-        notes.append(f"{unreadable} of {total} pages could not be read")
-    if total > target:
-        notes.append(f"only the first {target} of {total} pages read (page limit)")
-    if scanned:
-        notes.append(f"{scanned} of {total} pages have no text layer (scanned images; OCR is not enabled)")
-    if with_text == 0:
-        if result.failure in ("timeout", "crash"):
-            return ERROR, "; ".join(notes)
-        if result.failure == "stopped":
-            return SKIPPED, "; ".join(notes)
-        if scanned and scanned == len(result.pages):
-            return SKIPPED, f"scanned PDF without a text layer ({scanned} pages of images); OCR is not enabled"
-        return SKIPPED, "; ".join(["PDF has no extractable text"] + notes)
-    lossy = result.failure or unreadable or not_reached or total > target or scanned
-    return (PARTIAL if lossy else INGESTED), "; ".join(notes)
+        if tally.unreadable:
+            return (f"damaged file repaired by MuPDF; {tally.unreadable + tally.not_reached} of {tally.total} "
+                    "pages lost")
+        return "damaged file repaired by MuPDF"
+    if tally.unreadable:
+        return f"{tally.unreadable} of {tally.total} pages could not be read"
+    return None
+
+
+def _textless_pdf_outcome(result: PdfExtraction, tally: _PdfTally, notes: list[str]) -> tuple[str, str]:
+    """(status, reason) for a PDF that gave no text: a failure, a stop, a scan, or simply no text."""
+    if result.failure in ("timeout", "crash"):
+        return ERROR, "; ".join(notes)
+    if result.failure == "stopped":
+        return SKIPPED, "; ".join(notes)
+    if tally.scanned and tally.scanned == len(result.pages):
+        return SKIPPED, f"scanned PDF without a text layer ({tally.scanned} pages of images); OCR is not enabled"
+    return SKIPPED, "; ".join(["PDF has no extractable text"] + notes)
+
+
+def _pdf_lossy(result: PdfExtraction, tally: _PdfTally) -> bool:
+    """True when the text is not the whole document (report status 'partial')."""
+    return bool(result.failure or tally.unreadable or tally.not_reached or tally.total > tally.target
+                or tally.scanned)
 
 
 def ingest(sources: Iterable[Source] | Source, *, tokenizer: Any = None, password: Passwords = None,

@@ -186,39 +186,60 @@ def _detect_encoding(data: bytes) -> _Guess:
     BOM-less UTF-16/32 guesses are dropped: such files contain NUL bytes and
     were classified as binary before decoding.
     """
-    from charset_normalizer import from_bytes  # lazy: only non-UTF-8 files pay
-
-    results = []
-    for match in from_bytes(data):
-        name = _codec(match.encoding)
-        if name and not name.startswith(("utf_16", "utf_32")):
-            results.append((name, match.chaos))
-    guess, chaos = results[0] if results else (None, 1.0)
-    try:
-        western = _western_share(data.decode("cp1252"))
-    except UnicodeDecodeError:
-        western = 0.0
-    if western >= 0.9 and (guess is None or _western_share(data.decode(guess, errors="replace")) < western):
+    readings = _detector_readings(data)
+    guess, chaos = readings[0] if readings else (None, 1.0)
+    if _cp1252_reads_better(data, guess):
         return _Guess("cp1252")
     japanese = _japanese_reading(data)
     if japanese:
         return _Guess(japanese)
     if guess is None:
         return _Guess(None)
+    return _Guess(guess, _doubt(guess, chaos, readings[1:]))
+
+
+def _detector_readings(data: bytes) -> list[tuple[str, float]]:
+    """charset-normalizer's (codec name, chaos) readings, best first, BOM-less UTF-16/32 left out."""
+    from charset_normalizer import from_bytes  # lazy: only non-UTF-8 files pay
+
+    readings = []
+    for match in from_bytes(data):
+        name = _codec(match.encoding)
+        if name and not name.startswith(("utf_16", "utf_32")):
+            readings.append((name, match.chaos))
+    return readings
+
+
+def _cp1252_reads_better(data: bytes, guess: str | None) -> bool:
+    """True when cp1252 reads `data` as ordinary Western text, more so than the detector's guess."""
+    try:
+        western = _western_share(data.decode("cp1252"))
+    except UnicodeDecodeError:
+        western = 0.0
+    return western >= 0.9 and (guess is None or _western_share(data.decode(guess, errors="replace")) < western)
+
+
+def _doubt(guess: str, chaos: float, others: list[tuple[str, float]]) -> str:
+    """Why the detector's guess is uncertain ('' when it is not); `others` are its runner-up readings."""
     family = _FAMILY_OF.get(guess)
     if family == "ja":
-        return _Guess(guess, "this Japanese reading has few kana")
-    if family:
-        rivals = []
-        for name, other_chaos in results[1:]:
-            other = _FAMILY_OF.get(name)
-            if other and other != family and other_chaos <= chaos + _CJK_MARGIN and name not in rivals:
-                rivals.append(name)
-        if rivals:
-            return _Guess(guess, f"could also be {' or '.join(rivals[:3])}")
+        return "this Japanese reading has few kana"
+    rivals = _cjk_rivals(family, chaos, others) if family else []
+    if rivals:
+        return f"could also be {' or '.join(rivals[:3])}"
     if chaos >= _CHAOS_DOUBT:
-        return _Guess(guess, "the text reads poorly in every encoding tried")
-    return _Guess(guess)
+        return "the text reads poorly in every encoding tried"
+    return ""
+
+
+def _cjk_rivals(family: str, chaos: float, others: list[tuple[str, float]]) -> list[str]:
+    """Encodings of other CJK families that read the bytes nearly as well as the guess (of `family`)."""
+    rivals = []
+    for name, other_chaos in others:
+        other = _FAMILY_OF.get(name)
+        if other and other != family and other_chaos <= chaos + _CJK_MARGIN and name not in rivals:
+            rivals.append(name)
+    return rivals
 
 
 def cut_long_lines(text: str, max_line_chars: int) -> tuple[str, int]:

@@ -18,7 +18,7 @@ def runtime():
     import torch
 
     from app.cli import AppConfig
-    from app.model_loading import ModelChoice, load_runtime
+    from app.engine.model_loading import ModelChoice, load_runtime
     from app_fixtures import model_dir
 
     threads = torch.get_num_threads()

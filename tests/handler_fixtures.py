@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from app.budget import Budget
+from app.engine.budget import Budget
 from app.cli import AppConfig
-from app.server import build_app
+from app.web.server import build_app
 
 SETTINGS = ("You are a helpful assistant.", 0.0, 0.9, 16, 1.0, True, 5)  # greedy, as the Settings panel starts
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from app.chat_format import ChatFormat
+from app.engine.chat_format import ChatFormat
 from chat_templates import FAMILIES as BUILT
 
 
@@ -15,7 +15,7 @@ def _smollm2():
     """The real model's own tokenizer and ChatML template (from its package, converted once)."""
     from transformers import AutoTokenizer
 
-    from app.bundled_model import bundled_gguf, converted_folder
+    from app.engine.bundled_model import bundled_gguf, converted_folder
 
     return AutoTokenizer.from_pretrained(converted_folder(bundled_gguf()))
 

@@ -46,7 +46,7 @@ def test_the_start_up_warning_names_the_readable_folders(auth_server):
 
 def test_the_app_sends_no_usage_analytics_by_default():
     env = {k: v for k, v in os.environ.items() if k != "GRADIO_ANALYTICS_ENABLED"}
-    code = ("import app.server, gradio.analytics as a, os; "
+    code = ("import app.web.server, gradio.analytics as a, os; "
             "print(os.environ['GRADIO_ANALYTICS_ENABLED'], a.analytics_enabled())")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout.split()

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from app.chat_format import TurnState
+from app.engine.chat_format import TurnState
 from app.cli import AppConfig
-from app.engine import AnswerDelta, AnswerResult, ContextEngine, ContextFull, ContextOutOfMemory, EngineError, Stopped
-from app.generation import GenerationSettings
-from app.model_loading import ModelChoice, load_runtime
+from app.engine.context import AnswerDelta, AnswerResult, ContextEngine, ContextFull, ContextOutOfMemory, EngineError, Stopped
+from app.engine.generation import GenerationSettings
+from app.engine.model_loading import ModelChoice, load_runtime
 from ingest import Provenance
 from app_fixtures import FILLER, model_dir
 

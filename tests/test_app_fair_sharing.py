@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from app.metrics import LiveStats
-from app.model_gate import ModelGate
+from app.engine.metrics import LiveStats
+from app.engine.model_gate import ModelGate
 from app_fixtures import make_long_text
 from handler_fixtures import SETTINGS, drain, make_handlers, request
 
@@ -97,7 +97,7 @@ def test_two_requests_of_one_session_run_its_actions_once_and_in_order(runtime):
 
 
 def test_the_memory_budget_across_sessions_refuses_a_feed_that_would_cross_it(runtime, tmp_path):
-    from app.budget import Budget, middle_bytes_per_token
+    from app.engine.budget import Budget, middle_bytes_per_token
 
     document = make_long_text(tmp_path / "doc.txt", sentences=300)
     measuring = make_handlers(runtime)
@@ -125,7 +125,7 @@ def test_the_memory_budget_across_sessions_refuses_a_feed_that_would_cross_it(ru
 
 
 def test_a_turn_abandoned_by_a_generator_never_closed_lapses(monkeypatch):
-    import app.model_gate as model_gate
+    import app.engine.model_gate as model_gate
 
     monkeypatch.setattr(model_gate, "STALE_S", 0.3)
     gate = ModelGate()

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from app import cli, flags
+from app import cli
+
+from app import flags
 from app.flags import flag
 
 

@@ -136,7 +136,7 @@ def test_server_paths_stay_inside_the_allowed_roots(runtime, tmp_path):
 
 
 def test_git_clone_failures_say_nothing_about_the_network(runtime):
-    from app.documents import CLONE_FAILED, hide_network_details
+    from app.session.documents import CLONE_FAILED, hide_network_details
     from ingest import FileReport
 
     reports = [FileReport("https://10.0.0.1/x.git", "error", reason="git clone failed: Failed to connect: "
@@ -197,7 +197,7 @@ def _answering(handlers, req, question="Tell me a long story.", tokens=64):
 
 
 def test_a_closed_model_step_leaves_what_stop_leaves(runtime, tmp_path, monkeypatch):
-    import app.model_work as model_work
+    import app.session.model_work as model_work
 
     monkeypatch.setattr(model_work, "UI_INTERVAL_S", 0.0)
     handlers = make_handlers(runtime)
@@ -222,7 +222,7 @@ def test_a_closed_model_step_leaves_what_stop_leaves(runtime, tmp_path, monkeypa
 
 
 def test_a_closed_feed_leaves_no_row_waiting(runtime, tmp_path, monkeypatch):
-    import app.model_work as model_work
+    import app.session.model_work as model_work
 
     monkeypatch.setattr(model_work, "UI_INTERVAL_S", 0.0)
     handlers = make_handlers(runtime, prefill_chunk=64)

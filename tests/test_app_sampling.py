@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from app.generation import GenerationSettings, next_token, next_token_scores
+from app.engine.generation import GenerationSettings, next_token, next_token_scores
 
 
 def kept(scores: torch.Tensor) -> set[int]:

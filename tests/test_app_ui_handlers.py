@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from app import engine as engine_module
-from app import handlers as handlers_module
-from app.metrics import DeviceMemory
+from app.engine import context as engine_module
+from app.web import handlers as handlers_module
+from app.engine.metrics import DeviceMemory
 from app_fixtures import make_pdf
 from handler_fixtures import SETTINGS, drain, make_handlers, request
 

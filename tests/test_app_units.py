@@ -11,15 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from app import bundled_model, cli, model_loading
-from app.citations import Citation, RecallTally, cite
-from app.documents import DocumentRow, fit_budget, screen_uploads
-from app.exporting import export_data, to_markdown, write_exports
-from app.generation import GenerationSettings, next_token
-from app.metrics import DeviceMemory, LiveStats, RateMeter, SessionSeries, device_memory
-from app.sessions import ChatItem, SessionRegistry
-from app.spans import Span, SpanIndex
-from app import views
+from app.engine import bundled_model
+
+from app import cli
+
+from app.engine import model_loading
+from app.engine.citations import Citation, RecallTally, cite
+from app.session.documents import DocumentRow, fit_budget, screen_uploads
+from app.session.exporting import export_data, to_markdown, write_exports
+from app.engine.generation import GenerationSettings, next_token
+from app.engine.metrics import DeviceMemory, LiveStats, RateMeter, SessionSeries, device_memory
+from app.session.state import ChatItem, SessionRegistry
+from app.engine.spans import Span, SpanIndex
+from app.web import views
 from ingest import Corpus, FileReport, Provenance
 from ingest.corpus import Chunk
 from lminfinite import TopKSelection
@@ -166,7 +170,7 @@ def test_fit_budget_refuses_whole_files_that_do_not_fit():
 
 # -- sampling ------------------------------------------------------------------------------------
 def test_loop_guard_stops_an_answer_that_repeats_itself():
-    from app.generation import LoopGuard
+    from app.engine.generation import LoopGuard
 
     sentence = [5, 6, 7, 8, 9, 10]  # "The document is written by Thomas Leonard," and again
     guard, answer, stopped_at = LoopGuard(n=4), [], None
@@ -219,8 +223,8 @@ def test_citations_group_recall_weight_by_page_and_line_range():
 
 
 def test_citations_count_content_tokens_not_attention_sinks():
-    """Measured shape (app/citations.py): one " the" on page 13 draws more recall than the answer's words."""
-    from app.citations import content_token_ids, is_content_token
+    """Measured shape (app/engine/citations.py): one " the" on page 13 draws more recall than the answer's words."""
+    from app.engine.citations import content_token_ids, is_content_token
 
     spans = SpanIndex()
     spans.append(Span(0, 100, "document", where=Provenance("spec.pdf", page=1)))
@@ -260,7 +264,7 @@ class _Runtime:
 
 
 def _registry(timeout_s=3600.0):
-    from app.budget import Budget
+    from app.engine.budget import Budget
 
     return SessionRegistry(_Runtime(), cli.AppConfig(session_timeout_s=timeout_s), Budget(1000, "test", 10))
 
@@ -347,8 +351,8 @@ def test_exports_hold_documents_sources_and_flags(tmp_path):
 
 
 def test_share_without_auth_warns_loudly(capsys, monkeypatch):
-    from app import server
-    from app.ui import LayoutInfo, header_html
+    from app.web import server
+    from app.web.ui import LayoutInfo, header_html
 
     info = dict(notice="Model: demo", allow_local_paths=False, budget_tokens=10, max_file_size="1 MB",
                 system_prompt="", temperature=0.0, top_p=0.9, max_new_tokens=16, repetition_penalty=1.0,
@@ -375,7 +379,7 @@ def test_share_without_auth_warns_loudly(capsys, monkeypatch):
 
 def test_launch_is_quiet_and_prints_the_apps_own_lines(capsys):
     """Gradio's start-up lines told users to "set `share=True` in `launch()`"; the app has --share."""
-    from app import server
+    from app.web import server
 
     launched = {}
 

@@ -12,12 +12,12 @@ import gradio as gr  # noqa: E402
 from gradio.utils import get_upload_folder  # noqa: E402
 from ingest.units import human_bytes  # noqa: E402
 
-from .budget import Budget, context_budget
-from .cli import AppConfig
+from ..engine.budget import Budget, context_budget
+from ..cli import AppConfig
 from .events import wire
 from .handlers import Handlers
-from .runtime import ModelRuntime
-from .sessions import SessionRegistry
+from ..engine.runtime import ModelRuntime
+from ..session.state import SessionRegistry
 from .ui import STATIC_DIR, LayoutInfo, build_layout
 
 log = logging.getLogger(__name__)

@@ -15,12 +15,11 @@ import ingest
 from ingest import IngestCancelled
 from ingest.git_url import looks_like_url
 
-from . import views
-from .cli import AppConfig
-from .documents import (BUDGET_MARGIN, DocumentRow, limits_for, progress_line, read_sources, replace_rows,
-                        row_from_report)
-from .runtime import ModelRuntime
-from .sessions import Session, Work
+from ..cli import AppConfig
+from .documents import (BUDGET_MARGIN, DocumentRow, limits_for, plural, progress_line, read_sources, replace_rows,
+                        row_from_report, status_line)
+from ..engine.runtime import ModelRuntime
+from .state import Session, Work
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25
@@ -177,6 +176,6 @@ class Reader:
         work.rows = rows
         if work.status_item is not None:
             ready = sum(1 for r in rows if r.status == "queued")
-            read = f"Read {views.plural(len(names), 'upload')}: {views.plural(ready, 'file')} to add"
+            read = f"Read {plural(len(names), 'upload')}: {plural(ready, 'file')} to add"
             work.status_item.title = "■ Reading stopped: nothing was added" if "cancelled" in outcome else read
-            work.status_item.text = "\n".join(f"{r.path}: {views.status_line(r)}" for r in rows)
+            work.status_item.text = "\n".join(f"{r.path}: {status_line(r)}" for r in rows)

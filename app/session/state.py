@@ -16,13 +16,13 @@ from collections import OrderedDict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .budget import Budget
-from .citations import Citation
-from .cli import AppConfig
+from ..engine.budget import Budget
+from ..engine.citations import Citation
+from ..cli import AppConfig
 from .documents import DocumentRow
-from .engine import ContextEngine
-from .metrics import LiveStats, SessionSeries
-from .runtime import ModelRuntime, release_memory
+from ..engine.context import ContextEngine
+from ..engine.metrics import LiveStats, SessionSeries
+from ..engine.runtime import ModelRuntime, release_memory
 
 EXPIRED_KEPT = 10_000  # freed session hashes remembered, to tell their late requests what happened
 STALE_WORK_S = 24 * 3600.0  # queued work older than this no longer keeps a session from the idle sweep

@@ -89,7 +89,7 @@ class ModelRuntime:
 
     @functools.cached_property
     def content_ids(self) -> frozenset[int]:
-        """The vocabulary's content tokens, the ones citations count (app/citations.py says why)."""
+        """The vocabulary's content tokens, the ones citations count (app/engine/citations.py says why)."""
         from .citations import content_token_ids
 
         return content_token_ids(self.tokenizer)

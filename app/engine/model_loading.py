@@ -18,7 +18,7 @@ import torch
 import lminfinite
 
 from . import bundled_model
-from .cli import DEMO_MODEL_DIR, LLAMA2_CHAT, AppConfig
+from ..cli import DEMO_MODEL_DIR, LLAMA2_CHAT, AppConfig
 from .runtime import ModelRuntime
 
 log = logging.getLogger(__name__)

@@ -6,9 +6,9 @@ questions of it; the answer's sources are the passages top-k recall attended to 
 
 from __future__ import annotations
 
-from .citations import Citation
-from .documents import DocumentRow
-from .sessions import ChatItem
+from ..engine.citations import Citation
+from ..session.documents import DocumentRow
+from ..session.state import ChatItem
 
 
 def source_json(citation: Citation) -> dict:

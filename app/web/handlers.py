@@ -1,8 +1,8 @@
 """Event functions: component values and the request in, updated session and component values out.
 
 A user action is split by cost. A fast step (no queue limit) records it in the session and shows it;
-``read`` parses files on the reading queue (reading.py: one at a time, off the model queue, so a 300-page
-PDF does not hold up other users' answers); ``run`` does all model work on the model queue (model_work.py:
+``read`` parses files on the reading queue (session/reading.py: one at a time, off the model queue, so a 300-page
+PDF does not hold up other users' answers); ``run`` does all model work on the model queue (session/model_work.py:
 one at a time per device).
 Stop only sets the action's cancel flag: the engine halts within one chunk or token and rolls back, and
 the generator then shows the final state itself.
@@ -19,16 +19,16 @@ from ingest.git_url import looks_like_url
 
 from . import views
 from .api import answer_json
-from .budget import Budget
-from .cli import AppConfig
-from .documents import screen_uploads
-from .exporting import export_data, write_exports
-from .generation import GenerationSettings
-from .metrics import device_memory, stats_dict
-from .model_work import ModelWork
-from .reading import Reader
-from .runtime import ModelRuntime
-from .sessions import ChatItem, Session, SessionDenied, SessionExpired, SessionRegistry, Work
+from ..engine.budget import Budget
+from ..cli import AppConfig
+from ..session.documents import plural, screen_uploads
+from ..session.exporting import export_data, write_exports
+from ..engine.generation import GenerationSettings
+from ..engine.metrics import device_memory, stats_dict
+from ..session.model_work import ModelWork
+from ..session.reading import Reader
+from ..engine.runtime import ModelRuntime
+from ..session.state import ChatItem, Session, SessionDenied, SessionExpired, SessionRegistry, Work
 
 
 class Handlers:
@@ -101,7 +101,7 @@ class Handlers:
             work.question_item = ChatItem("user", "question", question or "", files=names)
             session.chat.append(work.question_item)
         if names:
-            title = f"Reading {views.plural(len(accepted), 'file')}" if accepted else "No file could be read"
+            title = f"Reading {plural(len(accepted), 'file')}" if accepted else "No file could be read"
             lines = [f"{r.path}: {r.reason}" for r in refused]
             work.status_item = ChatItem("assistant", "status", "\n".join(lines), title=title, pending=bool(accepted))
             session.chat.append(work.status_item)
@@ -147,7 +147,7 @@ class Handlers:
         """Stop this session's running and queued work (the engine rolls back within a chunk or token)."""
         session = self._session(request)
         told = session.stop()
-        session.stop_note = f"Stopping {views.plural(told, 'action')}…" if told else "Nothing to stop."
+        session.stop_note = f"Stopping {plural(told, 'action')}…" if told else "Nothing to stop."
         return session.stop_note
 
     def controls(self, request: gr.Request):

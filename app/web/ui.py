@@ -10,7 +10,7 @@ import gradio as gr
 
 from .views import DOCUMENT_COLUMN_WIDTHS, DOCUMENT_HEADERS
 
-STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
+STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 ACCEPTED_TYPES = [  # a hint for the file picker: ingest decides what it reads, and says why it skips the rest
     ".pdf", ".zip", ".tar", ".tgz", ".gz", ".bz2", ".xz", ".tbz2", ".txz", ".txt", ".md", ".rst", ".ipynb", ".html",
     ".htm", ".xhtml", ".xml", ".json", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".conf", ".csv", ".py", ".js",

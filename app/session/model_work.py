@@ -11,14 +11,13 @@ import dataclasses
 import logging
 import time
 
-from . import views
-from .budget import Budget
-from .documents import fit_budget, replace_rows
-from .engine import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
-from .generation import GenerationSettings
-from .metrics import LiveStats
-from .runtime import ModelRuntime, is_out_of_memory
-from .sessions import ChatItem, Session, Work
+from ..engine.budget import Budget
+from .documents import fit_budget, plural, replace_rows, status_line
+from ..engine.context import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
+from ..engine.generation import GenerationSettings
+from ..engine.metrics import LiveStats
+from ..engine.runtime import ModelRuntime, is_out_of_memory
+from .state import ChatItem, Session, Work
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +95,7 @@ class ModelWork:
         item = work.status_item or ChatItem("assistant", "status")
         if not fitted.chunks:
             item.title, item.pending = "Nothing to add", False
-            item.text = "\n".join(f"{r.path}: {views.status_line(r)}" for r in fitted.rows)
+            item.text = "\n".join(f"{r.path}: {status_line(r)}" for r in fitted.rows)
             return True
         queued = [r for r in fitted.rows if r.status == "queued"]
         refusal = self.budget.memory_refusal(self.cache_bytes(), fitted.tokens)
@@ -107,7 +106,7 @@ class ModelWork:
                 False, refusal[0].upper() + refusal[1:] + "."
             return False
         throttle = Throttle(FEED_INTERVAL_S)
-        item.title = f"Adding {views.plural(len(queued), 'file')} ({fitted.tokens:,} tokens)"
+        item.title = f"Adding {plural(len(queued), 'file')} ({fitted.tokens:,} tokens)"
 
         def stopped() -> None:
             for row in queued:
@@ -153,9 +152,9 @@ class ModelWork:
         for row in queued:
             row.status = row.outcome or "ingested"
         session.fed_chunks.append(fitted.chunks)
-        item.title = f"Added {views.plural(len(queued), 'file')} · {fitted.tokens:,} tokens"
+        item.title = f"Added {plural(len(queued), 'file')} · {fitted.tokens:,} tokens"
         item.pending = False
-        item.text = "\n".join(f"{r.path}: {views.status_line(r)}" for r in fitted.rows)
+        item.text = "\n".join(f"{r.path}: {status_line(r)}" for r in fitted.rows)
         return True
 
     def _stream_answer(self, session: Session, item: ChatItem, events, settings: GenerationSettings,

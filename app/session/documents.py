@@ -16,7 +16,7 @@ from ingest import Corpus, FileReport, IngestLimits
 from ingest.git_url import looks_like_url
 from ingest.units import human_bytes
 
-from .cli import AppConfig
+from ..cli import AppConfig
 
 log = logging.getLogger(__name__)
 
@@ -156,3 +156,12 @@ def progress_line(event) -> str:
     parts.append(f"{event.tokens_done:,} tokens")
     where = os.path.basename(event.path.rstrip("/")) if event.path else ""
     return (f"Reading {where} · " if where else "Reading · ") + " · ".join(parts)
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def status_line(row: DocumentRow) -> str:
+    """'report.pdf: ✓ in context, 3,456 tokens' style summary used in chat status blocks."""
+    extra = f", {row.tokens:,} tokens" if row.tokens else ""
+    return f"{STATUS_LABELS.get(row.status, row.status)}{extra}" + (f": {row.reason}" if row.reason else "")

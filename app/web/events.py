@@ -52,7 +52,7 @@ def wire(demo, c: Components, h: Handlers) -> None:
     then_model(c.new_context.click(h.queue_reset, None, view, api_name="new_context", **FAST), api_name=False)
     c.export.click(h.export, None, c.export_files, api_name="export", **FAST)
 
-    # The one-call API (app/api.py): add files, ask, get JSON; all on the model queue.
+    # The one-call API (app/web/api.py): add files, ask, get JSON; all on the model queue.
     c.ask_trigger.click(h.ask, [c.ask_question, c.ask_files], c.ask_result, api_name="ask", **MODEL)
 
     # The live panel: whole on page load (and for API clients), then only what changed on each tick.

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from ingest.tables import markdown_table
 
 from .documents import DocumentRow
-from .sessions import ChatItem
+from .state import ChatItem
 
 
 def export_data(*, model: str, system_prompt: str | None, documents: list[DocumentRow], chat: list[ChatItem],

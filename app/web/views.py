@@ -11,10 +11,10 @@ import pandas as pd
 
 from ingest.units import human_bytes
 
-from .documents import STATUS_LABELS, DocumentRow
-from .metrics import DeviceMemory, LiveStats, Sample
-from .budget import Budget
-from .sessions import ChatItem, Session
+from ..session.documents import STATUS_LABELS, DocumentRow
+from ..engine.metrics import DeviceMemory, LiveStats, Sample
+from ..engine.budget import Budget
+from ..session.state import ChatItem, Session
 
 DOCUMENT_HEADERS = ["File", "Status", "Pages", "Tokens", "Note"]
 # The Files table's column widths (of the table's width): the file and the note (a skipped file's reason) get
@@ -27,8 +27,6 @@ PHASE_LABELS = {"idle": "Idle", "reading": "Reading documents", "prefill": "Feed
 FINISH_NOTES = {"length": " · stopped at max tokens", "repetition": " · stopped: the answer began to repeat itself"}
 
 
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _fmt_seconds(seconds: float | None) -> str:
@@ -106,10 +104,6 @@ def document_rows(rows: list[DocumentRow]) -> list[list]:
              r.reason] for r in rows]
 
 
-def status_line(row: DocumentRow) -> str:
-    """'report.pdf: ✓ in context, 3,456 tokens' style summary used in chat status blocks."""
-    extra = f", {row.tokens:,} tokens" if row.tokens else ""
-    return f"{STATUS_LABELS.get(row.status, row.status)}{extra}" + (f": {row.reason}" if row.reason else "")
 
 
 def context_html(context_tokens: int, document_tokens: int, budget: int, budget_why: str, files: int) -> str:

@@ -1,0 +1,1 @@
+"""The web layer: Gradio layout, wiring, event functions and views (see app/__init__)."""
