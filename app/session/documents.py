@@ -45,6 +45,15 @@ class DocumentRow:
     reason: str = ""
     outcome: str = ""  # what ingest said ("ingested" / "partial") while the row waits for the model
 
+    def wait_for_model(self) -> None:
+        """Read (all of it, or part): queued for the model, remembering which, for when it is added."""
+        if self.status in ("ingested", "partial"):
+            self.outcome, self.status = self.status, "queued"
+
+    def added(self) -> None:
+        """Fed to the model: in the context as ingest read it."""
+        self.status = self.outcome or "ingested"
+
     def as_list(self) -> list:
         return [self.path, STATUS_LABELS.get(self.status, self.status), self.pages or "", self.tokens or "",
                 self.reason]
@@ -137,13 +146,12 @@ def fit_budget(corpus: Corpus, free_tokens: int) -> FittedCorpus:
             needed = sum(c.tokens for c in file_chunks)
             if used + needed + BUDGET_MARGIN > free_tokens:
                 left = max(0, free_tokens - used - BUDGET_MARGIN)
-                row.status, row.tokens = "refused", 0
-                row.reason = (f"needs {needed:,} tokens but only {left:,} of the context budget are left "
-                              "(start a new context or raise --context-budget)")
+                set_rows([row], "refused", f"needs {needed:,} tokens but only {left:,} of the context budget "
+                                           "are left (start a new context or raise --context-budget)")
             else:
                 chunks.extend(file_chunks)
                 used += needed
-                row.outcome, row.status = report.status, "queued"
+                row.wait_for_model()
         rows.append(row)
     return FittedCorpus(chunks, rows, used)
 
@@ -165,3 +173,14 @@ def status_line(row: DocumentRow) -> str:
     """'report.pdf: ✓ in context, 3,456 tokens' style summary used in chat status blocks."""
     extra = f", {row.tokens:,} tokens" if row.tokens else ""
     return f"{STATUS_LABELS.get(row.status, row.status)}{extra}" + (f": {row.reason}" if row.reason else "")
+
+
+def rows_summary(rows: list[DocumentRow]) -> str:
+    """One status line per file, for the chat's status block."""
+    return "\n".join(f"{r.path}: {status_line(r)}" for r in rows)
+
+
+def set_rows(rows: list[DocumentRow], status: str, reason: str) -> None:
+    """Files that did not reach the context (or left it): their status and why; none of their tokens count."""
+    for row in rows:
+        row.status, row.reason, row.tokens = status, reason, 0

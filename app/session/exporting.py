@@ -39,20 +39,25 @@ def to_markdown(data: dict) -> str:
             ["File", "Status", "Pages", "Tokens", "Note"],
             [[d["path"], d["status"], d["pages"] or "", d["tokens"] or "", d["reason"]] for d in data["documents"]])]
     lines += ["", "## Conversation"]
-    for m in data["messages"]:
-        if m["kind"] == "question":
-            attached = f" (attached: {', '.join(m['files'])})" if m["files"] else ""
-            lines += ["", f"**You**{attached}:", "", m["text"] or "*(documents only)*"]
-        elif m["kind"] == "answer":
-            lines += ["", "**Assistant:**", "", m["text"]]
-            if m["citations"]:
-                lines += ["", "Sources (share of top-k recall attention): " + "; ".join(
-                    f"{c['label']} ({c['share']:.0%})" for c in m["citations"])]
-            if m["stopped"]:
-                lines += ["", "*Stopped; not kept in the context.*"]
-        else:
-            lines += ["", f"> {m['title'] or ''}"] + [f"> {t}" for t in (m["text"] or "").splitlines() if t.strip()]
+    for message in data["messages"]:
+        lines += message_markdown(message)
     return "\n".join(lines) + "\n"
+
+
+def message_markdown(m: dict) -> list[str]:
+    """One exported chat item's lines: a question, an answer with its sources, or a status block."""
+    if m["kind"] == "question":
+        attached = f" (attached: {', '.join(m['files'])})" if m["files"] else ""
+        return ["", f"**You**{attached}:", "", m["text"] or "*(documents only)*"]
+    if m["kind"] == "answer":
+        lines = ["", "**Assistant:**", "", m["text"]]
+        if m["citations"]:
+            lines += ["", "Sources (share of top-k recall attention): " + "; ".join(
+                f"{c['label']} ({c['share']:.0%})" for c in m["citations"])]
+        if m["stopped"]:
+            lines += ["", "*Stopped; not kept in the context.*"]
+        return lines
+    return ["", f"> {m['title'] or ''}"] + [f"> {t}" for t in (m["text"] or "").splitlines() if t.strip()]
 
 
 def write_exports(data: dict, directory: str) -> list[str]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 
 from ..engine.budget import Budget
-from .documents import fit_budget, plural, replace_rows, status_line
 from ..engine.context import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import LiveStats
 from ..engine.runtime import ModelRuntime, is_out_of_memory
+from .documents import fit_budget, plural, replace_rows, rows_summary, set_rows
 from .state import ChatItem, Session, Work
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,26 @@ REGENERATE_TEMPERATURE, REGENERATE_TOP_P = 0.7, 0.9
 
 OUT_OF_MEMORY_TEXT = ("The device ran out of memory. The context was rolled back to its last consistent state; "
                       "try a shorter document, turn top-k recall off, or start a new context.")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What the user is told when an operation failed; the engine has rolled it back."""
+
+    message: str
+    internal: bool = False  # a bug, not the user's input or the machine's limits
+
+
+def failure(exc: Exception, during: str) -> Failure:
+    """The one place where a refused operation, out-of-memory or a bug becomes words (and a log line)."""
+    if isinstance(exc, EngineError):
+        return Failure(str(exc))
+    if is_out_of_memory(exc):
+        log.warning("out of memory while %s: %s", during, exc)
+        return Failure(OUT_OF_MEMORY_TEXT)
+    log.exception("%s failed", during)
+    return Failure(f"Internal error while {during} ({type(exc).__name__}); the context was rolled back.",
+                   internal=True)
 
 
 class Throttle:
@@ -80,7 +101,7 @@ class ModelWork:
     def _mark_not_done(self, session: Session, work: Work, title: str) -> None:
         for row in work.rows:
             if row.status == "queued":
-                row.status, row.reason = "cancelled", "stopped before it reached the model; nothing was added"
+                set_rows([row], "cancelled", "stopped before it reached the model; nothing was added")
         if work.status_item is not None:
             work.status_item.title, work.status_item.pending = title, False
         if work.question_item is not None and work.question_item.text:
@@ -94,68 +115,57 @@ class ModelWork:
         work.rows = fitted.rows
         item = work.status_item or ChatItem("assistant", "status")
         if not fitted.chunks:
-            item.title, item.pending = "Nothing to add", False
-            item.text = "\n".join(f"{r.path}: {status_line(r)}" for r in fitted.rows)
+            item.title, item.pending, item.text = "Nothing to add", False, rows_summary(fitted.rows)
             return True
         queued = [r for r in fitted.rows if r.status == "queued"]
         refusal = self.budget.memory_refusal(self.cache_bytes(), fitted.tokens)
         if refusal is not None:
-            for row in queued:
-                row.status, row.reason, row.tokens = "refused", f"not added: {refusal}", 0
-            item.title, item.pending, item.text = "⚠ Documents not added: the server is out of context memory", \
-                False, refusal[0].upper() + refusal[1:] + "."
+            set_rows(queued, "refused", f"not added: {refusal}")
+            item.title, item.pending = "⚠ Documents not added: the server is out of context memory", False
+            item.text = refusal[0].upper() + refusal[1:] + "."
             return False
-        throttle = Throttle(FEED_INTERVAL_S)
         item.title = f"Adding {plural(len(queued), 'file')} ({fitted.tokens:,} tokens)"
-
-        def stopped() -> None:
-            for row in queued:
-                row.reason = f"stopped while feeding the model; none of its {row.tokens:,} tokens were added"
-                row.status, row.tokens = "cancelled", 0
-            item.title, item.pending, item.text = "■ Stopped: nothing from this upload was added", False, ""
-
         feeding = engine.feed_documents(fitted.chunks, work.cancel)
         try:
-            for p in feeding:
-                rate = f" · {p.tokens_per_s:,.0f} tok/s" if p.tokens_per_s else ""
-                eta = f" · ETA {p.eta_s:.1f} s" if p.eta_s is not None else ""
-                item.text = f"Feeding {p.done:,} / {p.total:,} tokens{rate}{eta}"
-                if throttle():
-                    yield self.view(session)
+            yield from self._show_feeding(session, item, feeding)
         except GeneratorExit:  # the request ended (API cancel, closed tab): exactly what Stop leaves
             work.cancel.set()
             feeding.close()  # the engine rolls back now, not whenever the generator is collected
-            stopped()
+            self._feed_stopped(queued, item)
             if work.question_item is not None and work.question_item.text:
                 work.question_item.in_context = False
             raise
         except Stopped:
-            stopped()
-            return False
-        except EngineError as exc:
-            for row in queued:
-                row.status, row.reason, row.tokens = "rolled_back", str(exc), 0
-            item.title, item.pending, item.text = "⚠ Documents not added", False, str(exc)
+            self._feed_stopped(queued, item)
             return False
         except Exception as exc:  # noqa: BLE001 - the engine rolled back; keep serving
-            if is_out_of_memory(exc):
-                log.warning("out of memory while feeding documents: %s", exc)
-                for row in queued:
-                    row.status, row.reason, row.tokens = "rolled_back", OUT_OF_MEMORY_TEXT, 0
-                item.title, item.pending, item.text = "⚠ Documents not added", False, OUT_OF_MEMORY_TEXT
-                return False
-            log.exception("feeding documents failed")
-            for row in queued:
-                row.status, row.reason, row.tokens = "rolled_back", f"internal error: {exc}", 0
-            item.title, item.pending, item.text = "⚠ Documents not added (internal error)", False, str(exc)
+            said = failure(exc, "feeding documents")
+            set_rows(queued, "rolled_back", said.message)
+            item.title = "⚠ Documents not added" + (" (internal error)" if said.internal else "")
+            item.pending, item.text = False, said.message
             return False
         for row in queued:
-            row.status = row.outcome or "ingested"
+            row.added()
         session.fed_chunks.append(fitted.chunks)
         item.title = f"Added {plural(len(queued), 'file')} · {fitted.tokens:,} tokens"
-        item.pending = False
-        item.text = "\n".join(f"{r.path}: {status_line(r)}" for r in fitted.rows)
+        item.pending, item.text = False, rows_summary(fitted.rows)
         return True
+
+    def _show_feeding(self, session: Session, item: ChatItem, feeding):
+        throttle = Throttle(FEED_INTERVAL_S)
+        for p in feeding:
+            rate = f" · {p.tokens_per_s:,.0f} tok/s" if p.tokens_per_s else ""
+            eta = f" · ETA {p.eta_s:.1f} s" if p.eta_s is not None else ""
+            item.text = f"Feeding {p.done:,} / {p.total:,} tokens{rate}{eta}"
+            if throttle():
+                yield self.view(session)
+
+    @staticmethod
+    def _feed_stopped(queued: list, item: ChatItem) -> None:
+        for row in queued:  # each row says how many tokens it would have added
+            set_rows([row], "cancelled", f"stopped while feeding the model; none of its {row.tokens:,} tokens "
+                                         "were added")
+        item.title, item.pending, item.text = "■ Stopped: nothing from this upload was added", False, ""
 
     def _stream_answer(self, session: Session, item: ChatItem, events, settings: GenerationSettings,
                        question_item: ChatItem | None):
@@ -177,19 +187,10 @@ class ModelWork:
             raise
         except Stopped:
             self._mark_stopped(item, question_item)
-        except EngineError as exc:
-            item.pending, item.in_context = False, False
-            item.text = (item.text + "\n\n" if item.text else "") + f"⚠ {exc}"
-            if question_item is not None:
-                question_item.in_context = False
         except Exception as exc:  # noqa: BLE001 - the engine rolled back; keep serving
+            said = failure(exc, "answering")
             item.pending, item.in_context = False, False
-            if is_out_of_memory(exc):
-                log.warning("out of memory while answering: %s", exc)
-                item.text = (item.text + "\n\n" if item.text else "") + f"⚠ {OUT_OF_MEMORY_TEXT}"
-            else:
-                log.exception("answering failed")
-                item.text = f"⚠ Internal error while answering ({type(exc).__name__}); the context was rolled back."
+            item.text = (item.text + "\n\n" if item.text else "") + f"⚠ {said.message}"
             if question_item is not None:
                 question_item.in_context = False
 

@@ -17,7 +17,7 @@ from ingest.git_url import looks_like_url
 
 from ..cli import AppConfig
 from .documents import (BUDGET_MARGIN, DocumentRow, limits_for, plural, progress_line, read_sources, replace_rows,
-                        row_from_report, status_line)
+                        row_from_report, rows_summary)
 from ..engine.runtime import ModelRuntime
 from .state import Session, Work
 
@@ -151,7 +151,7 @@ class Reader:
             self._finish(session, work, names, placeholders, outcome)
 
     def _finish(self, session: Session, work: Work, names: list[str], placeholders: list[DocumentRow],
-                     outcome: dict) -> None:
+                outcome: dict) -> None:
         work.stage = "read"
         if work not in session.pending:  # "New context" discarded this action while it was being read
             return
@@ -159,23 +159,25 @@ class Reader:
         read_names = [n for n in names if n not in {r.path for r in refused}]
         if "corpus" in outcome:
             work.corpus = outcome["corpus"]
-            rows = [row_from_report(r) for r in work.corpus.reports]
-            for row in rows:
-                if row.status in ("ingested", "partial"):
-                    row.outcome, row.status = row.status, "queued"
-        elif "cancelled" in outcome:
-            rows = [DocumentRow(name, "cancelled", reason="stopped while reading; nothing was added")
-                    for name in read_names]
-        elif "error" in outcome:
-            rows = [DocumentRow(name, "error", reason=f"could not be read: {outcome.get('error')}")
-                    for name in read_names]
-        else:
-            rows = []
-        rows = refused + rows
+        rows = refused + rows_after_reading(outcome, read_names)
         replace_rows(session.documents, placeholders, rows)
         work.rows = rows
         if work.status_item is not None:
             ready = sum(1 for r in rows if r.status == "queued")
             read = f"Read {plural(len(names), 'upload')}: {plural(ready, 'file')} to add"
             work.status_item.title = "■ Reading stopped: nothing was added" if "cancelled" in outcome else read
-            work.status_item.text = "\n".join(f"{r.path}: {status_line(r)}" for r in rows)
+            work.status_item.text = rows_summary(rows)
+
+
+def rows_after_reading(outcome: dict, names: list[str]) -> list[DocumentRow]:
+    """The Files table's rows for what reading ``names`` came to: a corpus, Stop, or an error."""
+    if "corpus" in outcome:
+        rows = [row_from_report(r) for r in outcome["corpus"].reports]
+        for row in rows:
+            row.wait_for_model()
+        return rows
+    if "cancelled" in outcome:
+        return [DocumentRow(name, "cancelled", reason="stopped while reading; nothing was added") for name in names]
+    if "error" in outcome:
+        return [DocumentRow(name, "error", reason=f"could not be read: {outcome['error']}") for name in names]
+    return []

@@ -139,6 +139,12 @@ class Session:
             self.pending.append(work)
         return work
 
+    def answer_to(self, question: ChatItem | None) -> ChatItem | None:
+        """The answer that followed ``question`` in the chat, if there is one."""
+        if question is None or question not in self.chat:
+            return None
+        return next((c for c in self.chat[self.chat.index(question) + 1:] if c.kind == "answer"), None)
+
     def waiting(self) -> bool:
         """Work queued for the reading or model queue (not abandoned for a day): the session is in use."""
         with self.lock:

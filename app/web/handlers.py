@@ -113,7 +113,7 @@ class Handlers:
         session = self._session(request)
         message = message or {}
         text = (message.get("text") or "").strip()
-        files = [f if isinstance(f, str) else f.get("path") for f in (message.get("files") or [])]
+        files = upload_paths(message.get("files"))
         if not text and not files:
             return (gr.MultimodalTextbox(value=None, interactive=True), *self.view(session))
         self._queue_sources(session, text or None, files, uploads=True)
@@ -122,7 +122,7 @@ class Handlers:
     def add_files(self, files, request: gr.Request):
         """Documents panel: queue uploaded files (no question)."""
         session = self._session(request)
-        paths = [f if isinstance(f, str) else getattr(f, "name", f) for f in (files or [])]
+        paths = upload_paths(files)
         if paths:
             self._queue_sources(session, None, paths, uploads=True)
         return (None, *self.view(session))
@@ -247,7 +247,7 @@ class Handlers:
         Uses the Settings' defaults of the server (greedy unless the model asks otherwise, recall on).
         """
         session = self._session(request)
-        paths = [f if isinstance(f, str) else getattr(f, "name", None) or f.get("path") for f in (files or [])]
+        paths = upload_paths(files)
         question = (question or "").strip()
         if not question and not paths:
             raise gr.Error("Give a question, files, or both.")
@@ -256,10 +256,7 @@ class Handlers:
             pass
         for _ in self.run(*self.default_settings, request=request):
             pass
-        answer = None
-        if work.question_item is not None and question:
-            after = session.chat[session.chat.index(work.question_item) + 1:]
-            answer = next((c for c in after if c.kind == "answer"), None)
+        answer = session.answer_to(work.question_item) if question else None
         rows = work.rows or [r for r in session.documents if r.path in {os.path.basename(p) for p in paths}]
         return answer_json(answer, rows, session.context_tokens, self.runtime.name)
 
@@ -295,3 +292,12 @@ class Handlers:
                 finally:
                     session.release_model_step()
         yield self.view(session)
+
+
+def upload_paths(files) -> list[str]:
+    """Server paths of uploaded files, as Gradio hands them: paths, file objects, or FileData dicts."""
+    def path(f):
+        if isinstance(f, str):
+            return f
+        return f.get("path") if isinstance(f, dict) else getattr(f, "name", f)
+    return [path(f) for f in files or []]
