@@ -51,13 +51,19 @@ def test_bytes_held_do_not_grow_with_context_and_memory_reports_them(model):
     assert sum(long.memory().values()) == short_bytes
 
 
-def test_span_bytes_are_what_the_cache_holds():
-    """lminfinite.span_bytes, the arithmetic the app's budget and ingest's estimates use, is what memory() reports."""
+def recall_cache_fed_far_past_the_window():
+    """A top-k model (recall from layer 1) and its cache after 20 windows of tokens: (model, cache, tokens fed)."""
     config = lminfinite.LMInfiniteConfig(n_starting=N_STARTING, topk=2, topk_from_layer=1)
     model = lminfinite.enable(tiny_model("llama-gqa"), config)
     cache = lminfinite.InfiniteCache(model)
     n = 20 * WINDOW
     feed_in_chunks(model, random_ids(n), 13, cache)
+    return model, cache, n
+
+
+def test_span_bytes_are_what_the_cache_holds():
+    """lminfinite.span_bytes, the arithmetic the app's budget and ingest's estimates use, is what memory() reports."""
+    model, cache, n = recall_cache_fed_far_past_the_window()
     resolved = lminfinite.get_state(model).config
     per_token = lminfinite.span_bytes(lminfinite.KVShape.from_config(model.config), resolved, torch.float32)
     memory = cache.memory()
@@ -110,11 +116,7 @@ def test_position_ids_far_from_zero_give_the_same_logits(model, cached, offset):
 
 
 def test_topk_middle_store_keeps_each_evicted_token_once():
-    config = lminfinite.LMInfiniteConfig(n_starting=N_STARTING, topk=2, topk_from_layer=1)
-    model = lminfinite.enable(tiny_model("llama-gqa"), config)
-    cache = lminfinite.InfiniteCache(model)
-    n = 20 * WINDOW
-    feed_in_chunks(model, random_ids(n), 13, cache)
+    model, cache, n = recall_cache_fed_far_past_the_window()
     evicted = n - N_STARTING - (WINDOW - 1)
     assert [l.middle is None for l in cache.layers] == [True, False, False]  # layer 0 never recalls
     assert [l.middle.length for l in cache.layers[1:]] == [evicted, evicted]

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 from ingest import Provenance
 
-from .spans import Span, SpanIndex
+from .spans import Span, SpanIndex, SpanKind
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def cite(tally: RecallTally, spans: SpanIndex, *, limit: int = 5, min_share: flo
     on_documents = 0.0
     for position, weight in zip(positions, weights):
         span = spans.at(position)
-        if span is None or span.kind != "document" or (counts is not None and not counts(position)):
+        if span is None or span.kind != SpanKind.DOCUMENT or (counts is not None and not counts(position)):
             continue
         key = span.where.page_only()  # PDF passages are cited per page, text and code per chunk
         by_passage[key] = by_passage.get(key, 0.0) + weight

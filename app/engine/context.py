@@ -25,7 +25,7 @@ from .citations import CitationReport, RecallTally, cite
 from .generation import GenerationSettings, LoopGuard, next_token
 from .metrics import LiveStats, RateMeter
 from .runtime import ModelRuntime, is_out_of_memory
-from .spans import Span, SpanIndex
+from .spans import Span, SpanIndex, SpanKind
 
 # Shorter prefills (a question) measure latency, not throughput: they do not overwrite the panel's rate.
 MEASURED_PREFILL = 128
@@ -62,7 +62,7 @@ class Piece:
     """Tokens to feed, the span they will occupy, and the turn state and carry once they are fed."""
 
     ids: list[int]
-    kind: str
+    kind: SpanKind
     state: TurnState
     carry: Carry = Carry()
     chunk: DocumentChunk | None = None
@@ -216,10 +216,10 @@ class ContextEngine:
         """What must precede new user content: the system block, or "<s>[INST]" after an answer."""
         if self.state is TurnState.EMPTY:
             ids, carry = self.format.start(self.system_prompt)
-            return [Piece(ids, "system", TurnState.IN_TURN, carry)]
+            return [Piece(ids, SpanKind.SYSTEM, TurnState.IN_TURN, carry)]
         if self.state is TurnState.CLOSED:
             ids, carry = self.format.open_turn(self.carry)
-            return [Piece(ids, "format", TurnState.IN_TURN, carry)]
+            return [Piece(ids, SpanKind.FORMAT, TurnState.IN_TURN, carry)]
         return []
 
     def _prefill(self, pieces: list[Piece], cancel, *, topk: int, phase: str) -> Iterator[PrefillProgress]:
@@ -266,8 +266,8 @@ class ContextEngine:
         carry = pieces[-1].carry if pieces else self.carry
         for chunk in chunks:
             ids, carry = self.format.document(chunk.text, carry)
-            pieces.append(Piece(ids, "document", TurnState.IN_TURN, carry, chunk))
-        return pieces if any(p.kind == "document" for p in pieces) else []
+            pieces.append(Piece(ids, SpanKind.DOCUMENT, TurnState.IN_TURN, carry, chunk))
+        return pieces if any(p.kind == SpanKind.DOCUMENT for p in pieces) else []
 
     def feed_documents(self, chunks: Sequence[DocumentChunk], cancel=None) -> Iterator[PrefillProgress]:
         """Append documents inside the open user turn (opening one after an answer). All or nothing."""
@@ -320,7 +320,7 @@ class ContextEngine:
         if finish != "eos":  # the last sampled token was never fed: it closes the answer with the end-of-turn
             closing = [answer[-1], *closing]
         self._forward(closing, topk=topk)
-        self.spans.append(Span(start, self.length, "answer"))
+        self.spans.append(Span(start, self.length, SpanKind.ANSWER))
         self.state, self.carry = TurnState.CLOSED, carry
         decode_tps = decode_meter.final_rate if decode_meter is not None else 0.0
         self.stats.decode_tps = decode_tps
@@ -349,7 +349,7 @@ class ContextEngine:
         opening = self._opening()
         carry = opening[-1].carry if opening else self.carry
         ids, carry = self.format.question(question, carry)
-        pieces = [*opening, Piece(ids, "question", TurnState.IN_TURN, carry)]
+        pieces = [*opening, Piece(ids, SpanKind.QUESTION, TurnState.IN_TURN, carry)]
         planned = sum(len(p.ids) for p in pieces)
         self._check_budget(planned + 2, "This question")
         result = None
@@ -402,7 +402,7 @@ class ContextEngine:
         if not self.turns:
             return True
         first = self.turns[0].before
-        if any(s.kind == "document" for s in self.spans[first.n_spans:]):
+        if any(s.kind == SpanKind.DOCUMENT for s in self.spans[first.n_spans:]):
             return False
         with self._operation():
             self._restore(first)

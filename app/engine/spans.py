@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from enum import StrEnum
 
 from ingest import Provenance
+
+
+class SpanKind(StrEnum):
+    SYSTEM = "system"
+    DOCUMENT = "document"
+    QUESTION = "question"
+    ANSWER = "answer"
+    FORMAT = "format"  # chat markers between the others
 
 
 @dataclass(frozen=True)
 class Span:
     """Tokens ``[start, end)`` of the context.
 
-    kind: "system", "document", "question", "answer" or "format" (chat markers between them).
     Documents carry their chunk's provenance (file, PDF page and its printed label, or line range) unchanged.
     """
 
     start: int
     end: int
-    kind: str
+    kind: SpanKind
     where: Provenance | None = None
 
     @property
@@ -64,4 +72,4 @@ class SpanIndex:
         return self._spans[bisect.bisect_right(self._starts, position) - 1]
 
     def documents(self) -> list[Span]:
-        return [s for s in self._spans if s.kind == "document"]
+        return [s for s in self._spans if s.kind == SpanKind.DOCUMENT]

@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import ingest
 from ingest import Corpus, FileReport, IngestLimits
+from ingest.results import ERROR, INGESTED, PARTIAL, SKIPPED
 from ingest.git_url import looks_like_url
 from ingest.units import human_bytes
 
@@ -20,16 +22,30 @@ from ..cli import AppConfig
 
 log = logging.getLogger(__name__)
 
+class RowStatus(StrEnum):
+    """Where a file stands: ingest's verdicts, then the app's steps towards (or away from) the context."""
+
+    INGESTED = INGESTED  # in the context
+    PARTIAL = PARTIAL  # in the context, with parts ingest could not read
+    SKIPPED = SKIPPED
+    ERROR = ERROR
+    REFUSED = "refused"  # by a limit or a budget, before any model work
+    CANCELLED = "cancelled"  # Stop, an API cancel or a closed tab
+    READING = "reading"
+    QUEUED = "queued"  # read, waiting for the model
+    ROLLED_BACK = "rolled_back"  # the feed failed and was undone
+
+
 STATUS_LABELS = {  # symbols every system font has (no emoji): the README screenshot comes from a bare machine
-    "ingested": "✓ in context",
-    "partial": "⚠ partly in context",
-    "skipped": "– skipped",
-    "error": "✗ error",
-    "refused": "⊘ refused",
-    "cancelled": "■ cancelled",
-    "reading": "… reading",
-    "queued": "… waiting for the model",
-    "rolled_back": "↩ not added",
+    RowStatus.INGESTED: "✓ in context",
+    RowStatus.PARTIAL: "⚠ partly in context",
+    RowStatus.SKIPPED: "– skipped",
+    RowStatus.ERROR: "✗ error",
+    RowStatus.REFUSED: "⊘ refused",
+    RowStatus.CANCELLED: "■ cancelled",
+    RowStatus.READING: "… reading",
+    RowStatus.QUEUED: "… waiting for the model",
+    RowStatus.ROLLED_BACK: "↩ not added",
 }
 BUDGET_MARGIN = 16  # chat markers and the leading space a document may add
 
@@ -39,20 +55,23 @@ class DocumentRow:
     """One line of the documents table."""
 
     path: str
-    status: str  # a key of STATUS_LABELS
+    status: RowStatus
     pages: int = 0
     tokens: int = 0
     reason: str = ""
-    outcome: str = ""  # what ingest said ("ingested" / "partial") while the row waits for the model
+    outcome: RowStatus | None = None  # what ingest said (ingested or partial) while the row waits for the model
+
+    def __post_init__(self) -> None:
+        self.status = RowStatus(self.status)  # a plain string is checked against the known statuses here
 
     def wait_for_model(self) -> None:
         """Read (all of it, or part): queued for the model, remembering which, for when it is added."""
-        if self.status in ("ingested", "partial"):
-            self.outcome, self.status = self.status, "queued"
+        if self.status in (RowStatus.INGESTED, RowStatus.PARTIAL):
+            self.outcome, self.status = self.status, RowStatus.QUEUED
 
     def added(self) -> None:
         """Fed to the model: in the context as ingest read it."""
-        self.status = self.outcome or "ingested"
+        self.status = self.outcome or RowStatus.INGESTED
 
     def as_list(self) -> list:
         return [self.path, STATUS_LABELS.get(self.status, self.status), self.pages or "", self.tokens or "",
@@ -60,7 +79,7 @@ class DocumentRow:
 
 
 def row_from_report(report: FileReport) -> DocumentRow:
-    return DocumentRow(report.path, report.status, report.pages, report.tokens if report.ok else 0, report.reason)
+    return DocumentRow(report.path, RowStatus(report.status), report.pages, report.tokens if report.ok else 0, report.reason)
 
 
 def replace_rows(rows: list[DocumentRow], old: list[DocumentRow], new: list[DocumentRow]) -> None:
@@ -81,12 +100,12 @@ def screen_uploads(paths: list[str], max_file_size: int,
         name = os.path.basename(path)
         resolved = Path(path).resolve()
         if root is not None and not resolved.is_relative_to(root):
-            refused.append(DocumentRow(name, "refused", reason="not an upload: server paths need --allow-local-paths"))
+            refused.append(DocumentRow(name, RowStatus.REFUSED, reason="not an upload: server paths need --allow-local-paths"))
         elif not resolved.is_file():
-            refused.append(DocumentRow(name, "error", reason="the upload is missing on the server"))
+            refused.append(DocumentRow(name, RowStatus.ERROR, reason="the upload is missing on the server"))
         elif resolved.stat().st_size > max_file_size:
             size = resolved.stat().st_size
-            refused.append(DocumentRow(name, "refused", reason=f"file is {human_bytes(size)}, over the "
+            refused.append(DocumentRow(name, RowStatus.REFUSED, reason=f"file is {human_bytes(size)}, over the "
                                        f"{human_bytes(max_file_size)} upload limit (--max-file-size)"))
         else:
             accepted.append(str(resolved))
@@ -119,7 +138,7 @@ def hide_network_details(reports, sources) -> None:
     network, not the user's business (an open door for probing internal hosts). The details go to the log."""
     urls = {s for s in sources if isinstance(s, str) and looks_like_url(s)}
     for report in reports:
-        if report.path in urls and report.status == "error" and report.reason.startswith(_NETWORK_REASONS):
+        if report.path in urls and report.status == RowStatus.ERROR and report.reason.startswith(_NETWORK_REASONS):
             log.warning("clone of %s failed: %s", report.path, report.reason)
             report.reason = CLONE_FAILED
 
@@ -146,7 +165,7 @@ def fit_budget(corpus: Corpus, free_tokens: int) -> FittedCorpus:
             needed = sum(c.tokens for c in file_chunks)
             if used + needed + BUDGET_MARGIN > free_tokens:
                 left = max(0, free_tokens - used - BUDGET_MARGIN)
-                set_rows([row], "refused", f"needs {needed:,} tokens but only {left:,} of the context budget "
+                set_rows([row], RowStatus.REFUSED, f"needs {needed:,} tokens but only {left:,} of the context budget "
                                            "are left (start a new context or raise --context-budget)")
             else:
                 chunks.extend(file_chunks)
@@ -180,7 +199,7 @@ def rows_summary(rows: list[DocumentRow]) -> str:
     return "\n".join(f"{r.path}: {status_line(r)}" for r in rows)
 
 
-def set_rows(rows: list[DocumentRow], status: str, reason: str) -> None:
+def set_rows(rows: list[DocumentRow], status: RowStatus, reason: str) -> None:
     """Files that did not reach the context (or left it): their status and why; none of their tokens count."""
     for row in rows:
         row.status, row.reason, row.tokens = status, reason, 0

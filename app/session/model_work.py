@@ -17,8 +17,8 @@ from ..engine.context import AnswerDelta, AnswerResult, ContextEngine, EngineErr
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import LiveStats
 from ..engine.runtime import ModelRuntime, is_out_of_memory
-from .documents import fit_budget, plural, replace_rows, rows_summary, set_rows
-from .state import ChatItem, Session, Work
+from .documents import RowStatus, fit_budget, plural, replace_rows, rows_summary, set_rows
+from .state import ChatItem, ItemKind, Session, Work, WorkKind
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +76,17 @@ class ModelWork:
 
     def run(self, session: Session, work: Work, settings: GenerationSettings, system_prompt: str):
         """Generator: carry out one ready action, yielding the session's view as it streams."""
-        if work.kind == "reset":
+        if work.kind == WorkKind.RESET:
             session.reset()
             return
-        if work.kind == "forget":
+        if work.kind == WorkKind.FORGET:
             yield from self._forget(session, work)
             return
         if work.cancel.is_set():
             self._mark_not_done(session, work, "■ Stopped before it started: nothing was added")
             return
         engine = session.ensure_engine(system_prompt)
-        if work.kind == "regenerate":
+        if work.kind == WorkKind.REGENERATE:
             yield from self._regenerate(session, work, engine, settings)
             return
         if work.corpus is not None:
@@ -100,27 +100,27 @@ class ModelWork:
 
     def _mark_not_done(self, session: Session, work: Work, title: str) -> None:
         for row in work.rows:
-            if row.status == "queued":
-                set_rows([row], "cancelled", "stopped before it reached the model; nothing was added")
+            if row.status == RowStatus.QUEUED:
+                set_rows([row], RowStatus.CANCELLED, "stopped before it reached the model; nothing was added")
         if work.status_item is not None:
             work.status_item.title, work.status_item.pending = title, False
         if work.question_item is not None and work.question_item.text:
             work.question_item.in_context = False
-            session.chat.append(ChatItem("assistant", "answer", "", stopped=True, in_context=False))
+            session.chat.append(ChatItem("assistant", ItemKind.ANSWER, "", stopped=True, in_context=False))
 
     def _feed(self, session: Session, work: Work, engine: ContextEngine):
         """Prefill the read documents that fit the budget; returns False when nothing could be committed."""
         fitted = fit_budget(work.corpus, session.free_tokens)
         replace_rows(session.documents, work.rows, fitted.rows)
         work.rows = fitted.rows
-        item = work.status_item or ChatItem("assistant", "status")
+        item = work.status_item or ChatItem("assistant", ItemKind.STATUS)
         if not fitted.chunks:
             item.title, item.pending, item.text = "Nothing to add", False, rows_summary(fitted.rows)
             return True
-        queued = [r for r in fitted.rows if r.status == "queued"]
+        queued = [r for r in fitted.rows if r.status == RowStatus.QUEUED]
         refusal = self.budget.memory_refusal(self.cache_bytes(), fitted.tokens)
         if refusal is not None:
-            set_rows(queued, "refused", f"not added: {refusal}")
+            set_rows(queued, RowStatus.REFUSED, f"not added: {refusal}")
             item.title, item.pending = "⚠ Documents not added: the server is out of context memory", False
             item.text = refusal[0].upper() + refusal[1:] + "."
             return False
@@ -140,7 +140,7 @@ class ModelWork:
             return False
         except Exception as exc:  # noqa: BLE001 - the engine rolled back; keep serving
             said = failure(exc, "feeding documents")
-            set_rows(queued, "rolled_back", said.message)
+            set_rows(queued, RowStatus.ROLLED_BACK, said.message)
             item.title = "⚠ Documents not added" + (" (internal error)" if said.internal else "")
             item.pending, item.text = False, said.message
             return False
@@ -163,8 +163,8 @@ class ModelWork:
     @staticmethod
     def _feed_stopped(queued: list, item: ChatItem) -> None:
         for row in queued:  # each row says how many tokens it would have added
-            set_rows([row], "cancelled", f"stopped while feeding the model; none of its {row.tokens:,} tokens "
-                                         "were added")
+            set_rows([row], RowStatus.CANCELLED,
+                     f"stopped while feeding the model; none of its {row.tokens:,} tokens were added")
         item.title, item.pending, item.text = "■ Stopped: nothing from this upload was added", False, ""
 
     def _stream_answer(self, session: Session, item: ChatItem, events, settings: GenerationSettings,
@@ -201,7 +201,7 @@ class ModelWork:
             question_item.in_context = False
 
     def _answer(self, session: Session, work: Work, engine: ContextEngine, settings: GenerationSettings):
-        item = ChatItem("assistant", "answer", pending=True)
+        item = ChatItem("assistant", ItemKind.ANSWER, pending=True)
         session.chat.append(item)
         try:
             yield self.view(session)
@@ -214,11 +214,11 @@ class ModelWork:
     def _regenerate(self, session: Session, work: Work, engine: ContextEngine, settings: GenerationSettings):
         # The newest answer still in the context (a stopped or cancelled one is not: its turn was rolled back).
         index = next((i for i in range(len(session.chat) - 1, -1, -1)
-                      if session.chat[i].kind == "answer" and session.chat[i].in_context), None)
+                      if session.chat[i].kind == ItemKind.ANSWER and session.chat[i].in_context), None)
         if index is None or not engine.can_regenerate:
             return
         item = session.chat[index]
-        question = next((c for c in reversed(session.chat[:index]) if c.kind == "question"), None)
+        question = next((c for c in reversed(session.chat[:index]) if c.kind == ItemKind.QUESTION), None)
         old = item.text, item.citations, item.stats, item.recall_note, False
         item.text, item.citations, item.stats, item.recall_note, item.pending = "", [], {}, "", True
         sampling = ""
@@ -238,14 +238,14 @@ class ModelWork:
     def _forget(self, session: Session, work: Work):
         """Clear chat: drop questions and answers from the context, keep the documents."""
         engine = session.engine
-        keep = [c for c in session.chat if c.kind == "status"]
+        keep = [c for c in session.chat if c.kind == ItemKind.STATUS]
         if engine is None or engine.forget_conversation():
             session.chat[:] = keep
             return
         # Documents were added between questions: rebuild a context of the documents alone, then swap.
         rebuilt = ContextEngine(self.runtime, system_prompt=session.system_prompt or "", budget=self.budget.tokens,
                                 stats=LiveStats())
-        note = ChatItem("assistant", "status", title="Re-reading the documents without the conversation",
+        note = ChatItem("assistant", ItemKind.STATUS, title="Re-reading the documents without the conversation",
                         pending=True)
         session.chat.append(note)
         throttle = Throttle(FEED_INTERVAL_S)

@@ -16,10 +16,10 @@ from ingest import IngestCancelled
 from ingest.git_url import looks_like_url
 
 from ..cli import AppConfig
-from .documents import (BUDGET_MARGIN, DocumentRow, limits_for, plural, progress_line, read_sources, replace_rows,
-                        row_from_report, rows_summary)
 from ..engine.runtime import ModelRuntime
-from .state import Session, Work
+from .documents import (BUDGET_MARGIN, DocumentRow, RowStatus, limits_for, plural, progress_line, read_sources,
+                        replace_rows, row_from_report, rows_summary)
+from .state import Session, Stage, Work
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25
@@ -87,7 +87,7 @@ class Reader:
             lower = lower_token_estimate(source, limits)
             if lower is not None and lower > free:
                 name = os.path.basename(source.rstrip("/")) or source
-                refused[source] = DocumentRow(name, "refused", reason=(
+                refused[source] = DocumentRow(name, RowStatus.REFUSED, reason=(
                     f"holds at least about {lower:,} tokens of text, more than the {max(free, 0):,} left in the "
                     "context budget; not read (start a new context or raise --context-budget)"))
                 work.sources.remove(source)
@@ -97,7 +97,7 @@ class Reader:
         """Generator: ingest the action's files in a thread, yielding the session's view while it reads."""
         work.reading = True
         names = [os.path.basename(p.rstrip("/")) or p for p in work.sources]
-        placeholders = [DocumentRow(name, "reading") for name in names]
+        placeholders = [DocumentRow(name, RowStatus.READING) for name in names]
         session.documents.extend(placeholders)
         stats = session.stats
         stats.reading = "starting"
@@ -152,7 +152,7 @@ class Reader:
 
     def _finish(self, session: Session, work: Work, names: list[str], placeholders: list[DocumentRow],
                 outcome: dict) -> None:
-        work.stage = "read"
+        work.stage = Stage.READ
         if work not in session.pending:  # "New context" discarded this action while it was being read
             return
         refused = list(outcome.get("refused", {}).values())
@@ -163,7 +163,7 @@ class Reader:
         replace_rows(session.documents, placeholders, rows)
         work.rows = rows
         if work.status_item is not None:
-            ready = sum(1 for r in rows if r.status == "queued")
+            ready = sum(1 for r in rows if r.status == RowStatus.QUEUED)
             read = f"Read {plural(len(names), 'upload')}: {plural(ready, 'file')} to add"
             work.status_item.title = "■ Reading stopped: nothing was added" if "cancelled" in outcome else read
             work.status_item.text = rows_summary(rows)
@@ -177,7 +177,9 @@ def rows_after_reading(outcome: dict, names: list[str]) -> list[DocumentRow]:
             row.wait_for_model()
         return rows
     if "cancelled" in outcome:
-        return [DocumentRow(name, "cancelled", reason="stopped while reading; nothing was added") for name in names]
+        return [DocumentRow(name, RowStatus.CANCELLED, reason="stopped while reading; nothing was added")
+                for name in names]
     if "error" in outcome:
-        return [DocumentRow(name, "error", reason=f"could not be read: {outcome['error']}") for name in names]
+        return [DocumentRow(name, RowStatus.ERROR, reason=f"could not be read: {outcome['error']}")
+                for name in names]
     return []

@@ -15,17 +15,39 @@ import time
 from collections import OrderedDict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 
+from ..cli import AppConfig
 from ..engine.budget import Budget
 from ..engine.citations import Citation
-from ..cli import AppConfig
-from .documents import DocumentRow
 from ..engine.context import ContextEngine
 from ..engine.metrics import LiveStats, SessionSeries
 from ..engine.runtime import ModelRuntime, release_memory
+from .documents import DocumentRow, RowStatus
 
 EXPIRED_KEPT = 10_000  # freed session hashes remembered, to tell their late requests what happened
 STALE_WORK_S = 24 * 3600.0  # queued work older than this no longer keeps a session from the idle sweep
+
+
+class ItemKind(StrEnum):
+    QUESTION = "question"
+    ANSWER = "answer"
+    STATUS = "status"  # progress and outcome of reading and feeding: a titled, collapsible block
+
+
+class WorkKind(StrEnum):
+    TURN = "turn"  # documents and/or a question
+    REGENERATE = "regenerate"
+    FORGET = "forget"  # clear chat, keep documents
+    RESET = "reset"  # new context
+
+
+class Stage(StrEnum):
+    """An action's way through the queues: queued -> (reading) -> read -> done."""
+
+    QUEUED = "queued"
+    READ = "read"
+    DONE = "done"
 
 
 @dataclass
@@ -33,7 +55,7 @@ class ChatItem:
     """One chat message and what the exports need to know about it."""
 
     role: str  # "user" | "assistant"
-    kind: str  # "question" | "answer" | "status" | "notice"
+    kind: ItemKind
     text: str = ""
     title: str | None = None  # status/notice messages render as collapsible, titled blocks
     pending: bool = False
@@ -50,11 +72,11 @@ class Work:
     """One user action waiting for the reading queue and then the model queue."""
 
     id: int
-    kind: str  # "turn" (documents and/or a question), "regenerate", "forget" (clear chat), "reset"
+    kind: WorkKind
     question: str | None = None
     sources: list[str] = field(default_factory=list)
     cancel: threading.Event = field(default_factory=threading.Event)
-    stage: str = "queued"  # queued -> (reading) -> read -> done
+    stage: Stage = Stage.QUEUED
     reading: bool = False
     corpus: object = None  # ingest.Corpus once read
     rows: list[DocumentRow] = field(default_factory=list)
@@ -132,9 +154,9 @@ class Session:
         """
         work = Work(next(self._ids), kind, question, list(sources or []))
         if not work.sources:
-            work.stage = "read"
+            work.stage = Stage.READ
         with self.lock:
-            self.documents[:] = [d for d in self.documents if d.status != "cancelled"]
+            self.documents[:] = [d for d in self.documents if d.status != RowStatus.CANCELLED]
             self.stop_note = ""
             self.pending.append(work)
         return work
@@ -143,7 +165,7 @@ class Session:
         """The answer that followed ``question`` in the chat, if there is one."""
         if question is None or question not in self.chat:
             return None
-        return next((c for c in self.chat[self.chat.index(question) + 1:] if c.kind == "answer"), None)
+        return next((c for c in self.chat[self.chat.index(question) + 1:] if c.kind == ItemKind.ANSWER), None)
 
     def waiting(self) -> bool:
         """Work queued for the reading or model queue (not abandoned for a day): the session is in use."""
@@ -155,7 +177,7 @@ class Session:
         """Running or queued actions: what Stop and Cancel can act on."""
         return bool(self.pending)
 
-    def next_work(self, stage: str) -> Work | None:
+    def next_work(self, stage: Stage) -> Work | None:
         with self.lock:
             return next((w for w in self.pending if w.stage == stage), None)
 
@@ -174,7 +196,7 @@ class Session:
         an action queued meanwhile is never left without a step."""
         with self.lock:
             work = self.pending[0] if self.pending and not self.closed else None
-            if work is None or (work.stage == "queued" and work.reading):
+            if work is None or (work.stage == Stage.QUEUED and work.reading):
                 self.model_step = False
                 return None
             return work
@@ -185,7 +207,7 @@ class Session:
 
     def finish_work(self, work: Work) -> None:
         with self.lock:
-            work.stage = "done"
+            work.stage = Stage.DONE
             if work in self.pending:
                 self.pending.remove(work)
             if not self.pending:

@@ -10,6 +10,8 @@ Three kinds of events:
 
 from __future__ import annotations
 
+import inspect
+
 from .handlers import Handlers
 from .ui import Components
 
@@ -18,13 +20,19 @@ READ = {"concurrency_id": "read", "concurrency_limit": 1, "show_progress": "hidd
 MODEL = {"concurrency_id": "model", "concurrency_limit": None}
 
 
+def input_names(handler) -> list[str]:
+    """A handler's value parameters: the layout has a component of the same name for each."""
+    return [name for name in inspect.signature(handler).parameters if name not in ("self", "request")]
+
+
 def wire(demo, c: Components, h: Handlers) -> None:
     view = c.view
+    settings = [getattr(c, name) for name in input_names(h.run)]  # matched by name, not by position
     controls = [c.stop_note, c.stop, c.cancel]
 
     def then_model(event, api_name: str):
         """Chain the model step (and re-enable the chat box) after a fast or reading step."""
-        step = event.then(h.run, c.settings, view, api_name=api_name, show_progress="full",
+        step = event.then(h.run, settings, view, api_name=api_name, show_progress="full",
                           show_progress_on=view[:4], **MODEL)  # not on the stop note and the buttons
         step.then(h.enable_input, None, [c.chat_input, *controls], api_name=False, **FAST)
         return step

@@ -28,12 +28,13 @@ from ..engine.metrics import device_memory, stats_dict
 from ..session.model_work import ModelWork
 from ..session.reading import Reader
 from ..engine.runtime import ModelRuntime
-from ..session.state import ChatItem, Session, SessionDenied, SessionExpired, SessionRegistry, Work
+from ..session.state import (ChatItem, ItemKind, Session, SessionDenied, SessionExpired, SessionRegistry, Stage,
+                             Work, WorkKind)
 
 
 class Handlers:
     def __init__(self, registry: SessionRegistry, runtime: ModelRuntime, config: AppConfig, budget: Budget,
-                 upload_root: str | None, default_settings: tuple = ("", 0.0, 0.9, 512, 1.0, True, 5)):
+                 upload_root: str | None, default_settings: dict | None = None):
         self.registry = registry
         self.runtime = runtime
         self.config = config
@@ -43,7 +44,7 @@ class Handlers:
         self.dtype_bytes = 4 if "32" in str(runtime.dtype) else 2
         self.reader = Reader(runtime, config, self.progress_view)
         self.model_work = ModelWork(runtime, budget, self.progress_view, registry.cache_bytes)
-        self.default_settings = default_settings  # Handlers.run's settings inputs, as the Settings panel starts
+        self.default_settings = default_settings or {}  # run's settings by name, as the Settings panel starts
 
     # -- helpers ---------------------------------------------------------------------------------
     def _session(self, request: gr.Request, *, touch: bool = True) -> Session:
@@ -95,15 +96,15 @@ class Handlers:
             accepted, refused = screen_uploads(paths, self.config.max_file_size, self.upload_root)
         else:
             accepted, refused = paths, []
-        work = session.new_work("turn", question, accepted)
+        work = session.new_work(WorkKind.TURN, question, accepted)
         session.documents.extend(refused)
         if question or names:
-            work.question_item = ChatItem("user", "question", question or "", files=names)
+            work.question_item = ChatItem("user", ItemKind.QUESTION, question or "", files=names)
             session.chat.append(work.question_item)
         if names:
             title = f"Reading {plural(len(accepted), 'file')}" if accepted else "No file could be read"
             lines = [f"{r.path}: {r.reason}" for r in refused]
-            work.status_item = ChatItem("assistant", "status", "\n".join(lines), title=title, pending=bool(accepted))
+            work.status_item = ChatItem("assistant", ItemKind.STATUS, "\n".join(lines), title=title, pending=bool(accepted))
             session.chat.append(work.status_item)
         return work
 
@@ -159,13 +160,13 @@ class Handlers:
 
     def queue_regenerate(self, request: gr.Request):
         session = self._session(request)
-        answer = next((c for c in reversed(session.chat) if c.kind == "answer"), None)
-        question = next((c for c in reversed(session.chat) if c.kind == "question" and c.text), None)
+        answer = next((c for c in reversed(session.chat) if c.kind == ItemKind.ANSWER), None)
+        question = next((c for c in reversed(session.chat) if c.kind == ItemKind.QUESTION and c.text), None)
         if answer is not None and answer.in_context and session.engine is not None and session.engine.can_regenerate:
-            session.new_work("regenerate")
+            session.new_work(WorkKind.REGENERATE)
         elif question is not None and not question.in_context:
-            work = session.new_work("turn", question.text)
-            work.question_item = ChatItem("user", "question", question.text)
+            work = session.new_work(WorkKind.TURN, question.text)
+            work.question_item = ChatItem("user", ItemKind.QUESTION, question.text)
             session.chat.append(work.question_item)
         else:
             gr.Warning("Nothing to regenerate: ask a question first (documents added after the last answer "
@@ -174,13 +175,13 @@ class Handlers:
 
     def queue_forget(self, request: gr.Request):
         session = self._session(request)
-        session.new_work("forget")
+        session.new_work(WorkKind.FORGET)
         return self.view(session)
 
     def queue_reset(self, request: gr.Request):
         session = self._session(request)
         session.stop()
-        session.new_work("reset")
+        session.new_work(WorkKind.RESET)
         return self.view(session)
 
     def show(self, request: gr.Request):
@@ -254,7 +255,7 @@ class Handlers:
         work = self._queue_sources(session, question or None, paths, uploads=True)
         for _ in self.read(request):
             pass
-        for _ in self.run(*self.default_settings, request=request):
+        for _ in self.run(**self.default_settings, request=request):
             pass
         answer = session.answer_to(work.question_item) if question else None
         rows = work.rows or [r for r in session.documents if r.path in {os.path.basename(p) for p in paths}]
@@ -264,7 +265,7 @@ class Handlers:
     def read(self, request: gr.Request):
         """Parse the oldest queued files with ingest, streaming progress; the model is not touched."""
         session = self._session(request)
-        work = session.next_work("queued")
+        work = session.next_work(Stage.QUEUED)
         if work is not None and not work.reading:
             with session.working():
                 yield from self.reader.read(session, work)
@@ -283,7 +284,7 @@ class Handlers:
             if session.claim_model_step():
                 try:
                     while (work := session.next_model_work()) is not None:
-                        if work.stage == "queued":
+                        if work.stage == Stage.QUEUED:
                             yield from self.reader.read(session, work)  # a client that skipped the reading step
                         try:
                             yield from self.model_work.run(session, work, settings, system_prompt or "")

@@ -14,7 +14,7 @@ from ingest.units import human_bytes  # noqa: E402
 
 from ..engine.budget import Budget, context_budget
 from ..cli import AppConfig
-from .events import wire
+from .events import input_names, wire
 from .handlers import Handlers
 from ..engine.runtime import ModelRuntime
 from ..session.state import SessionRegistry
@@ -51,8 +51,7 @@ def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = 
         n_starting=runtime.lm_config.n_starting,
     )
     registry = SessionRegistry(runtime, config, budget)
-    defaults = (info.system_prompt, info.temperature, info.top_p, info.max_new_tokens, info.repetition_penalty,
-                info.recall, info.topk)
+    defaults = {name: getattr(info, name) for name in input_names(Handlers.run)}  # the Settings panel at start
     handlers = Handlers(registry, runtime, config, budget, upload_root=get_upload_folder(), default_settings=defaults)
     demo, components = build_layout(info)
     with demo:

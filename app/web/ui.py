@@ -76,12 +76,6 @@ class Components:
     ask_trigger: gr.Button
 
     @property
-    def settings(self) -> list:
-        """Inputs of every model event, in Handlers.run's order."""
-        return [self.system_prompt, self.temperature, self.top_p, self.max_new_tokens, self.repetition_penalty,
-                self.recall, self.topk]
-
-    @property
     def view(self) -> list:
         """Outputs of every work event, in Handlers.view's order."""
         return [self.chatbot, self.documents, self.context, self.activity, self.stop_note, self.export_files,

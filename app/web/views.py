@@ -11,10 +11,10 @@ import pandas as pd
 
 from ingest.units import human_bytes
 
-from ..session.documents import STATUS_LABELS, DocumentRow
+from ..session.documents import STATUS_LABELS, DocumentRow, RowStatus
 from ..engine.metrics import DeviceMemory, LiveStats, Sample
 from ..engine.budget import Budget
-from ..session.state import ChatItem, Session
+from ..session.state import ChatItem, ItemKind, Session
 
 DOCUMENT_HEADERS = ["File", "Status", "Pages", "Tokens", "Note"]
 # The Files table's column widths (of the table's width): the file and the note (a skipped file's reason) get
@@ -68,14 +68,14 @@ def chat_messages(items: list[ChatItem]) -> list[dict]:
     """Messages for gr.Chatbot; status and notices render as titled, collapsible blocks."""
     messages = []
     for item in items:
-        if item.kind == "question":
+        if item.kind == ItemKind.QUESTION:
             text = item.text
             if item.files:
                 text = "*Attached: " + ", ".join(item.files) + "*" + ("\n\n" + text if text else "")
             if not item.in_context and item.text:
                 text += "\n\n<sub>not in the context</sub>"
             messages.append({"role": "user", "content": text})
-        elif item.kind == "answer":
+        elif item.kind == ItemKind.ANSWER:
             messages.append({"role": "assistant", "content": answer_markdown(item)})
         else:
             metadata = {"title": item.title or ""}
@@ -88,7 +88,7 @@ def chat_messages(items: list[ChatItem]) -> list[dict]:
 def session_view(session: Session, budget: Budget) -> tuple:
     """Chat, documents table, context summary and activity: the outputs of every work event."""
     engine = session.engine
-    files = sum(1 for d in session.documents if d.status in ("ingested", "partial"))
+    files = sum(1 for d in session.documents if d.status in (RowStatus.INGESTED, RowStatus.PARTIAL))
     return (
         chat_messages(session.chat),
         document_rows(session.documents),
