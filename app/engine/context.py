@@ -91,14 +91,6 @@ class Turn:
 
 
 @dataclass(frozen=True)
-class PrefillProgress:
-    done: int
-    total: int
-    tokens_per_s: float
-    eta_s: float | None
-
-
-@dataclass(frozen=True)
 class AnswerDelta:
     text: str
     tokens: int
@@ -222,7 +214,7 @@ class ContextEngine:
             return [Piece(ids, SpanKind.FORMAT, TurnState.IN_TURN, carry)]
         return []
 
-    def _prefill(self, pieces: list[Piece], cancel, *, topk: int, phase: str) -> Iterator[PrefillProgress]:
+    def _prefill(self, pieces: list[Piece], cancel, *, topk: int, phase: str) -> Iterator[LiveStats]:
         """Feed ``pieces`` in forwards of ``prefill_chunk`` tokens, checking ``cancel`` before each.
 
         Pieces are packed: a forward may end one piece and start the next, so ten thousand small files
@@ -248,7 +240,7 @@ class ContextEngine:
             if total >= MEASURED_PREFILL:
                 self.stats.prefill_tps = meter.rate
             self.stats.eta_s = meter.eta(total - meter.tokens)
-            yield PrefillProgress(meter.tokens, total, meter.rate, self.stats.eta_s)
+            yield self.stats  # progress is the live figures themselves: one home, read by the panel and the chat
         for piece in pieces[finished:]:  # empty pieces at the end
             self._record(piece, self.length)
         if total >= MEASURED_PREFILL and meter.final_rate:  # a feed shorter than the live rate's minimum
@@ -269,7 +261,7 @@ class ContextEngine:
             pieces.append(Piece(ids, SpanKind.DOCUMENT, TurnState.IN_TURN, carry, chunk))
         return pieces if any(p.kind == SpanKind.DOCUMENT for p in pieces) else []
 
-    def feed_documents(self, chunks: Sequence[DocumentChunk], cancel=None) -> Iterator[PrefillProgress]:
+    def feed_documents(self, chunks: Sequence[DocumentChunk], cancel=None) -> Iterator[LiveStats]:
         """Append documents inside the open user turn (opening one after an answer). All or nothing."""
         pieces = self.plan_documents(chunks)
         self._check_budget(sum(len(p.ids) for p in pieces), "These documents")

@@ -67,6 +67,13 @@ class Throttle:
         return False
 
 
+def feeding_line(stats: LiveStats) -> str:
+    """'1,024 / 9,000 tokens · 812 tok/s · ETA 9.8 s' from the engine's live figures."""
+    rate = f" · {stats.prefill_tps:,.0f} tok/s" if stats.prefill_tps else ""
+    eta = f" · ETA {stats.eta_s:.1f} s" if stats.eta_s is not None else ""
+    return f"{stats.done:,} / {stats.total:,} tokens{rate}{eta}"
+
+
 class ModelWork:
     def __init__(self, runtime: ModelRuntime, budget: Budget, view, cache_bytes):
         self.runtime = runtime
@@ -153,10 +160,8 @@ class ModelWork:
 
     def _show_feeding(self, session: Session, item: ChatItem, feeding):
         throttle = Throttle(FEED_INTERVAL_S)
-        for p in feeding:
-            rate = f" · {p.tokens_per_s:,.0f} tok/s" if p.tokens_per_s else ""
-            eta = f" · ETA {p.eta_s:.1f} s" if p.eta_s is not None else ""
-            item.text = f"Feeding {p.done:,} / {p.total:,} tokens{rate}{eta}"
+        for stats in feeding:
+            item.text = "Feeding " + feeding_line(stats)
             if throttle():
                 yield self.view(session)
 
@@ -244,28 +249,25 @@ class ModelWork:
             return
         # Documents were added between questions: rebuild a context of the documents alone, then swap.
         rebuilt = ContextEngine(self.runtime, system_prompt=session.system_prompt or "", budget=self.budget.tokens,
-                                stats=LiveStats())
+                                stats=session.stats)  # the panel follows the rebuild
         note = ChatItem("assistant", ItemKind.STATUS, title="Re-reading the documents without the conversation",
                         pending=True)
         session.chat.append(note)
         throttle = Throttle(FEED_INTERVAL_S)
         try:
             for chunks in session.fed_chunks:
-                for p in rebuilt.feed_documents(chunks, work.cancel):
-                    rate = f" · {p.tokens_per_s:,.0f} tok/s" if p.tokens_per_s else ""
-                    note.text = f"{p.done:,} / {p.total:,} tokens{rate}"
-                    session.stats.phase, session.stats.done, session.stats.total = "prefill", p.done, p.total
-                    session.stats.prefill_tps, session.stats.eta_s = p.tokens_per_s, p.eta_s
+                for stats in rebuilt.feed_documents(chunks, work.cancel):
+                    note.text = feeding_line(stats)
                     if throttle():
                         yield self.view(session)
         except EngineError as exc:
             rebuilt.close()
-            session.stats.phase = "idle"
+            session.stats.phase, session.stats.context_tokens = "idle", engine.length
+            session.stats.set_kv(engine.memory())
             note.title, note.pending, note.text = "⚠ Chat not cleared; the context is unchanged", False, str(exc)
             return
         engine.close()
         session.engine = rebuilt
-        rebuilt.stats = session.stats
         session.stats.phase = "idle"
         session.stats.context_tokens = rebuilt.length
         session.stats.set_kv(rebuilt.memory())
