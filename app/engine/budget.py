@@ -61,13 +61,14 @@ def context_budget(runtime: ModelRuntime, requested: int | None, memory: int | N
     each sized from the memory free at start-up unless given."""
     per_token = middle_bytes_per_token(runtime)
     free, where = free_memory(runtime)
+    room = int(free * HEADROOM)
     if memory is not None:
         memory_why = "set with --memory-budget"
     else:
-        memory, memory_why = int(free * HEADROOM), f"{HEADROOM:.0%} of the {where} at start-up"
+        memory, memory_why = room, f"{HEADROOM:.0%} of the {where} at start-up"
     if requested is not None:
         return Budget(requested, "set with --context-budget", per_token, memory, memory_why)
-    fits = int(free * HEADROOM) // max(per_token, 1)
+    fits = room // max(per_token, 1)
     tokens = max(1, min(GENEROUS, fits))
     capped = "capped at 1M" if tokens == GENEROUS else f"{HEADROOM:.0%} of the {where}"
     return Budget(tokens, f"{capped}; the middle store takes {per_token / 1024:.1f} KiB per token", per_token,

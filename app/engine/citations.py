@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
 from ingest import Provenance
 
 from .spans import Span, SpanIndex, SpanKind

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from array import array
 from contextlib import contextmanager
-from itertools import accumulate
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Iterator, Protocol, Sequence
 
 from ingest import Provenance

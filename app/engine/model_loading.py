@@ -17,8 +17,8 @@ import torch
 
 import lminfinite
 
-from . import bundled_model
 from ..cli import DEMO_MODEL_DIR, LLAMA2_CHAT, AppConfig
+from . import bundled_model
 from .runtime import ModelRuntime
 
 log = logging.getLogger(__name__)

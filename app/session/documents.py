@@ -14,8 +14,8 @@ from pathlib import Path
 
 import ingest
 from ingest import Corpus, FileReport, IngestLimits
-from ingest.results import ERROR, INGESTED, PARTIAL, SKIPPED
 from ingest.git_url import looks_like_url
+from ingest.results import ERROR, INGESTED, PARTIAL, SKIPPED
 from ingest.units import human_bytes
 
 from ..cli import AppConfig

@@ -2,8 +2,8 @@
 
 A user action is split by cost. A fast step (no queue limit) records it in the session and shows it;
 ``read`` parses files on the reading queue (session/reading.py: one at a time, off the model queue, so a 300-page
-PDF does not hold up other users' answers); ``run`` does all model work on the model queue (session/model_work.py:
-one at a time per device).
+PDF does not hold up other users' answers); ``run`` does all model work (session/model_work.py): sessions' model
+steps run side by side and take turns at the model (engine/model_gate.py).
 Stop only sets the action's cancel flag: the engine halts within one chunk or token and rolls back, and
 the generator then shows the final state itself.
 """
@@ -14,22 +14,22 @@ import os
 
 import gradio as gr
 
-from ingest import estimate_kv_bytes, kv_dims_from_config
+import lminfinite
 from ingest.git_url import looks_like_url
 
-from . import views
-from .api import answer_json
-from ..engine.budget import Budget
 from ..cli import AppConfig
-from ..session.documents import plural, screen_uploads
-from ..session.exporting import export_data, write_exports
+from ..engine.budget import Budget
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import device_memory, stats_dict
+from ..engine.runtime import ModelRuntime
+from ..session.documents import plural, screen_uploads
+from ..session.exporting import export_data, write_exports
 from ..session.model_work import ModelWork
 from ..session.reading import Reader
-from ..engine.runtime import ModelRuntime
-from ..session.state import (ChatItem, ItemKind, Session, SessionDenied, SessionExpired, SessionRegistry, Stage,
-                             Work, WorkKind)
+from ..session.state import (ChatItem, ItemKind, Session, SessionDenied, SessionExpired, SessionRegistry, Stage, Work,
+                             WorkKind)
+from . import views
+from .api import answer_json
 
 
 class Handlers:
@@ -40,8 +40,8 @@ class Handlers:
         self.config = config
         self.budget = budget
         self.upload_root = upload_root
-        self.kv_dims = kv_dims_from_config(runtime.model.config.get_text_config())
-        self.dtype_bytes = 4 if "32" in str(runtime.dtype) else 2
+        # What an unpatched model's cache adds per token: the panel's "a full cache would hold" figure.
+        self.vanilla_token_bytes = lminfinite.KVShape.from_config(runtime.model.config).token_bytes(runtime.dtype)
         self.reader = Reader(runtime, config, self.progress_view)
         self.model_work = ModelWork(runtime, budget, self.progress_view, registry.cache_bytes)
         self.default_settings = default_settings or {}  # run's settings by name, as the Settings panel starts
@@ -203,8 +203,7 @@ class Handlers:
         """The panel's HTML and raw numbers, after taking this tick's sample for the plots."""
         memory = device_memory(self.runtime.device_type)
         session.series.record(memory, session.stats)
-        vanilla = estimate_kv_bytes(session.stats.context_tokens, **self.kv_dims,
-                                    dtype_bytes=self.dtype_bytes)["full_bytes"]
+        vanilla = session.stats.context_tokens * self.vanilla_token_bytes
         data = stats_dict(session.stats, memory)
         data.update(budget=self.budget.tokens, vanilla_kv_bytes=vanilla, sessions=len(self.registry),
                     window=self.runtime.window, n_starting=self.runtime.lm_config.n_starting)

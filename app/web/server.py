@@ -10,14 +10,15 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no usage reports t
 
 import gradio as gr  # noqa: E402
 from gradio.utils import get_upload_folder  # noqa: E402
+
 from ingest.units import human_bytes  # noqa: E402
 
-from ..engine.budget import Budget, context_budget
 from ..cli import AppConfig
-from .events import input_names, wire
-from .handlers import Handlers
+from ..engine.budget import Budget, context_budget
 from ..engine.runtime import ModelRuntime
 from ..session.state import SessionRegistry
+from .events import input_names, wire
+from .handlers import Handlers
 from .ui import STATIC_DIR, LayoutInfo, build_layout
 
 log = logging.getLogger(__name__)

@@ -11,9 +11,9 @@ import pandas as pd
 
 from ingest.units import human_bytes
 
-from ..session.documents import STATUS_LABELS, DocumentRow, RowStatus
-from ..engine.metrics import DeviceMemory, LiveStats, Sample
 from ..engine.budget import Budget
+from ..engine.metrics import DeviceMemory, LiveStats, Sample
+from ..session.documents import STATUS_LABELS, DocumentRow, RowStatus
 from ..session.state import ChatItem, ItemKind, Session
 
 DOCUMENT_HEADERS = ["File", "Status", "Pages", "Tokens", "Note"]
