@@ -39,8 +39,8 @@ Corpus
               None), page_label, line_start/line_end (1-based for text/code,
               else None; for HTML and notebooks, lines of the produced
               text, whose '# %% [code] cell 3' markers name the cell),
-              char_start/char_end (into .text), tokens,
-              token_start/token_end (cumulative), index, language.
+              char_start/char_end (into .text), tokens (what chunking
+              sized it by), index, language.
     .text     == ''.join(c.text for c in chunks); headers are part of the
               first chunk of each file ('### src/app.py (python)' for code,
               '### paper.pdf' for prose; control characters in the path
@@ -50,8 +50,6 @@ Corpus
     .n_tokens sum of chunk tokens (chunks are tokenised one by one, as the
               app feeds them).  .tokens_exact: False when estimated.
     .locate(char_offset) -> Location(source, page, page_label, line, chunk)
-    .locate_token(token_index) -> Location of the chunk whose cumulative
-              token range holds the index (line = chunk's first line).
     .chunks_of(source), .totals(), .estimate_kv_bytes(**model_dims)
 
 citation_label(source, page, page_label, line_start, line_end) -> str

@@ -1,8 +1,9 @@
 """The ingested context: ordered chunks, their provenance and offset lookups.
 
 Corpus.text is exactly the concatenation of chunk texts (headers included),
-so a character offset in the text, or a token index in the chunk-by-chunk
-prefill, maps back to one chunk and from there to file, page and line.
+so a character offset in the text maps back to one chunk and from there to
+file, page and line. (Token positions of a fed context map back through the
+app's SpanIndex: the model's context is the one place tokens are placed.)
 """
 
 from __future__ import annotations
@@ -25,9 +26,7 @@ class Chunk:
     where: Provenance  # file, page, line range: what a citation of this chunk says
     char_start: int  # offsets into Corpus.text
     char_end: int
-    tokens: int  # tokens of `text` alone (the app feeds chunks one by one)
-    token_start: int = 0  # cumulative token range of this chunk
-    token_end: int = 0
+    tokens: int  # tokens of `text` alone: what chunking sized it by
     index: int = 0
     language: str = ""
     header_chars: int = 0  # len of the header prefix of `text`
@@ -52,16 +51,12 @@ class Corpus:
 
     def __post_init__(self) -> None:
         self._char_starts = [c.char_start for c in self.chunks]
-        self._token_starts = [c.token_start for c in self.chunks]
-
-    def _chunk_at(self, starts: list[int], value: int, end: int, what: str) -> Chunk:
-        if not 0 <= value < end:
-            raise IndexError(f"{what} {value} is outside the context (0..{end - 1})")
-        return self.chunks[bisect.bisect_right(starts, value) - 1]
 
     def locate(self, char_offset: int) -> Location:
         """File, page and line of the character at `char_offset` of `text`."""
-        chunk = self._chunk_at(self._char_starts, char_offset, len(self.text), "character offset")
+        if not 0 <= char_offset < len(self.text):
+            raise IndexError(f"character offset {char_offset} is outside the text (0..{len(self.text) - 1})")
+        chunk = self.chunks[bisect.bisect_right(self._char_starts, char_offset) - 1]
         line = None
         if chunk.line_start is not None:
             inner = char_offset - chunk.char_start
@@ -69,17 +64,6 @@ class Corpus:
                                        if inner > chunk.header_chars else 0)
         return Location(source=chunk.source, page=chunk.page, page_label=chunk.page_label, line=line,
                         chunk=chunk.index)
-
-    def locate_token(self, token_index: int) -> Location:
-        """Location of the chunk whose cumulative token range holds `token_index`.
-
-        Exact when the corpus was built with the model's tokenizer; with the
-        estimate (tokens_exact False) it is only as good as the estimate.  The
-        line is the chunk's first line: token -> character is not tracked.
-        """
-        chunk = self._chunk_at(self._token_starts, token_index, self.n_tokens, "token index")
-        return Location(source=chunk.source, page=chunk.page, page_label=chunk.page_label,
-                        line=chunk.line_start, chunk=chunk.index)
 
     def chunks_of(self, source: str) -> list[Chunk]:
         """Chunks of one file, in order."""
@@ -139,8 +123,7 @@ class CorpusBuilder:
                 tokens = self.counter(text)
                 where = Provenance(doc.path, section.page, section.page_label, line_start, line_end)
                 chunk = Chunk(text=text, where=where, char_start=self._chars,
-                              char_end=self._chars + len(text), tokens=tokens, token_start=self._tokens,
-                              token_end=self._tokens + tokens, index=len(self.chunks), language=doc.language,
+                              char_end=self._chars + len(text), tokens=tokens, index=len(self.chunks), language=doc.language,
                               header_chars=len(header))
                 self.chunks.append(chunk)
                 self._parts.append(text)

@@ -296,3 +296,23 @@ def test_context_inside_the_window_has_nothing_to_recall(runtime):
     result = answer(engine, "What?")
     assert engine.length < runtime.window
     assert not result.citations.recalled
+
+
+def test_a_plan_is_the_count_the_feed_adds_and_a_stale_plan_is_made_again(runtime):
+    engine = new_engine(runtime)
+    plan = engine.plan_documents(pdf_like())
+    by_source = plan.tokens_by_source()
+    assert by_source[None] > 0 and by_source["report.pdf"] == plan.tokens - by_source[None]
+    run(engine.feed_documents(plan))
+    assert engine.length == plan.tokens  # the budget was checked with exactly what the context now holds
+    assert engine.document_tokens == by_source["report.pdf"]
+
+    stale = engine.plan_documents(code_file())
+    answer(engine, "What is the pass key?")  # the turn closes: the stale plan lacks the new turn's opening
+    fresh = engine.plan_documents(code_file())
+    stale_ids, fresh_ids = ([t for p in plan_.pieces for t in p.ids] for plan_ in (stale, fresh))
+    assert stale_ids != fresh_ids and stale.version != fresh.version
+    before = engine.length
+    run(engine.feed_documents(stale))
+    assert list(engine.token_ids[before:]) == fresh_ids
+    assert [s.where for s in engine.spans.documents()][-2:] == [c.where for c in code_file()]

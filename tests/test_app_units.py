@@ -161,11 +161,16 @@ def test_fit_budget_refuses_whole_files_that_do_not_fit():
     reports = [FileReport("a.py", "ingested", tokens=300), FileReport("b.py", "partial", tokens=500, reason="lossy"),
                FileReport("c.bin", "skipped", reason="binary file"), FileReport("d.py", "ingested", tokens=100)]
     chunks = [_chunk("a.py", 200, 0), _chunk("a.py", 100, 1), _chunk("b.py", 500, 2), _chunk("d.py", 100, 3)]
-    fitted = fit_budget(Corpus(reports=reports, chunks=chunks), free_tokens=450)
+    # The engine's plan, not ingest's chunk counts, decides: a.py is fed as 302 tokens, the opening takes 8.
+    planned = {None: 8, "a.py": 302, "b.py": 500, "d.py": 101}
+    fitted = fit_budget(Corpus(reports=reports, chunks=chunks), free_tokens=450, tokens_by_source=planned)
     statuses = [(r.path, r.status) for r in fitted.rows]
     assert statuses == [("a.py", "queued"), ("b.py", "refused"), ("c.bin", "skipped"), ("d.py", "queued")]
-    assert [c.index for c in fitted.chunks] == [0, 1, 3] and fitted.tokens == 400
-    assert "needs 500 tokens" in fitted.rows[1].reason and fitted.rows[0].outcome == "ingested"
+    assert [c.index for c in fitted.chunks] == [0, 1, 3] and fitted.tokens == 8 + 302 + 101
+    assert [r.tokens for r in fitted.rows] == [302, 0, 0, 101]
+    assert "needs 500 tokens but only 140" in fitted.rows[1].reason and fitted.rows[0].outcome == "ingested"
+    tight = fit_budget(Corpus(reports=reports, chunks=chunks), free_tokens=8 + 302 + 100, tokens_by_source=planned)
+    assert [r.status for r in tight.rows] == ["queued", "refused", "skipped", "refused"]  # one token short
 
 
 # -- sampling ------------------------------------------------------------------------------------

@@ -69,6 +69,31 @@ class Piece:
 
 
 @dataclass(frozen=True)
+class DocumentPlan:
+    """Documents as they would be fed now: the pieces (with the opening a turn needs), and the context they
+    were planned against (a plan is only fed unchanged while the context has not moved since)."""
+
+    pieces: tuple[Piece, ...]
+    version: tuple[int, int]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(p.ids) for p in self.pieces)
+
+    @property
+    def chunks(self) -> list:
+        return [p.chunk for p in self.pieces if p.chunk is not None]
+
+    def tokens_by_source(self) -> dict[str, int]:
+        """Document tokens per file; the opening's tokens are under None."""
+        totals: dict = {}
+        for piece in self.pieces:
+            source = piece.chunk.where.source if piece.chunk is not None else None
+            totals[source] = totals.get(source, 0) + len(piece.ids)
+        return totals
+
+
+@dataclass(frozen=True)
 class Saved:
     """A consistent state of the context: cache snapshot, token count, spans, turn state, logits."""
 
@@ -252,21 +277,33 @@ class ContextEngine:
         self.spans.append(Span(start, start + len(piece.ids), piece.kind, where))
         self.state, self.carry = piece.state, piece.carry
 
-    def plan_documents(self, chunks: Sequence[DocumentChunk]) -> list[Piece]:
-        """Token pieces for ``chunks`` appended now (exact counts, for the budget check)."""
+    def plan_documents(self, chunks: Sequence[DocumentChunk]) -> DocumentPlan:
+        """Token pieces for ``chunks`` appended now: the exact count the budget is checked with, and what is fed."""
         pieces = self._opening()
         carry = pieces[-1].carry if pieces else self.carry
         for chunk in chunks:
             ids, carry = self.format.document(chunk.text, carry)
             pieces.append(Piece(ids, SpanKind.DOCUMENT, TurnState.IN_TURN, carry, chunk))
-        return pieces if any(p.kind == SpanKind.DOCUMENT for p in pieces) else []
+        if not any(p.kind == SpanKind.DOCUMENT for p in pieces):
+            pieces = []
+        return DocumentPlan(tuple(pieces), self._version())
 
-    def feed_documents(self, chunks: Sequence[DocumentChunk], cancel=None) -> Iterator[LiveStats]:
-        """Append documents inside the open user turn (opening one after an answer). All or nothing."""
-        pieces = self.plan_documents(chunks)
-        self._check_budget(sum(len(p.ids) for p in pieces), "These documents")
+    def feed_documents(self, documents: Sequence[DocumentChunk] | DocumentPlan, cancel=None) -> Iterator[LiveStats]:
+        """Append documents inside the open user turn (opening one after an answer). All or nothing.
+
+        ``documents``: chunks, or their plan from ``plan_documents`` (fed as planned while the context has not
+        changed since, so every token is encoded once).
+        """
+        plan = documents if isinstance(documents, DocumentPlan) else None
+        if plan is None or plan.version != self._version():
+            plan = self.plan_documents(documents.chunks if plan is not None else documents)
+        self._check_budget(plan.tokens, "These documents")
         with self._operation():
-            yield from self._prefill(pieces, cancel, topk=0, phase="documents")
+            yield from self._prefill(list(plan.pieces), cancel, topk=0, phase="documents")
+
+    def _version(self) -> tuple[int, int]:
+        """Changes whenever the context does: a forward adds to tokens_fed, a rollback changes the length."""
+        return self.length, self.tokens_fed
 
     # -- decode --------------------------------------------------------------------------------
     def _decode(self, logits, settings: GenerationSettings, cancel, started: float,

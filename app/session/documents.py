@@ -47,7 +47,6 @@ STATUS_LABELS = {  # symbols every system font has (no emoji): the README screen
     RowStatus.QUEUED: "… waiting for the model",
     RowStatus.ROLLED_BACK: "↩ not added",
 }
-BUDGET_MARGIN = 16  # chat markers and the leading space a document may add
 
 
 @dataclass
@@ -145,16 +144,21 @@ def hide_network_details(reports, sources) -> None:
 
 @dataclass
 class FittedCorpus:
-    """The chunks to feed (whole files only) and every file's row."""
+    """The chunks to feed (whole files only), every file's row, and the tokens they add (the opening a turn
+    needs included)."""
 
     chunks: list
     rows: list[DocumentRow]
     tokens: int
 
 
-def fit_budget(corpus: Corpus, free_tokens: int) -> FittedCorpus:
-    """Accept files in order while they fit; refuse a file that would not, before any model work."""
-    rows, chunks, used = [], [], 0
+def fit_budget(corpus: Corpus, free_tokens: int, tokens_by_source: dict) -> FittedCorpus:
+    """Accept files in order while they fit; refuse a file that would not, before any model work.
+
+    ``tokens_by_source`` is the engine's plan of the whole corpus (ContextEngine.plan_documents): each file's
+    tokens exactly as they would be fed, and under None the opening a new turn needs. One count, no margin.
+    """
+    rows, chunks, used = [], [], tokens_by_source.get(None, 0)
     by_source: dict[str, list] = {}
     for chunk in corpus.chunks:
         by_source.setdefault(chunk.source, []).append(chunk)
@@ -162,9 +166,9 @@ def fit_budget(corpus: Corpus, free_tokens: int) -> FittedCorpus:
         row = row_from_report(report)
         file_chunks = by_source.get(report.path, [])
         if report.ok and file_chunks:
-            needed = sum(c.tokens for c in file_chunks)
-            if used + needed + BUDGET_MARGIN > free_tokens:
-                left = max(0, free_tokens - used - BUDGET_MARGIN)
+            needed = row.tokens = tokens_by_source.get(report.path, 0)
+            if used + needed > free_tokens:
+                left = max(0, free_tokens - used)
                 set_rows([row], RowStatus.REFUSED, f"needs {needed:,} tokens but only {left:,} of the context budget "
                                            "are left (start a new context or raise --context-budget)")
             else:
@@ -172,7 +176,7 @@ def fit_budget(corpus: Corpus, free_tokens: int) -> FittedCorpus:
                 used += needed
                 row.wait_for_model()
         rows.append(row)
-    return FittedCorpus(chunks, rows, used)
+    return FittedCorpus(chunks, rows, used if chunks else 0)
 
 
 def progress_line(event) -> str:

@@ -117,7 +117,8 @@ class ModelWork:
 
     def _feed(self, session: Session, work: Work, engine: ContextEngine):
         """Prefill the read documents that fit the budget; returns False when nothing could be committed."""
-        fitted = fit_budget(work.corpus, session.free_tokens)
+        plan = engine.plan_documents(work.corpus.chunks)
+        fitted = fit_budget(work.corpus, session.free_tokens, plan.tokens_by_source())
         replace_rows(session.documents, work.rows, fitted.rows)
         work.rows = fitted.rows
         item = work.status_item or ChatItem("assistant", ItemKind.STATUS)
@@ -132,7 +133,8 @@ class ModelWork:
             item.text = refusal[0].upper() + refusal[1:] + "."
             return False
         item.title = f"Adding {plural(len(queued), 'file')} ({fitted.tokens:,} tokens)"
-        feeding = engine.feed_documents(fitted.chunks, work.cancel)
+        whole = len(fitted.chunks) == len(plan.chunks)  # nothing refused: feed the plan as counted
+        feeding = engine.feed_documents(plan if whole else fitted.chunks, work.cancel)
         try:
             yield from self._show_feeding(session, item, feeding)
         except GeneratorExit:  # the request ended (API cancel, closed tab): exactly what Stop leaves

@@ -17,7 +17,7 @@ from ingest.git_url import looks_like_url
 
 from ..cli import AppConfig
 from ..engine.runtime import ModelRuntime
-from .documents import (BUDGET_MARGIN, DocumentRow, RowStatus, limits_for, plural, progress_line, read_sources,
+from .documents import (DocumentRow, RowStatus, limits_for, plural, progress_line, read_sources,
                         replace_rows, row_from_report, rows_summary)
 from .state import Session, Stage, Work
 
@@ -80,7 +80,7 @@ class Reader:
         read as text): only a source that cannot fit even then is refused; the exact count comes after
         reading (documents.fit_budget). Returns the refused rows by source, and drops those sources.
         """
-        free = session.free_tokens - BUDGET_MARGIN
+        free = session.free_tokens
         limits = limits_for(self.config)
         refused: dict[str, DocumentRow] = {}
         for source in list(work.sources):
