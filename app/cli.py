@@ -8,6 +8,7 @@ Each flag is one AppConfig field: its default, help text, group and bound are de
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,14 @@ class AppConfig:
                                         "(off by default)", group=SERVER, nargs="+", metavar="DIR")
     session_timeout_s: float = flag(3600.0, "minutes of inactivity after which a session's context is freed "
                                     "(default: 60)", group=SERVER, name="--session-timeout", type=float, scale=60)
+    # None: $LMINFINITE_WORKSPACES, else $XDG_CACHE_HOME/lminfinite-chat/workspaces (~/.cache/... without it)
+    workspaces: str | None = flag(None, "folder where workspaces (context, chat and documents) are saved, one "
+                                  "subfolder per user (default: $LMINFINITE_WORKSPACES, else ~/.cache/lminfinite-chat/workspaces)", group=SERVER,
+                                  metavar="DIR")
+    save_middle: str = flag("exact", "how a saved workspace stores the middle tokens recall reads: exact (the "
+                            "cache's dtype; a reopened context answers token for token as before) or bfloat16 / "
+                            "float16 (half the file on CPU; answers may differ slightly)", group=SERVER,
+                            choices=["exact", "bfloat16", "float16"])
     queue_size: int = flag(64, "most requests waiting in the queue (default: 64)", group=SERVER, type=int,
                            at_least=1)
 
@@ -115,6 +124,14 @@ class AppConfig:
         except (OSError, RuntimeError, ValueError):
             return None
         return resolved if any(resolved.is_relative_to(root) for root in self.local_roots) else None
+
+    @property
+    def workspace_root(self) -> Path:
+        chosen = self.workspaces or os.environ.get("LMINFINITE_WORKSPACES")
+        if chosen:
+            return Path(chosen).expanduser()
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(cache) / "lminfinite-chat" / "workspaces"
 
     @property
     def share_without_auth(self) -> bool:

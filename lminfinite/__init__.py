@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .cache import CacheSnapshot, InfiniteCache
     from .observe import TopKObserver, TopKSelection, observe_topk
     from .patch import disable, enable
+    from .persist import CacheFileError, CacheMismatch, cache_state, load_cache, restore_cache, save_cache
     from .state import get_state
 
 _LAZY = {
@@ -34,6 +35,12 @@ _LAZY = {
     "observe_topk": "observe",
     "disable": "patch",
     "enable": "patch",
+    "CacheFileError": "persist",
+    "CacheMismatch": "persist",
+    "cache_state": "persist",
+    "load_cache": "persist",
+    "restore_cache": "persist",
+    "save_cache": "persist",
     "get_state": "state",
 }
 

@@ -37,5 +37,14 @@
       zone.dispatchEvent(new DragEvent(type, {bubbles: true, cancelable: true, dataTransfer: files}));
     }
   });
+  // Leaving saves the workspace, but stops work in progress (reading, feeding, answering): ask first.
+  // Stop is enabled exactly while this tab's workspace has work running or queued.
+  window.addEventListener("beforeunload", (event) => {
+    const stop = document.querySelector("#stop-button");
+    if (stop && !stop.disabled) {
+      event.preventDefault();
+      event.returnValue = "";
+    }
+  });
   document.title = "LM-Infinite chat";
 }

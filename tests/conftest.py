@@ -8,6 +8,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# Saved workspaces of every app the tests start (in-process or launched) go to a folder of this run only.
+import tempfile  # noqa: E402
+
+os.environ["LMINFINITE_WORKSPACES"] = tempfile.mkdtemp(prefix="lminfinite-tests-workspaces-")
 
 sys.path.insert(0, str(Path(__file__).parent))
 

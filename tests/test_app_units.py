@@ -21,7 +21,8 @@ from app.session.documents import DocumentRow, fit_budget, screen_uploads
 from app.session.exporting import export_data, to_markdown, write_exports
 from app.engine.generation import GenerationSettings, next_token
 from app.engine.metrics import DeviceMemory, LiveStats, RateMeter, SessionSeries, device_memory
-from app.session.state import ChatItem, SessionRegistry
+from app.session.registry import SessionRegistry
+from app.session.state import ChatItem
 from app.engine.spans import Span, SpanIndex
 from app.web import views
 from ingest import Corpus, FileReport, Provenance
@@ -361,7 +362,7 @@ def test_share_without_auth_warns_loudly(capsys, monkeypatch):
 
     info = dict(notice="Model: demo", allow_local_paths=False, budget_tokens=10, max_file_size="1 MB",
                 system_prompt="", temperature=0.0, top_p=0.9, max_new_tokens=16, repetition_penalty=1.0,
-                recall=True, topk=5, window=256, n_starting=10)
+                recall=True, topk=5, window=256, n_starting=10, browser_secret="test")
     assert "share-banner" in header_html(LayoutInfo(share_warning=True, **info))
     assert "share-banner" not in header_html(LayoutInfo(share_warning=False, **info))
 

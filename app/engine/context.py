@@ -428,9 +428,13 @@ class ContextEngine:
 
         Returns False when documents were added between questions: the caller then rebuilds the context.
         """
-        if not self.turns:
+        asked = [i for i, s in enumerate(self.spans) if s.kind == SpanKind.QUESTION]
+        if not asked:
             return True
-        first = self.turns[0].before
+        # The first turn's undo point must come before every question (a reopened context has none of its own).
+        first = self.turns[0].before if self.turns else None
+        if first is None or first.n_spans > asked[0]:
+            return False
         if any(s.kind == SpanKind.DOCUMENT for s in self.spans[first.n_spans:]):
             return False
         with self._operation():

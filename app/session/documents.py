@@ -6,6 +6,7 @@ nothing is dropped silently.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from ..cli import AppConfig
 
 log = logging.getLogger(__name__)
 
+
 class RowStatus(StrEnum):
     """Where a file stands: ingest's verdicts, then the app's steps towards (or away from) the context."""
 
@@ -34,6 +36,10 @@ class RowStatus(StrEnum):
     READING = "reading"
     QUEUED = "queued"  # read, waiting for the model
     ROLLED_BACK = "rolled_back"  # the feed failed and was undone
+
+    @property
+    def in_context(self) -> bool:
+        return self in (RowStatus.INGESTED, RowStatus.PARTIAL)
 
 
 STATUS_LABELS = {  # symbols every system font has (no emoji): the README screenshot comes from a bare machine
@@ -144,21 +150,34 @@ def hide_network_details(reports, sources) -> None:
 
 @dataclass
 class FittedCorpus:
-    """The chunks to feed (whole files only), every file's row, and the tokens they add (the opening a turn
-    needs included)."""
+    """The chunks to feed (whole files only), every file's row, the tokens they add (the opening a turn needs
+    included), and the content digest of each file fed (see ``content_digest``)."""
 
     chunks: list
     rows: list[DocumentRow]
     tokens: int
+    digests: dict[str, str]
 
 
-def fit_budget(corpus: Corpus, free_tokens: int, tokens_by_source: dict) -> FittedCorpus:
-    """Accept files in order while they fit; refuse a file that would not, before any model work.
+def content_digest(chunks) -> str:
+    """A file's text as the model reads it, without the headers that name it: the same document uploaded
+    twice, from the chat box and the Documents panel, or under another name, has the same digest."""
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk.text[chunk.header_chars:].encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def fit_budget(corpus: Corpus, free_tokens: int, tokens_by_source: dict, fed: dict[str, str] | None = None) -> FittedCorpus:
+    """Accept files in order while they fit; refuse a file that would not, before any model work; skip a
+    file whose content is already in the context (``fed``: digest -> the file that brought it) or earlier in
+    this batch.
 
     ``tokens_by_source`` is the engine's plan of the whole corpus (ContextEngine.plan_documents): each file's
     tokens exactly as they would be fed, and under None the opening a new turn needs. One count, no margin.
     """
-    rows, chunks, used = [], [], tokens_by_source.get(None, 0)
+    rows, chunks, used, digests = [], [], tokens_by_source.get(None, 0), {}
+    fed = fed or {}
     by_source: dict[str, list] = {}
     for chunk in corpus.chunks:
         by_source.setdefault(chunk.source, []).append(chunk)
@@ -166,17 +185,22 @@ def fit_budget(corpus: Corpus, free_tokens: int, tokens_by_source: dict) -> Fitt
         row = row_from_report(report)
         file_chunks = by_source.get(report.path, [])
         if report.ok and file_chunks:
+            digest = content_digest(file_chunks)
             needed = row.tokens = tokens_by_source.get(report.path, 0)
-            if used + needed > free_tokens:
+            twin = fed.get(digest) or digests.get(digest)
+            if twin is not None:
+                set_rows([row], RowStatus.SKIPPED, f"same text as {twin}, already in the context: not added again")
+            elif used + needed > free_tokens:
                 left = max(0, free_tokens - used)
                 set_rows([row], RowStatus.REFUSED, f"needs {needed:,} tokens but only {left:,} of the context budget "
                                            "are left (start a new context or raise --context-budget)")
             else:
                 chunks.extend(file_chunks)
                 used += needed
+                digests[digest] = report.path
                 row.wait_for_model()
         rows.append(row)
-    return FittedCorpus(chunks, rows, used if chunks else 0)
+    return FittedCorpus(chunks, rows, used if chunks else 0, digests)
 
 
 def progress_line(event) -> str:

@@ -12,6 +12,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+from ingest.units import human_bytes
+
 from ..engine.budget import Budget
 from ..engine.context import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
 from ..engine.generation import GenerationSettings
@@ -75,11 +77,12 @@ def feeding_line(stats: LiveStats) -> str:
 
 
 class ModelWork:
-    def __init__(self, runtime: ModelRuntime, budget: Budget, view, cache_bytes):
+    def __init__(self, runtime: ModelRuntime, budget: Budget, view, cache_bytes, save):
         self.runtime = runtime
         self.budget = budget
         self.view = view  # session -> component values
         self.cache_bytes = cache_bytes  # () -> bytes all sessions' caches hold (the memory budget's measure)
+        self.save = save  # session -> bytes written (SessionRegistry.save_now)
 
     def run(self, session: Session, work: Work, settings: GenerationSettings, system_prompt: str):
         """Generator: carry out one ready action, yielding the session's view as it streams."""
@@ -88,6 +91,9 @@ class ModelWork:
             return
         if work.kind == WorkKind.FORGET:
             yield from self._forget(session, work)
+            return
+        if work.kind == WorkKind.SAVE:
+            yield from self._save(session)
             return
         if work.cancel.is_set():
             self._mark_not_done(session, work, "■ Stopped before it started: nothing was added")
@@ -105,6 +111,21 @@ class ModelWork:
         if work.question:
             yield from self._answer(session, work, engine, settings)
 
+    def _save(self, session: Session):
+        """Write the workspace (no model step of it runs meanwhile: this is one); say how big and how long."""
+        session.stats.phase, session.stats.detail = "saving", session.name
+        yield self.view(session)
+        started = time.perf_counter()
+        try:
+            size = self.save(session)
+        except Exception as exc:  # noqa: BLE001 - the previous save is intact (written beside, then renamed)
+            log.exception("saving workspace %s failed", session.workspace_id)
+            session.stop_note = f"⚠ Not saved ({type(exc).__name__}: {exc}); the previous save is intact."
+        else:
+            session.stop_note = f"Saved “{session.name}”: {human_bytes(size)} in {time.perf_counter() - started:.1f} s."
+        finally:
+            session.stats.phase, session.stats.detail = "idle", ""
+
     def _mark_not_done(self, session: Session, work: Work, title: str) -> None:
         for row in work.rows:
             if row.status == RowStatus.QUEUED:
@@ -118,7 +139,7 @@ class ModelWork:
     def _feed(self, session: Session, work: Work, engine: ContextEngine):
         """Prefill the read documents that fit the budget; returns False when nothing could be committed."""
         plan = engine.plan_documents(work.corpus.chunks)
-        fitted = fit_budget(work.corpus, session.free_tokens, plan.tokens_by_source())
+        fitted = fit_budget(work.corpus, session.free_tokens, plan.tokens_by_source(), session.fed_digests)
         replace_rows(session.documents, work.rows, fitted.rows)
         work.rows = fitted.rows
         item = work.status_item or ChatItem("assistant", ItemKind.STATUS)
@@ -156,6 +177,7 @@ class ModelWork:
         for row in queued:
             row.added()
         session.fed_chunks.append(fitted.chunks)
+        session.fed_digests.update(fitted.digests)
         item.title = f"Added {plural(len(queued), 'file')} · {fitted.tokens:,} tokens"
         item.pending, item.text = False, rows_summary(fitted.rows)
         return True

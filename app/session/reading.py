@@ -131,7 +131,7 @@ class Reader:
                 log.exception("reading %s failed", work.sources)
                 outcome["error"] = exc
 
-        thread = threading.Thread(target=target, name=f"read-{session.hash[:8]}", daemon=True)
+        thread = threading.Thread(target=target, name=f"read-{session.workspace_id[:8]}", daemon=True)
         thread.start()
         stopped_at = None
         try:

@@ -1,18 +1,18 @@
-"""Per-browser-session state, owned by a registry keyed by Gradio's session hash.
+"""One workspace's live state: its context (engine), chat, documents, metrics and queued work.
 
 Nothing about a user lives at module level: each session has its own engine (cache), chat, documents and
-metrics. The registry frees a session when its tab disconnects (``demo.unload``) or after an idle
-time-out, so documents never outlive their user or leak into another session.
+metrics. The registry (registry.py) attaches browser tabs to sessions, saves them and frees them.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import shutil
 import tempfile
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -25,7 +25,8 @@ from ..engine.metrics import LiveStats, SessionSeries
 from ..engine.runtime import ModelRuntime, release_memory
 from .documents import DocumentRow, RowStatus
 
-EXPIRED_KEPT = 10_000  # freed session hashes remembered, to tell their late requests what happened
+log = logging.getLogger(__name__)
+
 STALE_WORK_S = 24 * 3600.0  # queued work older than this no longer keeps a session from the idle sweep
 
 
@@ -40,6 +41,7 @@ class WorkKind(StrEnum):
     REGENERATE = "regenerate"
     FORGET = "forget"  # clear chat, keep documents
     RESET = "reset"  # new context
+    SAVE = "save"  # write the workspace to disk, after the actions before it
 
 
 class Stage(StrEnum):
@@ -85,19 +87,19 @@ class Work:
     created: float = field(default_factory=time.perf_counter)  # when the user acted: time to first token starts here
 
 
-class SessionDenied(Exception):
-    """The request's user is not the user the session belongs to (with --auth)."""
-
-
-class SessionExpired(Exception):
-    """The session was freed after its idle time-out; a request for it must not silently start an empty one."""
-
-
 class Session:
-    def __init__(self, session_hash: str, runtime: ModelRuntime, config: AppConfig, budget: Budget,
-                 owner: str | None = None):
-        self.hash = session_hash
+    def __init__(self, workspace_id: str, runtime: ModelRuntime, config: AppConfig, budget: Budget,
+                 owner: str | None = None, name: str = ""):
+        self.workspace_id = workspace_id
+        self.name = name or "Workspace of " + time.strftime("%Y-%m-%d %H:%M")
         self.owner = owner  # the logged-in user who created it (with --auth); None without a login
+        self.tabs: set[str] = set()  # the browser tabs (Gradio session hashes) showing it now
+        self.in_browser = False  # a page load attached it: it is saved when left, and reopened on reload
+        self.changes = 0  # actions finished; compared with saved_changes to know whether a save is due
+        self.saved_changes = 0
+        self.detached_at: float | None = None  # when its last tab left (monotonic)
+        self.released = threading.Event()  # set once its memory is freed (a reopen waits for a last save)
+        self._before_release = None
         self.runtime = runtime
         self.config = config
         self.budget = budget
@@ -106,11 +108,12 @@ class Session:
         self.chat: list[ChatItem] = []
         self.documents: list[DocumentRow] = []
         self.fed_chunks: list[list] = []  # chunk lists in the order fed, to rebuild a context without its chat
+        self.fed_digests: dict[str, str] = {}  # content digest -> the file that brought it (duplicates are skipped)
         self.pending: deque[Work] = deque()
         self.engine: ContextEngine | None = None
         self.system_prompt: str | None = None
         self.last_active = time.monotonic()
-        self.stop_note = ""  # what Stop said ("Stopping 2 actions…"), until that work is over or new work starts
+        self.stop_note = ""  # what Stop or a save said, until that work is over (Stop) or new work starts
         self.exported: list | None = None  # the chat messages the shown export was made of
         self.shown_rows: list | None = None  # the documents table this session's tab was last sent
         self.panel_shown: dict = {}  # what this session's tab was last sent by the panel timer
@@ -205,12 +208,19 @@ class Session:
         with self.lock:
             self.model_step = False
 
+    @property
+    def unsaved(self) -> bool:
+        """Work finished since the last save (or never saved), and something to keep."""
+        return self.changes != self.saved_changes and bool(self.engine or self.chat or self.documents)
+
     def finish_work(self, work: Work) -> None:
         with self.lock:
+            if work.kind != WorkKind.SAVE:
+                self.changes += 1
             work.stage = Stage.DONE
             if work in self.pending:
                 self.pending.remove(work)
-            if not self.pending:
+            if not self.pending and work.kind != WorkKind.SAVE:  # a save's outcome is its note
                 self.stop_note = ""
 
     def stop(self) -> int:
@@ -231,6 +241,7 @@ class Session:
         self.chat.clear()
         self.documents.clear()
         self.fed_chunks.clear()
+        self.fed_digests.clear()
 
     @contextmanager
     def working(self):
@@ -246,91 +257,29 @@ class Session:
             if release:
                 self._release()
 
-    def close(self) -> None:
-        """Free everything now, or, while an operation runs, stop it and free when it ends."""
+    @property
+    def pristine(self) -> bool:
+        """Nothing was done in it yet."""
+        return not (self.engine or self.chat or self.documents or self.pending)
+
+    def close(self, before_release=None) -> None:
+        """Free everything now, or, while an operation runs, stop it and free when it ends. ``before_release``
+        (a save) runs first, once the session is idle, whichever thread that is."""
         with self.lock:
             self.closed = True
+            self._before_release = before_release or self._before_release
             self.stop()
             if self.busy:
                 return
         self._release()
 
     def _release(self) -> None:
+        if self._before_release is not None:
+            try:
+                self._before_release(self)
+            except Exception:  # noqa: BLE001 - a failed last save must not keep the memory
+                log.exception("saving workspace %s before freeing it failed", self.workspace_id)
         self.reset()
         release_memory()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
-
-
-class SessionRegistry:
-    """All live sessions of one server; created on first use, freed on disconnect or idleness."""
-
-    def __init__(self, runtime: ModelRuntime, config: AppConfig, budget: Budget):
-        self.runtime = runtime
-        self.config = config
-        self.budget = budget
-        self._sessions: dict[str, Session] = {}
-        self._expired: OrderedDict[str, float] = OrderedDict()  # hashes the sweep freed, newest last
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def get(self, session_hash: str, *, touch: bool = True, owner: str | None = None) -> Session:
-        """The session for ``session_hash``; ``touch=False`` (the panel timer) does not count as activity.
-
-        ``owner`` is the request's logged-in user: a session is created for it, and then answers no other
-        user (SessionDenied), so knowing another tab's session hash gives no access to it. A hash whose
-        session the idle sweep freed raises SessionExpired (once per new request stream, see ``forget_expired``).
-        """
-        self.sweep()
-        with self._lock:
-            session = self._sessions.get(session_hash)
-            if session is None:
-                if session_hash in self._expired:
-                    raise SessionExpired(session_hash)
-                session = self._sessions[session_hash] = Session(session_hash, self.runtime, self.config,
-                                                                 self.budget, owner=owner)
-        if session.owner is not None and session.owner != owner:
-            raise SessionDenied(session_hash)
-        if touch:
-            session.touch()
-        return session
-
-    def forget_expired(self, session_hash: str) -> None:
-        """The user was told the session expired: the hash may start a new session now."""
-        with self._lock:
-            self._expired.pop(session_hash, None)
-
-    def cache_bytes(self) -> int:
-        """Bytes every live session's cache holds now: what the memory budget (--memory-budget) measures."""
-        with self._lock:
-            engines = [s.engine for s in self._sessions.values() if s.engine is not None]
-        return sum(sum(engine.memory().values()) for engine in engines if engine.cache is not None)
-
-    def peek(self, session_hash: str) -> Session | None:
-        return self._sessions.get(session_hash)
-
-    def close(self, session_hash: str, *, owner: str | None = None, as_user: bool = False) -> bool:
-        """Free a session; ``as_user``: only when ``owner`` is its owner (another user's disconnect frees nothing)."""
-        with self._lock:
-            session = self._sessions.get(session_hash)
-            if session is None or (as_user and session.owner is not None and session.owner != owner):
-                return False
-            del self._sessions[session_hash]
-        session.close()
-        return True
-
-    def sweep(self) -> list[str]:
-        """Close sessions idle for longer than the time-out: never one that is working or has work waiting in
-        a queue (waiting is not idleness: a user whose upload waits behind a long read must not lose it)."""
-        now = time.monotonic()
-        with self._lock:
-            idle = [h for h, s in self._sessions.items()
-                    if not s.busy and not s.waiting() and now - s.last_active > self.config.session_timeout_s]
-        for session_hash in idle:
-            if self.close(session_hash):
-                with self._lock:
-                    self._expired[session_hash] = now
-                    while len(self._expired) > EXPIRED_KEPT:
-                        self._expired.popitem(last=False)
-        return idle
+        self.released.set()

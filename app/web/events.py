@@ -35,6 +35,7 @@ def wire(demo, c: Components, h: Handlers) -> None:
         step = event.then(h.run, settings, view, api_name=api_name, show_progress="full",
                           show_progress_on=view[:4], **MODEL)  # not on the stop note and the buttons
         step.then(h.enable_input, None, [c.chat_input, *controls], api_name=False, **FAST)
+        step.then(h.workspace_panel, None, c.workspace_view, api_name=False, **FAST)  # "not saved yet · …"
         return step
 
     # Chat box: record -> read attachments -> feed and answer.
@@ -67,5 +68,18 @@ def wire(demo, c: Components, h: Handlers) -> None:
     live = [c.panel, c.memory_plot, c.throughput_plot, c.panel_data]
     demo.load(h.panel, None, live, api_name="panel", **FAST)
     c.timer.tick(h.tick, None, live, api_name=False, **FAST)
-    demo.load(h.show, None, view, api_name="show", **FAST)
+    c.show_trigger.click(h.show, None, view, api_name="show", **FAST)  # for API clients
+    wire_workspaces(demo, c, h, then_model)
     demo.unload(h.unload)
+
+
+def wire_workspaces(demo, c: Components, h: Handlers, then_model) -> None:
+    """Page load shows the workspace the browser remembers; open, new, save, rename and delete."""
+    shown = [c.workspace_id, *c.view, *c.workspace_view]  # a switch changes everything on screen
+    demo.load(h.attach, c.workspace_id, shown, api_name=False, **FAST)
+    c.open_workspace.click(h.open_workspace, c.workspace_choice, shown, api_name=False, **FAST)
+    c.new_workspace.click(h.new_workspace, None, shown, api_name=False, **FAST)
+    then_model(c.save.click(h.queue_save, c.workspace_name, c.view, api_name="save", **FAST), api_name=False)
+    c.workspace_name.submit(h.rename, c.workspace_name, c.workspace_view, api_name=False, **FAST)
+    c.workspace_name.blur(h.rename, c.workspace_name, c.workspace_view, api_name=False, **FAST)
+    c.delete_workspace.click(h.delete_workspace, c.workspace_choice, c.workspace_view, api_name=False, **FAST)

@@ -26,10 +26,11 @@ from ..session.documents import plural, screen_uploads
 from ..session.exporting import export_data, write_exports
 from ..session.model_work import ModelWork
 from ..session.reading import Reader
-from ..session.state import (ChatItem, ItemKind, Session, SessionDenied, SessionExpired, SessionRegistry, Stage, Work,
-                             WorkKind)
+from ..session.registry import SessionDenied, SessionExpired, SessionRegistry
+from ..session.state import ChatItem, ItemKind, Session, Stage, Work, WorkKind
 from . import views
 from .api import answer_json
+from .workspace_views import workspace_choices, workspace_note, workspace_rows
 
 
 class Handlers:
@@ -43,7 +44,7 @@ class Handlers:
         # What an unpatched model's cache adds per token: the panel's "a full cache would hold" figure.
         self.vanilla_token_bytes = lminfinite.KVShape.from_config(runtime.model.config).token_bytes(runtime.dtype)
         self.reader = Reader(runtime, config, self.progress_view)
-        self.model_work = ModelWork(runtime, budget, self.progress_view, registry.cache_bytes)
+        self.model_work = ModelWork(runtime, budget, self.progress_view, registry.cache_bytes, registry.save_now)
         self.default_settings = default_settings or {}  # run's settings by name, as the Settings panel starts
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -235,6 +236,70 @@ class Handlers:
         session.panel_shown = {"html": html, "data": key, "plots": version}
         return (html if shown.get("html") != html else gr.skip(), *plots,
                 data if shown.get("data") != key else gr.skip())
+
+    # -- workspaces ------------------------------------------------------------------------------
+    def workspace_view(self, session: Session) -> tuple:
+        """The Workspaces tab: this workspace's name and where it stands on disk, the user's saved workspaces."""
+        saved = self.registry.store.list(session.owner)
+        mine = next((w for w in saved if w.id == session.workspace_id), None)
+        return (session.name, workspace_note(session, mine), workspace_rows(saved, session.workspace_id),
+                gr.Dropdown(choices=workspace_choices(saved), value=None))
+
+    def _shown(self, session: Session, note: str = "") -> tuple:
+        """After a page load or a switch: the workspace id the browser keeps, and everything on screen."""
+        if note:
+            gr.Info(note)
+        return (session.workspace_id, *self.view(session), *self.workspace_view(session))
+
+    def attach(self, workspace_id, request: gr.Request):
+        """Page load: show the workspace this browser had open (reopened from disk if it was freed)."""
+        if request is None or not request.session_hash:
+            raise gr.Error("This request has no session; reload the page.")
+        session, note = self.registry.attach(request.session_hash, workspace_id, self._user(request))
+        return self._shown(session, note)
+
+    def open_workspace(self, choice, request: gr.Request):
+        """Open a saved workspace in this tab; the one it leaves is saved."""
+        if not choice:
+            raise gr.Error("Choose a saved workspace first.")
+        session, note = self.registry.attach(request.session_hash, choice, self._user(request))
+        if session.workspace_id != choice:  # it could not be opened: the note says why
+            raise gr.Error(note or "That workspace no longer exists.")
+        return self._shown(session, note)
+
+    def new_workspace(self, request: gr.Request):
+        """An empty workspace in this tab; the one it leaves is saved."""
+        session, _ = self.registry.attach(request.session_hash, None, self._user(request))
+        return self._shown(session)
+
+    def queue_save(self, name, request: gr.Request):
+        """Save after the actions queued before it (the model step writes the file)."""
+        session = self._session(request)
+        self.rename(name, request)
+        session.new_work(WorkKind.SAVE)
+        return self.view(session)
+
+    def rename(self, name, request: gr.Request):
+        session = self._session(request)
+        name = " ".join(str(name or "").split())[:120]
+        if name and name != session.name:
+            session.name = name
+            if self.registry.store.exists(session.owner, session.workspace_id):
+                self.registry.store.set_name(session.owner, session.workspace_id, name)
+        return self.workspace_view(session)
+
+    def delete_workspace(self, choice, request: gr.Request):
+        """Delete a saved workspace, never the one open in a tab (it would be saved again when left)."""
+        session = self._session(request)
+        if not choice:
+            raise gr.Error("Choose a saved workspace first.")
+        if self.registry.is_open(choice):
+            raise gr.Error("That workspace is open (here or in another tab): open or start another one first.")
+        self.registry.store.delete(session.owner, choice)
+        return self.workspace_view(session)
+
+    def workspace_panel(self, request: gr.Request):
+        return self.workspace_view(self._session(request, touch=False))
 
     def unload(self, request: gr.Request):
         """The tab disconnected: stop its work and free its context."""

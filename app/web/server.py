@@ -16,7 +16,8 @@ from ingest.units import human_bytes  # noqa: E402
 from ..cli import AppConfig
 from ..engine.budget import Budget, context_budget
 from ..engine.runtime import ModelRuntime
-from ..session.state import SessionRegistry
+from ..session.registry import SessionRegistry
+from ..session.workspace_store import WorkspaceStore
 from .events import input_names, wire
 from .handlers import Handlers
 from .ui import STATIC_DIR, LayoutInfo, build_layout
@@ -44,14 +45,15 @@ def default_temperature(runtime: ModelRuntime) -> tuple[float, float]:
 def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = None) -> tuple[gr.Blocks, Handlers]:
     budget = budget or context_budget(runtime, config.context_budget, config.memory_budget)
     temperature, top_p = default_temperature(runtime)
+    store = WorkspaceStore(config.workspace_root)
     info = LayoutInfo(
         notice=runtime.notice, share_warning=config.share_without_auth, allow_local_paths=config.local_paths_enabled,
         budget_tokens=budget.tokens, max_file_size=human_bytes(config.max_file_size),
         system_prompt=DEFAULT_SYSTEM_PROMPT, temperature=temperature, top_p=top_p, max_new_tokens=512,
         repetition_penalty=1.0, recall=config.topk > 0, topk=config.topk or 5, window=runtime.window,
-        n_starting=runtime.lm_config.n_starting,
+        n_starting=runtime.lm_config.n_starting, browser_secret=store.browser_secret(),
     )
-    registry = SessionRegistry(runtime, config, budget)
+    registry = SessionRegistry(runtime, config, budget, store)
     defaults = {name: getattr(info, name) for name in input_names(Handlers.run)}  # the Settings panel at start
     handlers = Handlers(registry, runtime, config, budget, upload_root=get_upload_folder(), default_settings=defaults)
     demo, components = build_layout(info)

@@ -9,6 +9,7 @@ from pathlib import Path
 import gradio as gr
 
 from .views import DOCUMENT_COLUMN_WIDTHS, DOCUMENT_HEADERS
+from .workspace_views import WORKSPACE_HEADERS
 
 STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 ACCEPTED_TYPES = [  # a hint for the file picker: ingest decides what it reads, and says why it skips the rest
@@ -38,6 +39,7 @@ class LayoutInfo:
     topk: int
     window: int
     n_starting: int
+    browser_secret: str  # encrypts the workspace id the browser keeps; the same across server restarts
 
 
 @dataclass
@@ -74,12 +76,27 @@ class Components:
     ask_files: gr.File
     ask_result: gr.JSON
     ask_trigger: gr.Button
+    show_trigger: gr.Button  # the /show API: the session as it is
+    workspace_id: gr.BrowserState  # which workspace this browser shows: a reload reopens it
+    workspace_name: gr.Textbox
+    save: gr.Button
+    workspace_note: gr.Markdown
+    workspaces: gr.Dataframe
+    workspace_choice: gr.Dropdown
+    open_workspace: gr.Button
+    new_workspace: gr.Button
+    delete_workspace: gr.Button
 
     @property
     def view(self) -> list:
         """Outputs of every work event, in Handlers.view's order."""
         return [self.chatbot, self.documents, self.context, self.activity, self.stop_note, self.export_files,
                 self.stop, self.cancel]
+
+    @property
+    def workspace_view(self) -> list:
+        """Outputs of the Workspaces tab, in Handlers.workspace_view's order."""
+        return [self.workspace_name, self.workspace_note, self.workspaces, self.workspace_choice]
 
 
 def _icon(name: str) -> str:
@@ -154,6 +171,19 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                                                   title="Throughput (tokens/s)", x_title="seconds",
                                                   y_title="tokens/s", height=200)
                     panel_data = gr.JSON(label="Raw numbers", open=False, visible=True)
+                with gr.Tab("Workspaces", elem_id="workspaces-tab"):
+                    with gr.Row(equal_height=True):
+                        workspace_name = gr.Textbox(label="This workspace", scale=4, elem_id="workspace-name",
+                                                    info="Saved when you leave or reload the page, and with Save.")
+                        save = gr.Button("Save", variant="primary", scale=1, min_width=90, elem_id="save-button")
+                    workspace_note = gr.Markdown(elem_id="workspace-note")
+                    workspaces = gr.Dataframe(headers=WORKSPACE_HEADERS, value=[], interactive=False, wrap=True,
+                                              label="Saved workspaces", elem_id="workspaces-table")
+                    workspace_choice = gr.Dropdown(label="Workspace", choices=[], elem_id="workspace-choice")
+                    with gr.Row():
+                        open_workspace = gr.Button("Open", size="sm", elem_id="open-workspace")
+                        new_workspace = gr.Button("New workspace", size="sm", elem_id="new-workspace")
+                        delete_workspace = gr.Button("Delete", size="sm", variant="stop", elem_id="delete-workspace")
                 with gr.Tab("Settings", elem_id="settings-tab"):
                     system_prompt = gr.Textbox(info.system_prompt, label="System prompt", lines=3,
                                                info="Used when a context starts (new context or first message).")
@@ -168,11 +198,13 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                                               "and powers the cited sources.")
                     topk = gr.Slider(1, 64, value=max(1, info.topk), step=1, label="k (tokens recalled per head)")
         timer = gr.Timer(1.0)
+        workspace_id = gr.BrowserState(None, storage_key="lminfinite-chat-workspace", secret=info.browser_secret)
         with gr.Group(visible=False):
             ask_question = gr.Textbox(label="question")
             ask_files = gr.File(label="files", file_count="multiple")
             ask_result = gr.JSON(label="result")
             ask_trigger = gr.Button("ask")
+            show_trigger = gr.Button("show")
     return demo, Components(
         chatbot=chatbot, chat_input=chat_input, stop=stop, regenerate=regenerate, clear=clear,
         new_context=new_context, export=export, export_files=export_files, stop_note=stop_note, upload=upload,
@@ -180,5 +212,8 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
         context=context, panel=panel, panel_data=panel_data, memory_plot=memory_plot, throughput_plot=throughput_plot,
         system_prompt=system_prompt, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
         repetition_penalty=repetition_penalty, recall=recall, topk=topk, timer=timer, ask_question=ask_question,
-        ask_files=ask_files, ask_result=ask_result, ask_trigger=ask_trigger,
+        ask_files=ask_files, ask_result=ask_result, ask_trigger=ask_trigger, show_trigger=show_trigger, workspace_id=workspace_id,
+        workspace_name=workspace_name, save=save, workspace_note=workspace_note, workspaces=workspaces,
+        workspace_choice=workspace_choice, open_workspace=open_workspace, new_workspace=new_workspace,
+        delete_workspace=delete_workspace,
     )

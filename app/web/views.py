@@ -21,7 +21,7 @@ DOCUMENT_HEADERS = ["File", "Status", "Pages", "Tokens", "Note"]
 # the room and wrap; status, pages and tokens stay narrow but never break their header.
 DOCUMENT_COLUMN_WIDTHS = ["29%", "19%", "12%", "13%", "27%"]
 PHASE_LABELS = {"idle": "Idle", "reading": "Reading documents", "prefill": "Feeding the model",
-                "decode": "Answering", "waiting": "Waiting for the model"}
+                "decode": "Answering", "waiting": "Waiting for the model", "saving": "Saving the workspace"}
 
 
 FINISH_NOTES = {"length": " · stopped at max tokens", "repetition": " · stopped: the answer began to repeat itself"}

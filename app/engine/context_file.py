@@ -1,0 +1,98 @@
+"""A context as tensors and a JSON-ready record, and back: what a saved workspace holds of its engine.
+
+The cache itself is the library's business (``lminfinite.cache_state`` / ``restore_cache``: every layer's
+start, window ring and middle store, its counters and frame, checked against the model on the way back).
+Here is what the engine adds around it: the token stream, the spans with their provenance, where the chat
+template stands (turn state and carry), and which model it was made with. Reopened, the engine is the
+engine that was saved, so its next answer is token for token the one it would have given (tests).
+
+Not kept: the undo points of past turns (``turns``), which are cache snapshots of their own. A reopened
+context answers, clears and grows as before; only "regenerate" of an answer given before the save is gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict
+
+import torch
+
+import lminfinite
+from ingest import Provenance
+
+from .chat_format import Carry, TurnState
+from .context import ContextEngine
+from .metrics import LiveStats
+from .runtime import ModelRuntime
+from .spans import Span, SpanKind
+
+TOKEN_IDS = "context.token_ids"
+CACHE = "cache."  # the prefix of the cache's own tensors (lminfinite.cache_state names them)
+FORMAT = 1
+
+
+class ContextMismatch(ValueError):
+    """The saved context belongs to another model or another LM-Infinite setting. The message says which."""
+
+
+def model_identity(runtime: ModelRuntime) -> dict:
+    """What must match for a saved cache to mean the same thing: the model (name and a fingerprint of its
+    weights' first embedding rows and its config), and the LM-Infinite settings that shape attention."""
+    embedding = runtime.model.get_input_embeddings().weight
+    digest = hashlib.sha256(runtime.model.config.to_json_string(use_diff=False).encode())
+    digest.update(embedding[:4].detach().float().cpu().numpy().tobytes())
+    config = runtime.lm_config
+    return {"model": runtime.name, "fingerprint": digest.hexdigest()[:32], "window": config.window_,
+            "n_starting": config.n_starting, "topk_from_layer": config.topk_from_layer}
+
+
+def check_identity(saved: dict, runtime: ModelRuntime) -> None:
+    """Refuse a context made with another model or setting, naming what differs."""
+    current = model_identity(runtime)
+    for key, value in current.items():
+        if saved.get(key) != value:
+            what = "model" if key in ("model", "fingerprint") else f"LM-Infinite setting {key}"
+            raise ContextMismatch(f"this context was made with another {what} ({saved.get(key)!r}, this server "
+                                  f"runs {value!r}); open it on a server running the same model and settings")
+
+
+def context_record(engine: ContextEngine, *, middle_dtype: torch.dtype | None = None) -> tuple[dict, dict]:
+    """The engine as (tensors, record); ``middle_dtype`` stores recall's middle tokens smaller (not exact)."""
+    cache_tensors, cache_info = lminfinite.cache_state(engine.cache, middle_dtype=middle_dtype)
+    tensors = {CACHE + name: tensor for name, tensor in cache_tensors.items()}
+    tensors[TOKEN_IDS] = torch.tensor(engine.token_ids, dtype=torch.int64)
+    record = {
+        "format": FORMAT,
+        "identity": model_identity(engine.runtime),
+        "cache": cache_info,
+        "system_prompt": engine.system_prompt,
+        "spans": [[s.start, s.end, s.kind.value, asdict(s.where) if s.where else None] for s in engine.spans],
+        "state": engine.state.value,
+        "carry": asdict(engine.carry),
+        "tokens_fed": engine.tokens_fed,
+    }
+    return tensors, record
+
+
+def reopen_context(runtime: ModelRuntime, tensors: dict, record: dict, *, budget: int,
+                   stats: LiveStats | None = None) -> ContextEngine:
+    """The engine ``context_record`` saved, on ``runtime``'s model (checked to be the same model first)."""
+    if record.get("format") != FORMAT:
+        raise ValueError(f"unknown context format {record.get('format')!r}")
+    check_identity(record["identity"], runtime)
+    engine = ContextEngine(runtime, system_prompt=record["system_prompt"], budget=budget,
+                           stats=stats or LiveStats())
+    cache_tensors = {name[len(CACHE):]: tensor for name, tensor in tensors.items() if name.startswith(CACHE)}
+    engine.cache = lminfinite.restore_cache(runtime.model, cache_tensors, record["cache"])
+    ids = tensors[TOKEN_IDS].tolist()
+    engine.token_ids.extend(ids)
+    for start, end, kind, where in record["spans"]:
+        engine.spans.append(Span(start, end, SpanKind(kind), Provenance(**where) if where else None))
+    if engine.spans.end != len(ids) or engine.cache.get_seq_length() != len(ids):
+        raise ValueError(f"the context's parts disagree: {len(ids)} tokens, spans to {engine.spans.end}, "
+                         f"cache of {engine.cache.get_seq_length()}")
+    engine.state, engine.carry = TurnState(record["state"]), Carry(**record["carry"])
+    engine.tokens_fed = int(record["tokens_fed"])
+    engine.stats.context_tokens = engine.length
+    engine.stats.set_kv(engine.memory())
+    return engine

@@ -1,0 +1,236 @@
+"""Which workspaces are live, which browser tab shows which, and when they are saved and freed.
+
+A browser tab (Gradio's session hash) is attached to one workspace (a Session). A page load attaches the
+workspace the browser remembers (its id is kept in the browser, see web/ui.py), so a reload shows the same
+context: still live if the tab came back within a grace period, otherwise reopened from its save. A tab that
+leaves stops its work; its workspace, once no tab shows it, is saved (if anything changed) and freed after
+the grace period, or after the idle time-out. API clients that never load the page get a workspace of
+their own, freed (not saved) when idle.
+
+With --auth a workspace belongs to the user who made it: another user's request for it is refused, and the
+saved files of each user are in a folder of their own (workspace_store.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+
+import torch
+
+from ..cli import AppConfig
+from ..engine.budget import Budget
+from ..engine.runtime import ModelRuntime
+from .state import Session
+from .workspace_file import WorkspaceFileError, read_workspace, write_workspace
+from .workspace_store import WorkspaceStore, is_workspace_id, new_workspace_id
+
+log = logging.getLogger(__name__)
+
+EXPIRED_KEPT = 10_000  # freed tabs remembered, to tell their late requests what happened
+DETACHED_GRACE_S = 30.0  # a workspace no tab shows stays live this long: a reload finds it without reopening
+MIDDLE_DTYPES = {"exact": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class SessionDenied(Exception):
+    """The request's user is not the user the session belongs to (with --auth)."""
+
+
+class SessionExpired(Exception):
+    """The session was freed after its idle time-out; a request for it must not silently start an empty one."""
+
+
+class SessionRegistry:
+    """All live sessions of one server, by tab and by workspace id."""
+
+    def __init__(self, runtime: ModelRuntime, config: AppConfig, budget: Budget, store: WorkspaceStore | None = None):
+        self.runtime = runtime
+        self.config = config
+        self.budget = budget
+        self.store = store or WorkspaceStore(config.workspace_root)
+        self.grace_s = DETACHED_GRACE_S
+        self._tabs: dict[str, Session] = {}
+        self._live: dict[str, Session] = {}  # by workspace id, with or without a tab
+        self._expired: OrderedDict[str, float] = OrderedDict()  # tabs whose session the sweep freed, newest last
+        self._lock = threading.Lock()
+        self._attach_lock = threading.Lock()  # one reopen at a time: two tabs never load the same file twice
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def _new(self, owner: str | None, workspace_id: str | None = None, name: str = "") -> Session:
+        return Session(workspace_id or new_workspace_id(), self.runtime, self.config, self.budget, owner=owner,
+                       name=name)
+
+    def _bind(self, session_hash: str, session: Session) -> None:
+        """Under the lock: the tab shows ``session``."""
+        self._tabs[session_hash] = session
+        self._live[session.workspace_id] = session
+        session.tabs.add(session_hash)
+        session.detached_at = None
+
+    # -- tabs ------------------------------------------------------------------------------------
+    def get(self, session_hash: str, *, touch: bool = True, owner: str | None = None) -> Session:
+        """The session ``session_hash`` shows; ``touch=False`` (the panel timer) does not count as activity.
+
+        A tab with none (an API client, or a request before the page load attached one) gets a new one.
+        ``owner`` is the request's logged-in user: a session answers no other user (SessionDenied). A tab whose
+        session the idle sweep freed raises SessionExpired (once per new request stream, see ``forget_expired``).
+        """
+        self.sweep()
+        with self._lock:
+            session = self._tabs.get(session_hash)
+            if session is None:
+                if session_hash in self._expired:
+                    raise SessionExpired(session_hash)
+                session = self._new(owner)
+                self._bind(session_hash, session)
+        if session.owner is not None and session.owner != owner:
+            raise SessionDenied(session_hash)
+        if touch:
+            session.touch()
+        return session
+
+    def peek(self, session_hash: str) -> Session | None:
+        return self._tabs.get(session_hash)
+
+    def attach(self, session_hash: str, workspace_id: str | None, owner: str | None) -> tuple[Session, str]:
+        """Page load: show the workspace the browser remembers, live or reopened from disk, else a new one.
+
+        Returns the session and a note for the user ("" when nothing needs saying).
+        """
+        with self._attach_lock:
+            session, note = self._find(workspace_id, owner)
+            current = self.peek(session_hash)
+            if current is not None and current is not session:
+                if current.pristine:  # the tab's first request raced its page load: nothing to keep
+                    with self._lock:
+                        del self._tabs[session_hash]
+                        self._drop(current)
+                else:  # another workspace opened in this tab: the one it leaves is saved and freed as on leaving
+                    self.close(session_hash)
+            with self._lock:
+                self._expired.pop(session_hash, None)
+                self._bind(session_hash, session)
+                session.in_browser = True
+            session.touch()
+        return session, note
+
+    def _find(self, workspace_id: str | None, owner: str | None) -> tuple[Session, str]:
+        if not is_workspace_id(workspace_id):
+            return self._new(owner), ""
+        with self._lock:
+            live = self._live.get(workspace_id)
+        if live is not None and not live.closed and live.owner == owner:
+            return live, ""
+        if live is not None and live.closed:
+            live.released.wait(timeout=600)  # its last save first: then the file is complete
+        if not self.store.exists(owner, workspace_id):
+            return self._new(owner), ""
+        return self.reopen(workspace_id, owner)
+
+    def reopen(self, workspace_id: str, owner: str | None) -> tuple[Session, str]:
+        """A saved workspace as a new live session; a file that cannot be opened gives an empty one and says why."""
+        session = self._new(owner, workspace_id, self.store.name(owner, workspace_id))
+        started = time.perf_counter()
+        try:
+            read_workspace(self.store.path(owner, workspace_id), session)
+        except (WorkspaceFileError, OSError) as exc:
+            log.warning("could not reopen workspace %s: %s", workspace_id, exc)
+            session.close()
+            return self._new(owner), f"The saved workspace could not be opened: {exc}. A new one was started."
+        session.name = self.store.name(owner, workspace_id) or session.name
+        seconds = time.perf_counter() - started
+        return session, f"Reopened “{session.name}”: {session.context_tokens:,} tokens in {seconds:.1f} s."
+
+    def is_open(self, workspace_id: str) -> bool:
+        """Live in this server (shown by a tab, or left within the grace period)."""
+        with self._lock:
+            return workspace_id in self._live
+
+    def forget_expired(self, session_hash: str) -> None:
+        """The user was told the session expired: the tab may start a new session now."""
+        with self._lock:
+            self._expired.pop(session_hash, None)
+
+    def close(self, session_hash: str, *, owner: str | None = None, as_user: bool = False) -> bool:
+        """The tab left (``as_user``: only when ``owner`` is the session's owner). Its work stops; a workspace no
+        tab shows any more is saved and freed after the grace period (at once when it was never in a browser)."""
+        with self._lock:
+            session = self._tabs.get(session_hash)
+            if session is None or (as_user and session.owner is not None and session.owner != owner):
+                return False
+            del self._tabs[session_hash]
+            session.tabs.discard(session_hash)
+            if session.tabs:
+                return True
+            session.stop()
+            session.detached_at = time.monotonic()
+            retire_now = not session.in_browser or self.grace_s <= 0
+            if retire_now:
+                self._live.pop(session.workspace_id, None)
+        if retire_now:
+            self._retire(session)
+        else:
+            timer = threading.Timer(self.grace_s + 0.1, self.sweep)
+            timer.daemon = True
+            timer.start()
+        return True
+
+    # -- memory and time-outs --------------------------------------------------------------------
+    def cache_bytes(self) -> int:
+        """Bytes every live session's cache holds now: what the memory budget (--memory-budget) measures."""
+        with self._lock:
+            engines = [s.engine for s in self._live.values() if s.engine is not None]
+        return sum(sum(engine.memory().values()) for engine in engines if engine.cache is not None)
+
+    def sweep(self) -> list[str]:
+        """Save and free workspaces left by their tabs for longer than the grace period, and sessions idle for
+        longer than the time-out: never one that is working or has work waiting in a queue (waiting is not
+        idleness: a user whose upload waits behind a long read must not lose it). Returns the freed tabs
+        (workspace ids for sessions no tab showed)."""
+        now = time.monotonic()
+        with self._lock:
+            due = [s for s in self._live.values() if not s.busy and not s.waiting() and (
+                now - s.last_active > self.config.session_timeout_s
+                or (not s.tabs and s.detached_at is not None and now - s.detached_at > self.grace_s))]
+            freed = []
+            for session in due:
+                self._live.pop(session.workspace_id, None)
+                for tab in list(session.tabs):
+                    del self._tabs[tab]
+                    self._expired[tab] = now
+                    freed.append(tab)
+                if not session.tabs:
+                    freed.append(session.workspace_id)
+                session.tabs.clear()
+            while len(self._expired) > EXPIRED_KEPT:
+                self._expired.popitem(last=False)
+        for session in due:
+            self._retire(session)
+        return freed
+
+    def _drop(self, session: Session) -> None:
+        """Under the lock: forget a session nobody used (a tab's first request raced its page load)."""
+        self._live.pop(session.workspace_id, None)
+        session.tabs.clear()
+        session.close()
+
+    def _retire(self, session: Session) -> None:
+        """Save (when it was in a browser and changed) and free. Work was told to stop: the save waits for it."""
+        if session.in_browser and session.unsaved:
+            session.close(before_release=self.save_now)
+        else:
+            session.close()
+
+    # -- saving ----------------------------------------------------------------------------------
+    def save_now(self, session: Session) -> int:
+        """Write the session to its file (it must be idle: no model step running). Returns the file's bytes."""
+        changes = session.changes
+        size = write_workspace(self.store.path(session.owner, session.workspace_id), session, session.name,
+                               middle_dtype=MIDDLE_DTYPES[self.config.save_middle])
+        self.store.set_name(session.owner, session.workspace_id, session.name)
+        session.saved_changes = changes
+        return size

@@ -1,0 +1,134 @@
+"""One workspace, one file: a session's context, chat and documents in a single safetensors file.
+
+Tensors: the cache's (lminfinite.cache_state) and the token stream. Everything else (the chat with its
+citations, the documents table, the chunks fed, for clearing the chat later, and the engine's record) is one
+JSON document in the file's metadata, so listing workspaces reads headers only. One file makes a save atomic
+(written beside, then renamed over the old one) and a workspace one download.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
+
+from ingest import Provenance
+from lminfinite.persist import write_tensors
+
+from ..engine.citations import Citation
+from ..engine.context_file import context_record, reopen_context
+from .documents import DocumentRow
+from .state import ChatItem, ItemKind, Session
+
+RECORD_KEY = "lminfinite-chat.workspace"
+FORMAT = 1
+
+
+class WorkspaceFileError(ValueError):
+    """The file is not a workspace this app can open; the message says why (for the user)."""
+
+
+@dataclass(frozen=True)
+class FedChunk:
+    """A fed document chunk as the engine needs it to read it again (clear chat): its text and provenance."""
+
+    text: str
+    where: Provenance
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What the workspace list shows, read from a file's header alone."""
+
+    name: str
+    documents: int
+    tokens: int
+    saved_at: float
+    model: str
+
+
+def _chat_item(item: ChatItem) -> dict:
+    data = asdict(item)
+    data["citations"] = [{"where": asdict(c.where), "share": c.share, "snippet": c.snippet} for c in item.citations]
+    return data
+
+
+def _chat_item_from(data: dict) -> ChatItem:
+    citations = [Citation(Provenance(**c["where"]), c["share"], c["snippet"]) for c in data.pop("citations")]
+    return ChatItem(**{**data, "kind": ItemKind(data["kind"]), "pending": False}, citations=citations)
+
+
+def session_record(session: Session) -> dict:
+    """The session's chat, documents and fed chunks as JSON-ready data (the engine is saved beside it)."""
+    return {
+        "chat": [_chat_item(c) for c in session.chat],
+        "documents": [asdict(r) for r in session.documents],
+        "fed": [[{"text": c.text, "where": asdict(c.where)} for c in chunks] for chunks in session.fed_chunks],
+        "fed_digests": session.fed_digests,
+    }
+
+
+def write_workspace(path: Path, session: Session, name: str, *, middle_dtype: torch.dtype | None = None) -> int:
+    """Save ``session`` (idle: no model step running) to ``path`` atomically; returns the file's size."""
+    tensors, context = ({}, None) if session.engine is None else context_record(session.engine, middle_dtype=middle_dtype)
+    summary = Summary(name, sum(1 for r in session.documents if r.status.in_context),
+                      session.context_tokens, time.time(), session.runtime.name)
+    record = {"format": FORMAT, "summary": asdict(summary), "session": session_record(session), "context": context}
+    write_tensors(tensors, {RECORD_KEY: json.dumps(record)}, Path(path))
+    return Path(path).stat().st_size
+
+
+def _header(path: Path) -> dict:
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise WorkspaceFileError(f"{Path(path).name} is not a readable workspace file ({exc})") from exc
+    try:
+        record = json.loads(metadata[RECORD_KEY])
+    except (KeyError, ValueError) as exc:
+        raise WorkspaceFileError(f"{Path(path).name} is a safetensors file but not a workspace") from exc
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise WorkspaceFileError(f"{Path(path).name} has an unknown workspace format")
+    return record
+
+
+def read_summary(path: Path) -> Summary:
+    """The list's line of a workspace file (header only: cheap however large the context)."""
+    try:
+        return Summary(**_header(path)["summary"])
+    except (KeyError, TypeError) as exc:
+        raise WorkspaceFileError(f"{Path(path).name}: its summary is incomplete") from exc
+
+
+def read_workspace(path: Path, session: Session) -> None:
+    """Fill a new, empty ``session`` from ``path``: chat, documents, chunks, and the context on its model.
+
+    Everything is read and checked before the session changes, so a bad file leaves it empty and usable.
+    """
+    record = _header(path)
+    try:
+        tensors = load_file(str(path)) if record["context"] is not None else {}
+        chat = [_chat_item_from(dict(c)) for c in record["session"]["chat"]]
+        rows = [DocumentRow(**r) for r in record["session"]["documents"]]
+        fed = [[FedChunk(c["text"], Provenance(**c["where"])) for c in chunks] for chunks in record["session"]["fed"]]
+        digests = dict(record["session"]["fed_digests"])
+        engine = None
+        if record["context"] is not None:
+            engine = reopen_context(session.runtime, tensors, record["context"], budget=session.budget.tokens,
+                                    stats=session.stats)
+    except WorkspaceFileError:
+        raise
+    except (SafetensorError, KeyError, TypeError) as exc:
+        raise WorkspaceFileError(f"{Path(path).name} is damaged or incomplete ({type(exc).__name__}: {exc})") from exc
+    except ValueError as exc:  # a model or setting mismatch, or parts that disagree: the message says which
+        raise WorkspaceFileError(f"{Path(path).name} cannot be opened here: {exc}") from exc
+    session.chat[:], session.documents[:], session.fed_chunks[:] = chat, rows, fed
+    session.fed_digests.update(digests)
+    session.engine = engine
+    session.system_prompt = record["context"]["system_prompt"] if engine is not None else None

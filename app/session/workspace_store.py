@@ -1,0 +1,126 @@
+"""Saved workspaces on the server's disk: one folder per user, one file per workspace, names in an index.
+
+A user's folder is named from a hash of the login (never the login itself, so no name can reach outside
+the root); without --auth everyone shares one folder. Workspace ids are random 128-bit hex strings: an id is
+checked to be one before it becomes a path. Names live in a small index beside the files, so a rename never
+rewrites a context of gigabytes; the file keeps the name it was saved with, for export.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from lminfinite.atomic_file import write_text
+
+from .workspace_file import Summary, WorkspaceFileError, read_summary
+
+SUFFIX = ".lmiw"
+INDEX = "names.json"
+SECRET = "browser-secret"
+_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def new_workspace_id() -> str:
+    return secrets.token_hex(16)
+
+
+def is_workspace_id(value) -> bool:
+    return isinstance(value, str) and _ID.fullmatch(value) is not None
+
+
+@dataclass(frozen=True)
+class SavedWorkspace:
+    """One line of a user's workspace list."""
+
+    id: str
+    name: str
+    summary: Summary | None  # None: the file could not be read (shown as damaged, can still be deleted)
+    size: int
+    modified: float
+    problem: str = ""
+
+
+class WorkspaceStore:
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser()
+        self._lock = threading.Lock()  # the names index is read-modify-written
+
+    def folder(self, owner: str | None) -> Path:
+        name = "shared" if owner is None else "user-" + hashlib.sha256(owner.encode()).hexdigest()[:24]
+        folder = self.root / name
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return folder
+
+    def path(self, owner: str | None, workspace_id: str) -> Path:
+        if not is_workspace_id(workspace_id):
+            raise WorkspaceFileError("not a workspace id")
+        return self.folder(owner) / f"{workspace_id}{SUFFIX}"
+
+    def exists(self, owner: str | None, workspace_id: str) -> bool:
+        return is_workspace_id(workspace_id) and self.path(owner, workspace_id).is_file()
+
+    # -- names ---------------------------------------------------------------------------------
+    def _names(self, owner: str | None) -> dict[str, str]:
+        try:
+            names = json.loads((self.folder(owner) / INDEX).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return names if isinstance(names, dict) else {}
+
+    def name(self, owner: str | None, workspace_id: str, default: str = "") -> str:
+        return self._names(owner).get(workspace_id, default)
+
+    def set_name(self, owner: str | None, workspace_id: str, name: str | None) -> None:
+        """Record (or with None, forget) a workspace's name."""
+        with self._lock:
+            names = self._names(owner)
+            if name is None:
+                names.pop(workspace_id, None)
+            else:
+                names[workspace_id] = name
+            write_text(json.dumps(names, ensure_ascii=False, indent=1), self.folder(owner) / INDEX)
+
+    # -- files ---------------------------------------------------------------------------------
+    def list(self, owner: str | None) -> list[SavedWorkspace]:
+        """The user's saved workspaces, most recently saved first."""
+        names = self._names(owner)
+        found = []
+        for path in self.folder(owner).glob(f"*{SUFFIX}"):
+            workspace_id = path.name[: -len(SUFFIX)]
+            if not is_workspace_id(workspace_id):
+                continue
+            stat = path.stat()
+            try:
+                summary, problem = read_summary(path), ""
+            except WorkspaceFileError as exc:
+                summary, problem = None, str(exc)
+            name = names.get(workspace_id) or (summary.name if summary else "") or "(unnamed)"
+            found.append(SavedWorkspace(workspace_id, name, summary, stat.st_size, stat.st_mtime, problem))
+        return sorted(found, key=lambda w: w.modified, reverse=True)
+
+    def delete(self, owner: str | None, workspace_id: str) -> bool:
+        path = self.path(owner, workspace_id)
+        existed = path.is_file()
+        path.unlink(missing_ok=True)
+        self.set_name(owner, workspace_id, None)
+        return existed
+
+    def browser_secret(self) -> str:
+        """The key the browser's copy of the workspace id is encrypted with, kept so a restart can read it."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self.root / SECRET
+        try:
+            return path.read_text(encoding="ascii").strip()
+        except OSError:
+            secret = secrets.token_urlsafe(24)
+            with self._lock:
+                write_text(secret, path)
+            os.chmod(path, 0o600)
+            return secret

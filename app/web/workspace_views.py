@@ -1,0 +1,46 @@
+"""The Workspaces tab's values: the current workspace's line and the user's saved workspaces."""
+
+from __future__ import annotations
+
+import time
+
+from ingest.units import human_bytes
+
+from ..session.state import Session
+from ..session.workspace_store import SavedWorkspace
+
+WORKSPACE_HEADERS = ["Name", "Documents", "Tokens", "Size", "Saved"]
+
+
+def when(timestamp: float) -> str:
+    """'14:03' today, else '2026-11-21 14:03'."""
+    local = time.localtime(timestamp)
+    today = time.localtime()
+    return time.strftime("%H:%M" if local[:3] == today[:3] else "%Y-%m-%d %H:%M", local)
+
+
+def workspace_rows(saved: list[SavedWorkspace], current_id: str) -> list[list]:
+    rows = []
+    for w in saved:
+        name = ("● " if w.id == current_id else "") + w.name
+        if w.summary is None:
+            rows.append([name, "", "", human_bytes(w.size), f"cannot be opened: {w.problem}"])
+        else:
+            rows.append([name, w.summary.documents, f"{w.summary.tokens:,}", human_bytes(w.size), when(w.modified)])
+    return rows
+
+
+def workspace_choices(saved: list[SavedWorkspace]) -> list[tuple[str, str]]:
+    return [(f"{w.name} · {when(w.modified)}", w.id) for w in saved]
+
+
+def workspace_note(session: Session, saved: SavedWorkspace | None) -> str:
+    """Where this workspace stands on disk, and what a save would write (the cache's bytes, before saving)."""
+    to_write = sum(session.engine.memory().values()) if session.engine is not None else 0
+    if saved is not None and not session.unsaved:
+        return f"Saved at {when(saved.modified)} · {human_bytes(saved.size)} on disk · opens again on reload."
+    if session.pristine:
+        return "Empty: nothing to save yet."
+    before = f"Last saved at {when(saved.modified)}. " if saved is not None else "Not saved yet. "
+    return (before + f"Saving writes about {human_bytes(to_write)} ({session.context_tokens:,} tokens); "
+            "it happens by itself when you leave or reload the page.")

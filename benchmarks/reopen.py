@@ -1,0 +1,143 @@
+"""Reopening a saved workspace vs reading its documents again, on the app's own path.
+
+A session reads a long real document (the Python standard library's modules, concatenated), answers a
+question, and is saved. Then the next question is asked three ways: in the session that never closed, in
+the workspace reopened from its file (exact), and reopened from a file whose middle store was saved in
+bfloat16. Reported: prefill time vs reopen time (target: reopen <= 5 % of prefill), file sizes, and whether
+each reopened context answers token for token as the never-closed one.
+
+    python -m benchmarks.reopen --tokens 100000 --readme     # the default real model (SmolLM2 on CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from app.cli import AppConfig
+from app.engine.model_loading import load_runtime
+from app.web.server import build_app
+from benchmarks.report import splice_readme
+from ingest.tables import markdown_table
+from ingest.units import human_bytes
+
+RESULTS = Path(__file__).parent / "results"
+README = Path(__file__).resolve().parents[1] / "README.md"
+SETTINGS = ("You are a helpful assistant.", 0.0, 0.9, 48, 1.0, True, 5)  # greedy, recall on, as the panel starts
+FIRST = "Which module defines the function that these docstrings call a heap queue?"
+NEXT = "What does the shutil module's copyfile function do?"
+
+
+def stdlib_document(folder: Path, chars: int) -> Path:
+    """Real text: the standard library's modules in name order, up to ``chars`` characters."""
+    parts, total = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        parts.append(f"# ---- {path.name} ----\n{text}")
+        total += len(parts[-1])
+        if total >= chars:
+            break
+    document = folder / "stdlib.py"
+    document.write_text("".join(parts)[:chars], encoding="utf-8")
+    return document
+
+
+def drain(generator):
+    for _ in generator:
+        pass
+
+
+def ask(handlers, req, text, files=()):
+    handlers.submit({"text": text, "files": [str(f) for f in files]}, req)
+    drain(handlers.read(req))
+    drain(handlers.run(*SETTINGS, req))
+    session = handlers.registry.peek(req.session_hash)
+    return next(c for c in reversed(session.chat) if c.kind == "answer")
+
+
+def server(runtime, folder: Path, save_middle: str):
+    _, handlers = build_app(AppConfig(model="bench", workspaces=str(folder), save_middle=save_middle), runtime)
+    handlers.upload_root = None
+    return handlers
+
+
+def run(tokens: int, model: str | None) -> dict:
+    runtime = load_runtime(AppConfig(model=model))
+    work = Path(tempfile.mkdtemp(prefix="reopen-bench-"))
+    document = stdlib_document(work, chars=tokens * 4)
+    results: dict = {"model": runtime.name, "date": time.strftime("%Y-%m-%d"), "variants": []}
+
+    original = server(runtime, work / "exact", "exact")
+    req = SimpleNamespace(session_hash="original", username=None)
+    workspace_id = original.attach(None, req)[0]
+    started = time.perf_counter()
+    ask(original, req, FIRST, [document])
+    results["prefill_s"] = time.perf_counter() - started
+    session = original.registry.peek("original")
+    results["tokens"] = session.context_tokens
+    results["cache_bytes"] = sum(session.engine.memory().values())
+    for save_middle in ("exact", "bfloat16"):
+        original.registry.config.save_middle = save_middle
+        original.registry.store.root = work / save_middle
+        started = time.perf_counter()
+        size = original.registry.save_now(session)
+        results["variants"].append({"middle": save_middle, "save_s": time.perf_counter() - started, "bytes": size})
+    expected = ask(original, req, NEXT)
+    session.in_browser = False  # its state after NEXT is not saved over the measured files
+    original.registry.close("original")
+    del session
+
+    for variant in results["variants"]:
+        reopened = server(runtime, work / variant["middle"], variant["middle"])
+        tab = SimpleNamespace(session_hash=f"reopen-{variant['middle']}", username=None)
+        started = time.perf_counter()
+        shown = reopened.attach(workspace_id, tab)
+        variant["reopen_s"] = time.perf_counter() - started
+        assert shown[0] == workspace_id, "the workspace did not reopen"
+        answer = ask(reopened, tab, NEXT)
+        variant["same_answer"] = answer.text == expected.text and answer.stats["tokens"] == expected.stats["tokens"]
+        variant["answer"] = answer.text
+        variant["reopen_share"] = variant["reopen_s"] / results["prefill_s"]
+        reopened.registry.peek(tab.session_hash).in_browser = False
+        reopened.registry.close(tab.session_hash)
+    results["expected_answer"] = expected.text
+    return results
+
+
+def table(result: dict) -> str:
+    rows = [["read the documents (prefill)", f"{result['prefill_s']:,.1f}", "", "", ""]]
+    for v in result["variants"]:
+        rows.append([f"reopen, middle store {v['middle']}", f"{v['reopen_s']:,.2f}", f"{v['reopen_share']:.1%}",
+                     human_bytes(v["bytes"]), "yes" if v["same_answer"] else "no"])
+    body = markdown_table(["", "seconds", "of the prefill", "file", "next answer identical"], rows)
+    exact = result["variants"][0]
+    return (f"{body}\n\nA workspace of **{result['tokens']:,} tokens** ({human_bytes(result['cache_bytes'])} of KV "
+            f"cache) reopens in **{exact['reopen_share']:.1%}** of the time its prefill took (target ≤ 5 %); "
+            f"saving took {exact['save_s']:.1f} s. {result['model']} on this CPU, the app's own path "
+            f"(save, attach, ask), {result['date']}.")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=100_000, help="about this many tokens of documents")
+    parser.add_argument("--model", default=None, help="what app.py --model gets (default: the app's default)")
+    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    result = run(args.tokens, args.model)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "reopen.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    if args.readme:
+        splice_readme(README, "reopen", table(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Workspaces: a context saved and reopened answers as if it had never closed; reloads, users, bad files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app_fixtures import make_long_text, make_pdf
+from handler_fixtures import SETTINGS, drain, make_handlers, request
+
+
+def ask(handlers, req, text="", files=()):
+    handlers.submit({"text": text, "files": [str(f) for f in files]}, req)
+    drain(handlers.read(req))
+    return drain(handlers.run(*SETTINGS, req))
+
+
+def last_answer(session):
+    return next(c for c in reversed(session.chat) if c.kind == "answer")
+
+
+def fed_session(handlers, name, tmp_path):
+    """A tab that loaded the page, read a document larger than the window and asked a question."""
+    req = request(name)
+    workspace_id = handlers.attach(None, req)[0]
+    ask(handlers, req, "What is the pass key?", [make_pdf(tmp_path / f"{name}.pdf", pages=8)])
+    return req, workspace_id, handlers.registry.peek(name)
+
+
+def test_a_reopened_context_answers_exactly_as_the_one_never_closed(runtime, tmp_path):
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    req, workspace_id, session = fed_session(handlers, "saver", tmp_path)
+    assert session.context_tokens > runtime.window  # the middle store and a wrapped ring are part of the save
+    drain(handlers.queue_save("Pass keys", req))
+    drain(handlers.run(*SETTINGS, req))
+    assert session.stop_note.startswith("Saved “Pass keys”")
+    assert not session.unsaved
+
+    # Another server (same model, same folder) reopens it in a new tab.
+    other = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    shown = other.attach(workspace_id, request("reader"))
+    reopened = other.registry.peek("reader")
+    assert shown[0] == workspace_id and reopened is not session and reopened.name == "Pass keys"
+    assert reopened.context_tokens == session.context_tokens
+    assert list(reopened.engine.token_ids) == list(session.engine.token_ids)
+    assert (reopened.engine.state, reopened.engine.carry) == (session.engine.state, session.engine.carry)
+    assert list(reopened.engine.spans) == list(session.engine.spans)
+    assert [c.text for c in reopened.chat] == [c.text for c in session.chat]
+    assert [(r.path, r.status, r.tokens) for r in reopened.documents] == \
+        [(r.path, r.status, r.tokens) for r in session.documents]
+    assert last_answer(reopened).citations == last_answer(session).citations
+
+    question = "Which page holds the pass key, and what is it?"
+    ask(handlers, req, question)
+    ask(other, request("reader"), question)
+    never_closed, after_reopen = last_answer(session), last_answer(reopened)
+    assert after_reopen.text == never_closed.text and after_reopen.text
+    assert after_reopen.stats["tokens"] == never_closed.stats["tokens"]
+    assert after_reopen.citations == never_closed.citations
+    assert list(reopened.engine.token_ids) == list(session.engine.token_ids)
+    # And the caches are the same bit for bit: the same next logits with recall reading the middle store.
+    probe = list(session.engine.token_ids[100:140])
+    with torch.inference_mode():
+        logits = [runtime.forward(probe, s.engine.cache, topk=5) for s in (session, reopened)]
+    assert torch.equal(*logits)
+
+
+def test_a_reload_reopens_the_workspace_the_browser_remembers(runtime, tmp_path):
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    handlers.registry.grace_s = 0  # the tab's leaving saves and frees at once
+    req, workspace_id, session = fed_session(handlers, "tab-1", tmp_path)
+    tokens, chat = session.context_tokens, [c.text for c in session.chat]
+    handlers.unload(req)  # the page unloads (reload): saved, then freed
+    assert session.released.is_set() and session.engine is None
+    assert handlers.registry.store.exists(None, workspace_id)
+
+    shown = handlers.attach(workspace_id, request("tab-2"))  # the reloaded page, a new Gradio session
+    reopened = handlers.registry.peek("tab-2")
+    assert shown[0] == workspace_id and reopened.context_tokens == tokens
+    assert [c.text for c in reopened.chat] == chat
+    assert "Saved at" in shown[-3]  # the Workspaces tab's note
+
+
+def test_a_reload_within_the_grace_period_finds_the_live_context(runtime, tmp_path):
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    req, workspace_id, session = fed_session(handlers, "tab-a", tmp_path)
+    handlers.unload(req)
+    assert not session.closed  # left, not freed: within the grace period
+    handlers.attach(workspace_id, request("tab-b"))
+    assert handlers.registry.peek("tab-b") is session
+    assert handlers.registry.sweep() == [] and not session.closed  # a tab shows it again
+
+
+def test_a_user_never_opens_another_users_workspace(runtime, tmp_path):
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    handlers.registry.grace_s = 0
+    alice = request("alice-tab", username="alice")
+    workspace_id = handlers.attach(None, alice)[0]
+    ask(handlers, alice, files=[make_long_text(tmp_path / "diary.txt", 200)])
+    handlers.unload(alice)
+    assert handlers.registry.store.exists("alice", workspace_id)
+
+    bob = request("bob-tab", username="bob")
+    shown = handlers.attach(workspace_id, bob)  # Alice's id, stolen from her browser
+    assert shown[0] != workspace_id and handlers.registry.peek("bob-tab").context_tokens == 0
+    assert handlers.workspace_panel(bob)[2] == []  # Bob's list is his own: empty
+    assert [row[0] for row in handlers.workspace_panel(request("alice-2", username="alice"))[2]] != []
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "other_model"])
+def test_a_damaged_workspace_file_is_refused_with_a_reason_and_nothing_breaks(runtime, tmp_path, damage):
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    handlers.registry.grace_s = 0
+    req, workspace_id, session = fed_session(handlers, "damaged", tmp_path)
+    handlers.unload(req)
+    path = handlers.registry.store.path(None, workspace_id)
+    data = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"\x00\xff not a workspace" * 100)
+    else:
+        handlers.runtime.name, real_name = "another model", handlers.runtime.name
+    try:
+        shown = handlers.attach(workspace_id, request("next"))
+    finally:
+        if damage == "other_model":
+            handlers.runtime.name = real_name
+    fresh = handlers.registry.peek("next")
+    assert shown[0] != workspace_id and fresh.context_tokens == 0 and fresh.chat == []
+    listed = {row[0]: row for row in handlers.workspace_panel(request("next"))[2]}
+    assert any("cannot be opened" in str(row[4]) for row in listed.values()) or damage == "other_model"
+    ask(handlers, request("next"), "Still there?")  # the server keeps serving
+    assert fresh.chat[-1].text
+
+
+def test_the_same_document_is_fed_once_whichever_panel_or_name_it_comes_from(runtime, tmp_path):
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    handlers.registry.grace_s = 0
+    req = request("dupes")
+    workspace_id = handlers.attach(None, req)[0]
+    text = make_long_text(tmp_path / "notes.txt", 60)
+    copy = tmp_path / "copy of notes.txt"
+    copy.write_bytes(text.read_bytes())
+    handlers.add_files([str(text)], req)  # the Documents panel
+    drain(handlers.read(req))
+    drain(handlers.run(*SETTINGS, req))
+    session = handlers.registry.peek("dupes")
+    tokens = session.context_tokens
+    assert tokens > 0
+
+    ask(handlers, req, "", [text, copy])  # the chat box: the same file again, and a renamed copy, in one upload
+    rows = [(r.path, r.status, r.reason) for r in session.documents]
+    assert [status for _, status, _ in rows] == ["ingested", "skipped", "skipped"]
+    assert rows[1][2] == "same text as notes.txt, already in the context: not added again"
+    assert "notes.txt" in rows[2][2]  # ingest's own within-one-upload check, or ours: either names the original
+    assert session.context_tokens == tokens  # nothing fed twice
+
+    other = tmp_path / "other.txt"
+    other.write_text("A different document.\n" * 5)
+    ask(handlers, req, "", [other, other])  # two copies in one upload: the second is the duplicate
+    assert [r.status for r in session.documents[-2:]] == ["ingested", "skipped"]
+    assert "other.txt" in session.documents[-1].reason
+
+    handlers.unload(req)  # saved and freed; the digests travel with the workspace
+    handlers.attach(workspace_id, request("dupes-2"))
+    reopened = handlers.registry.peek("dupes-2")
+    before = reopened.context_tokens
+    ask(handlers, request("dupes-2"), "", [copy])
+    assert reopened.documents[-1].status == "skipped" and reopened.context_tokens == before
