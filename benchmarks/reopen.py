@@ -62,6 +62,16 @@ def ask(handlers, req, text, files=()):
     return next(c for c in reversed(session.chat) if c.kind == "answer")
 
 
+def agreeing_words(a: str, b: str) -> int:
+    """How many words two answers share before they first differ."""
+    count = 0
+    for x, y in zip(a.split(), b.split()):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
 def server(runtime, folder: Path, save_middle: str):
     _, handlers = build_app(AppConfig(model="bench", workspaces=str(folder), save_middle=save_middle), runtime)
     handlers.upload_root = None
@@ -104,6 +114,7 @@ def run(tokens: int, model: str | None) -> dict:
         answer = ask(reopened, tab, NEXT)
         variant["same_answer"] = answer.text == expected.text and answer.stats["tokens"] == expected.stats["tokens"]
         variant["answer"] = answer.text
+        variant["words_agreeing"] = agreeing_words(answer.text, expected.text)
         variant["reopen_share"] = variant["reopen_s"] / results["prefill_s"]
         reopened.registry.peek(tab.session_hash).in_browser = False
         reopened.registry.close(tab.session_hash)
@@ -115,7 +126,8 @@ def table(result: dict) -> str:
     rows = [["read the documents (prefill)", f"{result['prefill_s']:,.1f}", "", "", ""]]
     for v in result["variants"]:
         rows.append([f"reopen, middle store {v['middle']}", f"{v['reopen_s']:,.2f}", f"{v['reopen_share']:.1%}",
-                     human_bytes(v["bytes"]), "yes" if v["same_answer"] else "no"])
+                     human_bytes(v["bytes"]),
+                     "yes" if v["same_answer"] else f"no: the first {v['words_agreeing']} words agree"])
     body = markdown_table(["", "seconds", "of the prefill", "file", "next answer identical"], rows)
     exact = result["variants"][0]
     return (f"{body}\n\nA workspace of **{result['tokens']:,} tokens** ({human_bytes(result['cache_bytes'])} of KV "

@@ -241,3 +241,42 @@ def test_start_up_log_names_the_apps_own_flag():
     log = shared_server().log()
     assert "Running on http://127.0.0.1:" in log and "Add --share for a public link." in log
     assert "share=True" not in log
+
+
+@pytest.mark.browser
+def test_a_reload_shows_the_same_workspace_and_a_new_workspace_is_empty(tmp_path):
+    """A page reload once wiped a 160K-token session; now the browser remembers its workspace and reopens it."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    server = shared_server()
+    notes = tmp_path / "reload_notes.txt"
+    notes.write_text("The archive is kept in building C, second floor.\n" * 40, encoding="utf-8")
+    with playwright.sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = _open(browser, server)
+            _drop(page, "#chat-input .full-container", notes, "text/plain")
+            page.wait_for_selector("#chat-input .thumbnail-item, #chat-input .thumbnails", timeout=10_000)
+            page.fill("#chat-input textarea", "Where is the archive kept?")
+            page.keyboard.press("Enter")
+            _table_includes(page, "in context")
+            page.wait_for_function("() => !document.querySelector('#stop-button') || "
+                                   "document.querySelector('#stop-button').disabled", timeout=60_000)
+            context = page.inner_text("#context-summary")
+
+            page.reload()
+            page.wait_for_selector("#chat-input textarea", timeout=60_000)
+            _table_includes(page, "reload_notes.txt")
+            assert "Where is the archive kept?" in page.inner_text("#chat")
+            assert page.inner_text("#context-summary") == context  # the same tokens: reopened, not re-read
+
+            page.click("#workspaces-tab-button") if page.query_selector("#workspaces-tab-button") else \
+                page.get_by_role("tab", name="Workspaces").click()
+            page.click("#new-workspace")
+            page.wait_for_function("() => !document.querySelector('#chat').innerText.includes('archive kept')",
+                                   timeout=30_000)
+            page.reload()  # the browser now remembers the new, empty workspace
+            page.wait_for_selector("#chat-input textarea", timeout=60_000)
+            page.wait_for_timeout(1500)
+            assert "reload_notes.txt" not in page.inner_text("#documents-table")
+        finally:
+            browser.close()

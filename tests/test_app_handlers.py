@@ -103,7 +103,13 @@ def test_clear_chat_rebuilds_when_documents_follow_a_question(runtime, tmp_path)
     req = request("g")
     ask(handlers, req, "What is the pass key?", files=[pdf])
     ask(handlers, req, files=[repo])  # documents after a question: the conversation cannot just be rolled back
-    handlers.queue_forget(req)
+    session = handlers.registry.peek("g")
+    tokens = session.context_tokens
+    handlers.queue_forget(req)  # costly: it says so first, and does nothing yet
+    assert session.stop_note.startswith("Clearing the chat reads the documents again without the conversation: ")
+    assert session.stop_note.endswith(" tokens/s. Click again to go ahead.")
+    assert not session.pending and drain(handlers.run(*SETTINGS, req)) and session.context_tokens == tokens
+    handlers.queue_forget(req)  # the second click goes ahead
     view = drain(handlers.run(*SETTINGS, req))
     assert [m for m in view[0] if m["role"] == "user" or not m.get("metadata")] == []
 

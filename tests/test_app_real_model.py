@@ -1,4 +1,5 @@
-"""The real default model (SmolLM2-135M-Instruct from its package) answers a real PDF through ``/ask``.
+"""The real default model (SmolLM2-135M-Instruct from its package) answers a real PDF through ``/ask``; a saved
+workspace of it reopens and answers token for token as before.
 
 ``python app.py`` with no flags, as a user starts it; the document is a specification
 that a Debian package ships. The questions are two the model answers right in the document-QA benchmark
@@ -55,3 +56,37 @@ def test_the_header_names_the_real_model(server):
 
     page = urllib.request.urlopen(server.url, timeout=30).read().decode("utf-8", "replace")
     assert "SmolLM2-135M-Instruct" in page and "not a real reader" not in page
+
+
+def test_a_saved_real_context_reopens_and_answers_token_for_token(spec_pdf, tmp_path):
+    """The real model, in-process: a workspace saved after one answer, reopened by another server, gives the
+    next answer (greedy, recall on) exactly as the session that never closed."""
+    from app.cli import AppConfig
+    from app.engine.model_loading import load_runtime
+    from handler_fixtures import drain, make_handlers, request
+
+    runtime = load_runtime(AppConfig())  # the default model, as python app.py loads it
+    handlers = make_handlers(runtime, workspaces=str(tmp_path))
+    settings = ("You are a helpful assistant. Answer questions about the document.", 0.0, 0.9, 48, 1.0, True, 5)
+
+    def ask(h, req, text, files=()):
+        h.submit({"text": text, "files": [str(f) for f in files]}, req)
+        drain(h.read(req))
+        drain(h.run(*settings, req))
+        return next(c for c in reversed(h.registry.peek(req.session_hash).chat) if c.kind == "answer")
+
+    req = request("real")
+    workspace_id = handlers.attach(None, req)[0]
+    first = ask(handlers, req, "Who is the author of the Shared MIME-info Database specification?", [spec_pdf])
+    assert "Thomas Leonard" in first.text
+    drain(handlers.queue_save("MIME spec", req))
+    drain(handlers.run(*settings, req))
+
+    reopened = make_handlers(runtime, workspaces=str(tmp_path))
+    assert reopened.attach(workspace_id, request("again"))[0] == workspace_id
+    assert reopened.registry.peek("again").context_tokens > 9 * 1024
+    question = "What is the default weight value of a glob element?"
+    never_closed, after_reopen = ask(handlers, req, question), ask(reopened, request("again"), question)
+    assert after_reopen.text == never_closed.text and "50" in after_reopen.text
+    assert after_reopen.stats["tokens"] == never_closed.stats["tokens"]
+    assert [c.where for c in after_reopen.citations] == [c.where for c in never_closed.citations]

@@ -168,3 +168,86 @@ def test_the_same_document_is_fed_once_whichever_panel_or_name_it_comes_from(run
     before = reopened.context_tokens
     ask(handlers, request("dupes-2"), "", [copy])
     assert reopened.documents[-1].status == "skipped" and reopened.context_tokens == before
+
+
+def remove(handlers, req, source):
+    """The Remove button twice: the first click says what it costs, the second does it."""
+    handlers.queue_remove(source, req)
+    session = handlers.registry.peek(req.session_hash)
+    assert session.stop_note.startswith(f"Removing {source} reads the rest of the context again: ")
+    assert not session.pending
+    handlers.queue_remove(source, req)
+    return drain(handlers.run(*SETTINGS, req))
+
+
+def test_removing_a_document_equals_a_context_built_without_it(runtime, tmp_path):
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    a, b, c = (make_long_text(tmp_path / f"{name}.txt", n) for name, n in (("a", 40), ("b", 300), ("c", 25)))
+    req = request("remove")
+    for document in (a, b, c):
+        ask(handlers, req, "", [document])
+    session = handlers.registry.peek("remove")
+    remove(handlers, req, "b.txt")
+    assert [r.path for r in session.documents] == ["a.txt", "c.txt"]
+
+    fresh = request("fresh")
+    for document in (a, c):
+        ask(handlers, fresh, "", [document])
+    assert list(session.engine.token_ids) == list(handlers.registry.peek("fresh").engine.token_ids)
+    ask(handlers, req, "", [b])  # its digest went with it: it can be added again
+    assert session.documents[-1].status == "ingested"
+
+
+def test_removing_a_document_keeps_the_conversation_and_survives_a_reopen(runtime, tmp_path):
+    from app.engine.context import ContextEngine
+
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    handlers.registry.grace_s = 0
+    req, workspace_id, session = fed_session(handlers, "keep-chat", tmp_path)  # keep-chat.pdf and a question
+    notes = make_long_text(tmp_path / "notes.txt", 50)
+    ask(handlers, req, "What is in the notes?", [notes])
+    exchanges = [e for e in session.engine.history if not hasattr(e, "chunks")]
+    handlers.unload(req)  # saved; the history travels with the workspace
+    handlers.attach(workspace_id, request("keep-chat-2"))
+    reopened = handlers.registry.peek("keep-chat-2")
+    assert len(reopened.engine.history) == 4  # the pdf, a question, the notes, a question
+    remove(handlers, request("keep-chat-2"), "keep-chat.pdf")
+
+    expected = ContextEngine(runtime, system_prompt=reopened.engine.system_prompt)  # notes, then both exchanges
+    drain(expected.append_exchange(exchanges[0]))
+    drain(expected.feed_documents(reopened.engine.history[1].chunks))
+    drain(expected.append_exchange(exchanges[1]))
+    assert list(reopened.engine.token_ids) == list(expected.token_ids)
+    assert [r.path for r in reopened.documents if r.status.in_context] == ["notes.txt"]
+    assert sum(1 for c in reopened.chat if c.kind == "answer") == 2  # the chat is untouched
+
+
+def test_a_stopped_removal_leaves_the_context_as_it_was(runtime, tmp_path):
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    req = request("stop-remove")
+    ask(handlers, req, "", [make_long_text(tmp_path / "long.txt", 2000), make_long_text(tmp_path / "short.txt", 20)])
+    session = handlers.registry.peek("stop-remove")
+    before = list(session.engine.token_ids)
+    handlers.queue_remove("short.txt", req)
+    handlers.queue_remove("short.txt", req)
+    run = handlers.run(*SETTINGS, req)
+    next(run)
+    handlers.stop(req)
+    drain(run)
+    assert list(session.engine.token_ids) == before and [r.path for r in session.documents] == ["long.txt", "short.txt"]
+    assert "was not removed" in session.chat[-1].title and "Stopped" in session.chat[-1].text
+
+
+def test_clear_chat_of_a_reopened_context_reads_the_documents_again(runtime, tmp_path):
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    handlers.registry.grace_s = 0
+    req, workspace_id, session = fed_session(handlers, "clear", tmp_path)
+    documents_only = session.engine.spans.documents()[-1].end
+    handlers.unload(req)
+    handlers.attach(workspace_id, request("clear-2"))
+    reopened = handlers.registry.peek("clear-2")
+    handlers.queue_forget(request("clear-2"))
+    assert "Clearing the chat reads the documents again" in reopened.stop_note
+    handlers.queue_forget(request("clear-2"))
+    drain(handlers.run(*SETTINGS, request("clear-2")))
+    assert reopened.context_tokens == documents_only and not any(c.kind == "answer" for c in reopened.chat)

@@ -23,6 +23,7 @@ from ingest import Provenance
 from .chat_format import Carry, ChatFormat, TurnState
 from .citations import CitationReport, RecallTally, cite
 from .generation import GenerationSettings, LoopGuard, next_token
+from .history import DocumentsFed, Exchange
 from .metrics import LiveStats, RateMeter
 from .runtime import ModelRuntime, is_out_of_memory
 from .spans import Span, SpanIndex, SpanKind
@@ -103,6 +104,7 @@ class Saved:
     state: TurnState
     carry: Carry  # text held back for the next piece, and the end of the text fed (see chat_format)
     n_turns: int
+    n_history: int
     logits: object = None  # next-token logits, kept only right after a question's prefill
 
 
@@ -132,6 +134,7 @@ class AnswerResult:
     prefill_tps: float
     decode_tps: float
     question_tokens: int
+    answer_ids: tuple[int, ...] = ()  # as sampled, without the end of turn (history.Exchange)
 
 
 @dataclass
@@ -151,6 +154,7 @@ class ContextEngine:
         self.state = TurnState.EMPTY
         self.carry = Carry()
         self.turns: list[Turn] = []
+        self.history: list = []  # what the context was built from (history.py): replayed to remove a part
         self.tokens_fed = 0  # every token ever passed to the model by this engine, rolled back or not
         self._open: tuple[object, Saved] | None = None
         self._logits = None
@@ -169,7 +173,7 @@ class ContextEngine:
 
     def _save(self, logits=None) -> Saved:
         return Saved(self.cache.snapshot(), self.length, len(self.spans), self.state, self.carry, len(self.turns),
-                     logits)
+                     len(self.history), logits)
 
     def _restore(self, saved: Saved) -> None:
         self.cache.rollback(saved.snapshot)
@@ -177,6 +181,7 @@ class ContextEngine:
         self.spans.truncate(saved.n_spans)
         self.state, self.carry = saved.state, saved.carry
         del self.turns[saved.n_turns:]
+        del self.history[saved.n_history:]
         self._logits = saved.logits
         self.stats.context_tokens = self.length
         self.stats.set_kv(self.memory())
@@ -300,6 +305,8 @@ class ContextEngine:
         self._check_budget(plan.tokens, "These documents")
         with self._operation():
             yield from self._prefill(list(plan.pieces), cancel, topk=0, phase="documents")
+            if plan.chunks:
+                self.history.append(DocumentsFed(tuple(plan.chunks)))
 
     def _version(self) -> tuple[int, int]:
         """Changes whenever the context does: a forward adds to tokens_fed, a rollback changes the length."""
@@ -356,7 +363,7 @@ class ContextEngine:
         yield AnswerResult(
             text=self.format.decode_answer(answer), tokens=len(answer), finish=finish,
             citations=cite(tally, self.spans, snippet=self._snippet, counts=self._is_content), ttft_s=ttft or 0.0, prefill_tps=prefill_tps,
-            decode_tps=decode_tps, question_tokens=question_tokens,
+            decode_tps=decode_tps, question_tokens=question_tokens, answer_ids=tuple(answer),
         )
 
     def _is_content(self, position: int) -> bool:
@@ -390,6 +397,7 @@ class ContextEngine:
             for item in self._decode(self._logits, settings, cancel, started, prefill_tps, planned):
                 if isinstance(item, AnswerResult):
                     self.turns.append(Turn(before, after_question, self.length))
+                    self.history.append(Exchange(question, item.answer_ids))
                     result = item
                 else:
                     yield item
@@ -409,7 +417,7 @@ class ContextEngine:
         """
         if not self.can_regenerate:
             raise EngineError("Nothing to regenerate: the last answer is no longer the end of the context.")
-        turn = self.turns[-1]
+        turn, question = self.turns[-1], self.history[-1].question
         started = time.perf_counter() if started is None else started
         result = None
         with self._answering(), self._operation(restore_to=turn.before):
@@ -418,32 +426,65 @@ class ContextEngine:
             for item in self._decode(turn.after_question.logits, settings, cancel, started, 0.0, question_tokens):
                 if isinstance(item, AnswerResult):
                     self.turns.append(Turn(turn.before, turn.after_question, self.length))
+                    self.history.append(Exchange(question, item.answer_ids))
                     result = item
                 else:
                     yield item
         yield result
 
-    def forget_conversation(self) -> bool:
-        """Drop every question and answer, keeping the documents, if no document came after a question.
+    def append_exchange(self, exchange: Exchange, cancel=None) -> Iterator[LiveStats]:
+        """A question and the answer it got, fed as text (no decoding): a context built again from its history
+        (replay.py) holds the conversation it had. All or nothing, like every operation."""
+        opening = self._opening()
+        carry = opening[-1].carry if opening else self.carry
+        ids, carry = self.format.question(exchange.question, carry)
+        closing, closed = self.format.close_answer(list(exchange.answer_ids), carry)
+        pieces = [*opening, Piece(ids, SpanKind.QUESTION, TurnState.IN_TURN, carry),
+                  Piece([*exchange.answer_ids, *closing], SpanKind.ANSWER, TurnState.CLOSED, closed)]
+        self._check_budget(sum(len(p.ids) for p in pieces), "This conversation")
+        with self._operation():
+            yield from self._prefill(pieces, cancel, topk=0, phase="conversation")
+            self.history.append(exchange)
 
-        Returns False when documents were added between questions: the caller then rebuilds the context.
+    def _forget_point(self) -> tuple[bool, Saved | None]:
+        """Whether the conversation can be dropped by a rollback, and to which state (None: nothing to drop).
+
+        It can when the first turn's undo point precedes every question and no document came after it; a
+        reopened context has no undo points of its own, and documents added between questions are kept.
         """
         asked = [i for i, s in enumerate(self.spans) if s.kind == SpanKind.QUESTION]
         if not asked:
-            return True
-        # The first turn's undo point must come before every question (a reopened context has none of its own).
+            return True, None
         first = self.turns[0].before if self.turns else None
         if first is None or first.n_spans > asked[0]:
-            return False
+            return False, None
         if any(s.kind == SpanKind.DOCUMENT for s in self.spans[first.n_spans:]):
+            return False, None
+        return True, first
+
+    @property
+    def forget_cost(self) -> int:
+        """Tokens that clearing the chat must read again (0: it is a rollback, instant)."""
+        possible, _ = self._forget_point()
+        return 0 if possible else self.document_tokens
+
+    def forget_conversation(self) -> bool:
+        """Drop every question and answer, keeping the documents, when a rollback can (``forget_cost`` is 0).
+
+        Returns False otherwise: the caller then rebuilds a context of the documents alone.
+        """
+        possible, first = self._forget_point()
+        if not possible:
             return False
-        with self._operation():
-            self._restore(first)
+        if first is not None:
+            with self._operation():
+                self._restore(first)
         return True
 
     def close(self) -> None:
         """Release the cache's memory (the session is gone)."""
         self.cache = None
         self.turns.clear()
+        self.history.clear()
         self._logits = None
         self._open = None

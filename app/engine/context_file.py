@@ -22,6 +22,7 @@ from ingest import Provenance
 
 from .chat_format import Carry, TurnState
 from .context import ContextEngine
+from .history import history_from, history_record
 from .metrics import LiveStats
 from .runtime import ModelRuntime
 from .spans import Span, SpanKind
@@ -70,6 +71,7 @@ def context_record(engine: ContextEngine, *, middle_dtype: torch.dtype | None = 
         "state": engine.state.value,
         "carry": asdict(engine.carry),
         "tokens_fed": engine.tokens_fed,
+        "history": history_record(engine.history),
     }
     return tensors, record
 
@@ -93,6 +95,7 @@ def reopen_context(runtime: ModelRuntime, tensors: dict, record: dict, *, budget
                          f"cache of {engine.cache.get_seq_length()}")
     engine.state, engine.carry = TurnState(record["state"]), Carry(**record["carry"])
     engine.tokens_fed = int(record["tokens_fed"])
+    engine.history[:] = history_from(record["history"])
     engine.stats.context_tokens = engine.length
     engine.stats.set_kv(engine.memory())
     return engine

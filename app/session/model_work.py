@@ -16,6 +16,7 @@ from ingest.units import human_bytes
 
 from ..engine.budget import Budget
 from ..engine.context import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
+from ..engine.replay import DOCUMENTS_ONLY, replay, without_source
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import LiveStats
 from ..engine.runtime import ModelRuntime, is_out_of_memory
@@ -94,6 +95,10 @@ class ModelWork:
             return
         if work.kind == WorkKind.SAVE:
             yield from self._save(session)
+            return
+        if work.kind == WorkKind.REMOVE:
+            if session.engine is not None:
+                yield from self._remove(session, work)
             return
         if work.cancel.is_set():
             self._mark_not_done(session, work, "■ Stopped before it started: nothing was added")
@@ -176,7 +181,6 @@ class ModelWork:
             return False
         for row in queued:
             row.added()
-        session.fed_chunks.append(fitted.chunks)
         session.fed_digests.update(fitted.digests)
         item.title = f"Added {plural(len(queued), 'file')} · {fitted.tokens:,} tokens"
         item.pending, item.text = False, rows_summary(fitted.rows)
@@ -271,31 +275,49 @@ class ModelWork:
         if engine is None or engine.forget_conversation():
             session.chat[:] = keep
             return
-        # Documents were added between questions: rebuild a context of the documents alone, then swap.
-        rebuilt = ContextEngine(self.runtime, system_prompt=session.system_prompt or "", budget=self.budget.tokens,
-                                stats=session.stats)  # the panel follows the rebuild
-        note = ChatItem("assistant", ItemKind.STATUS, title="Re-reading the documents without the conversation",
-                        pending=True)
+        # Documents came after a question (or the context was reopened): build it again without the chat.
+        rebuilt = yield from self._rebuild(session, work, DOCUMENTS_ONLY, "Re-reading the documents without the "
+                                           "conversation", "⚠ Chat not cleared; the context is unchanged")
+        if rebuilt:
+            session.chat[:] = keep
+
+    def _remove(self, session: Session, work: Work):
+        """Remove a document: the context is built again from its history without the file's chunks."""
+        source = work.question
+        rebuilt = yield from self._rebuild(session, work, without_source(source), f"Removing {source}",
+                                           f"⚠ {source} was not removed; the context is unchanged")
+        if rebuilt:
+            session.documents[:] = [r for r in session.documents if not (r.path == source and r.status.in_context)]
+            session.fed_digests = {d: path for d, path in session.fed_digests.items() if path != source}
+
+    def _rebuild(self, session: Session, work: Work, keep, title: str, failed: str):
+        """Replay the history as ``keep`` says into a new engine, then swap; on Stop or failure the old engine
+        stays. Returns whether the context changed."""
+        engine = session.engine
+        note = ChatItem("assistant", ItemKind.STATUS, title=title, pending=True)
         session.chat.append(note)
         throttle = Throttle(FEED_INTERVAL_S)
+        rebuilt = None
         try:
-            for chunks in session.fed_chunks:
-                for stats in rebuilt.feed_documents(chunks, work.cancel):
-                    note.text = feeding_line(stats)
+            for item in replay(engine, keep, work.cancel, session.stats):  # the panel follows the rebuild
+                if isinstance(item, LiveStats):
+                    note.text = feeding_line(item)
                     if throttle():
                         yield self.view(session)
-        except EngineError as exc:
-            rebuilt.close()
+                else:
+                    rebuilt = item
+        except Exception as exc:  # noqa: BLE001 - the old context is untouched; say why
             session.stats.phase, session.stats.context_tokens = "idle", engine.length
             session.stats.set_kv(engine.memory())
-            note.title, note.pending, note.text = "⚠ Chat not cleared; the context is unchanged", False, str(exc)
-            return
+            note.title, note.pending, note.text = failed, False, failure(exc, title.lower()).message
+            return False
         engine.close()
         session.engine = rebuilt
-        session.stats.phase = "idle"
-        session.stats.context_tokens = rebuilt.length
+        session.stats.phase, session.stats.context_tokens = "idle", rebuilt.length
         session.stats.set_kv(rebuilt.memory())
-        session.chat[:] = keep
+        note.title, note.pending = title.replace("Re-reading", "Re-read").replace("Removing", "Removed"), False
+        note.text = f"{rebuilt.length:,} tokens in the context now."
+        return True
 
     @staticmethod
     def _finish_answer(item: ChatItem, result: AnswerResult, settings: GenerationSettings) -> None:

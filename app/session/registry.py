@@ -209,7 +209,10 @@ class SessionRegistry:
             while len(self._expired) > EXPIRED_KEPT:
                 self._expired.popitem(last=False)
         for session in due:
-            self._retire(session)
+            if session.in_browser and session.unsaved:  # a save can take seconds: not in this request's thread
+                threading.Thread(target=self._retire, args=(session,), name="save-and-free", daemon=True).start()
+            else:
+                self._retire(session)
         return freed
 
     def _drop(self, session: Session) -> None:

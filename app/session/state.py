@@ -42,6 +42,7 @@ class WorkKind(StrEnum):
     FORGET = "forget"  # clear chat, keep documents
     RESET = "reset"  # new context
     SAVE = "save"  # write the workspace to disk, after the actions before it
+    REMOVE = "remove"  # take one document out of the context (its path is the Work's question)
 
 
 class Stage(StrEnum):
@@ -100,6 +101,7 @@ class Session:
         self.detached_at: float | None = None  # when its last tab left (monotonic)
         self.released = threading.Event()  # set once its memory is freed (a reopen waits for a last save)
         self._before_release = None
+        self._armed: tuple[tuple, float] | None = None  # a costly action asked for once, awaiting its confirmation
         self.runtime = runtime
         self.config = config
         self.budget = budget
@@ -107,7 +109,6 @@ class Session:
         self.series = SessionSeries()
         self.chat: list[ChatItem] = []
         self.documents: list[DocumentRow] = []
-        self.fed_chunks: list[list] = []  # chunk lists in the order fed, to rebuild a context without its chat
         self.fed_digests: dict[str, str] = {}  # content digest -> the file that brought it (duplicates are skipped)
         self.pending: deque[Work] = deque()
         self.engine: ContextEngine | None = None
@@ -163,6 +164,13 @@ class Session:
             self.stop_note = ""
             self.pending.append(work)
         return work
+
+    def confirmed(self, action: tuple, within_s: float) -> bool:
+        """The second request for the same costly ``action`` within ``within_s``: go ahead. The first arms it."""
+        now = time.monotonic()
+        armed = self._armed
+        self._armed = None if armed and armed[0] == action and now - armed[1] <= within_s else (action, now)
+        return self._armed is None
 
     def answer_to(self, question: ChatItem | None) -> ChatItem | None:
         """The answer that followed ``question`` in the chat, if there is one."""
@@ -240,7 +248,6 @@ class Session:
         self.drop_engine()
         self.chat.clear()
         self.documents.clear()
-        self.fed_chunks.clear()
         self.fed_digests.clear()
 
     @contextmanager

@@ -1,8 +1,8 @@
 """One workspace, one file: a session's context, chat and documents in a single safetensors file.
 
 Tensors: the cache's (lminfinite.cache_state) and the token stream. Everything else (the chat with its
-citations, the documents table, the chunks fed, for clearing the chat later, and the engine's record) is one
-JSON document in the file's metadata, so listing workspaces reads headers only. One file makes a save atomic
+citations, the documents table, and the engine's record with its history, to clear the chat or remove a
+document later) is one JSON document in the file's metadata, so listing workspaces reads headers only. One file makes a save atomic
 (written beside, then renamed over the old one) and a workspace one download.
 """
 
@@ -34,14 +34,6 @@ class WorkspaceFileError(ValueError):
 
 
 @dataclass(frozen=True)
-class FedChunk:
-    """A fed document chunk as the engine needs it to read it again (clear chat): its text and provenance."""
-
-    text: str
-    where: Provenance
-
-
-@dataclass(frozen=True)
 class Summary:
     """What the workspace list shows, read from a file's header alone."""
 
@@ -64,11 +56,10 @@ def _chat_item_from(data: dict) -> ChatItem:
 
 
 def session_record(session: Session) -> dict:
-    """The session's chat, documents and fed chunks as JSON-ready data (the engine is saved beside it)."""
+    """The session's chat, documents and their digests as JSON-ready data (the engine is saved beside it)."""
     return {
         "chat": [_chat_item(c) for c in session.chat],
         "documents": [asdict(r) for r in session.documents],
-        "fed": [[{"text": c.text, "where": asdict(c.where)} for c in chunks] for chunks in session.fed_chunks],
         "fed_digests": session.fed_digests,
     }
 
@@ -116,7 +107,6 @@ def read_workspace(path: Path, session: Session) -> None:
         tensors = load_file(str(path)) if record["context"] is not None else {}
         chat = [_chat_item_from(dict(c)) for c in record["session"]["chat"]]
         rows = [DocumentRow(**r) for r in record["session"]["documents"]]
-        fed = [[FedChunk(c["text"], Provenance(**c["where"])) for c in chunks] for chunks in record["session"]["fed"]]
         digests = dict(record["session"]["fed_digests"])
         engine = None
         if record["context"] is not None:
@@ -128,7 +118,7 @@ def read_workspace(path: Path, session: Session) -> None:
         raise WorkspaceFileError(f"{Path(path).name} is damaged or incomplete ({type(exc).__name__}: {exc})") from exc
     except ValueError as exc:  # a model or setting mismatch, or parts that disagree: the message says which
         raise WorkspaceFileError(f"{Path(path).name} cannot be opened here: {exc}") from exc
-    session.chat[:], session.documents[:], session.fed_chunks[:] = chat, rows, fed
+    session.chat[:], session.documents[:] = chat, rows
     session.fed_digests.update(digests)
     session.engine = engine
     session.system_prompt = record["context"]["system_prompt"] if engine is not None else None

@@ -21,6 +21,7 @@ from ..cli import AppConfig
 from ..engine.budget import Budget
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import device_memory, stats_dict
+from ..engine.replay import DOCUMENTS_ONLY, replay_cost, without_source
 from ..engine.runtime import ModelRuntime
 from ..session.documents import plural, screen_uploads
 from ..session.exporting import export_data, write_exports
@@ -31,6 +32,9 @@ from ..session.state import ChatItem, ItemKind, Session, Stage, Work, WorkKind
 from . import views
 from .api import answer_json
 from .workspace_views import workspace_choices, workspace_note, workspace_rows
+
+
+CONFIRM_S = 20.0  # a costly action's second click counts as "yes" this long after the first
 
 
 class Handlers:
@@ -59,8 +63,8 @@ class Handlers:
             if touch:  # a user action (not the panel timer): tell once, then the tab may start afresh
                 self.registry.forget_expired(request.session_hash)
             minutes = self.config.session_timeout_s / 60
-            raise gr.Error(f"This session was freed after {minutes:g} minutes without activity: its documents and "
-                           "chat are gone. Reload the page to start a new one.") from None
+            raise gr.Error(f"This workspace was freed after {minutes:g} minutes without activity (saved first, when "
+                           "it was open in a browser). Reload the page to reopen it.") from None
 
     @staticmethod
     def _user(request: gr.Request) -> str | None:
@@ -174,10 +178,43 @@ class Handlers:
                        "make it permanent).")
         return self.view(session)
 
+    def _confirm_cost(self, session: Session, action: tuple, cost: int, what: str) -> bool:
+        """A rebuild costs a re-read: the first request says how much (tokens, and time at the measured prefill
+        rate), the same request again within CONFIRM_S goes ahead."""
+        if not cost or session.confirmed(action, CONFIRM_S):
+            return True
+        rate = session.stats.prefill_tps
+        took = f", about {views.fmt_seconds(cost / rate)} at {rate:,.0f} tokens/s" if rate else ""
+        session.stop_note = f"{what}: {cost:,} tokens{took}. Click again to go ahead."
+        return False
+
     def queue_forget(self, request: gr.Request):
+        """Clear chat; when that means reading the documents again, say what it costs first."""
         session = self._session(request)
-        session.new_work(WorkKind.FORGET)
+        cost = replay_cost(session.engine, DOCUMENTS_ONLY) if session.engine and session.engine.forget_cost else 0
+        if self._confirm_cost(session, ("forget",), cost,
+                              "Clearing the chat reads the documents again without the conversation"):
+            session.new_work(WorkKind.FORGET)
         return self.view(session)
+
+    def queue_remove(self, source, request: gr.Request):
+        """Remove one document: the rest of the context (documents and conversation) is read again without it."""
+        session = self._session(request)
+        if not source or session.engine is None or source not in self._removable(session):
+            raise gr.Error("Choose a document that is in the context.")
+        cost = replay_cost(session.engine, without_source(source))
+        if self._confirm_cost(session, ("remove", source), max(cost, 1),
+                              f"Removing {source} reads the rest of the context again"):
+            session.new_work(WorkKind.REMOVE, source)
+        return self.view(session)
+
+    @staticmethod
+    def _removable(session: Session) -> list[str]:
+        return list(dict.fromkeys(r.path for r in session.documents if r.status.in_context))
+
+    def removable(self, request: gr.Request):
+        """The Remove list, filled when it is opened."""
+        return gr.Dropdown(choices=self._removable(self._session(request, touch=False)))
 
     def queue_reset(self, request: gr.Request):
         session = self._session(request)

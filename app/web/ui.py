@@ -59,6 +59,8 @@ class Components:
     activity: gr.HTML
     cancel: gr.Button
     documents: gr.Dataframe
+    remove_choice: gr.Dropdown
+    remove: gr.Button
     context: gr.HTML
     panel: gr.HTML
     panel_data: gr.JSON
@@ -164,6 +166,11 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                     documents = gr.Dataframe(headers=DOCUMENT_HEADERS, value=[], interactive=False, wrap=True,
                                              column_widths=DOCUMENT_COLUMN_WIDTHS, elem_id="documents-table",
                                              label="Files")
+                    with gr.Row(equal_height=True):
+                        remove_choice = gr.Dropdown(label="Remove a document", choices=[], scale=4,
+                                                    elem_id="remove-choice",
+                                                    info="The rest of the context is read again without it.")
+                        remove = gr.Button("Remove", size="sm", scale=1, min_width=90, elem_id="remove-button")
                 with gr.Tab("Live charts", elem_id="live-tab"):
                     memory_plot = gr.LinePlot(x="seconds", y="value", color="series", title="Memory (MB)",
                                               x_title="seconds", y_title="MB", height=200)
@@ -209,6 +216,7 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
         chatbot=chatbot, chat_input=chat_input, stop=stop, regenerate=regenerate, clear=clear,
         new_context=new_context, export=export, export_files=export_files, stop_note=stop_note, upload=upload,
         server_path=server_path, add_path=add_path, activity=activity, cancel=cancel, documents=documents,
+        remove_choice=remove_choice, remove=remove,
         context=context, panel=panel, panel_data=panel_data, memory_plot=memory_plot, throughput_plot=throughput_plot,
         system_prompt=system_prompt, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
         repetition_penalty=repetition_penalty, recall=recall, topk=topk, timer=timer, ask_question=ask_question,

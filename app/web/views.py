@@ -29,7 +29,7 @@ FINISH_NOTES = {"length": " · stopped at max tokens", "repetition": " · stoppe
 
 
 
-def _fmt_seconds(seconds: float | None) -> str:
+def fmt_seconds(seconds: float | None) -> str:
     if seconds is None:
         return "–"
     if seconds < 1:
@@ -56,7 +56,7 @@ def answer_markdown(item: ChatItem) -> str:
     if item.stats:
         s = item.stats
         sampling = f" · {s['sampling']}" if s.get("sampling") else ""
-        parts.append(f"<sub>first token {_fmt_seconds(s.get('ttft_s'))} · {_fmt_rate(s.get('decode_tps', 0))} · "
+        parts.append(f"<sub>first token {fmt_seconds(s.get('ttft_s'))} · {_fmt_rate(s.get('decode_tps', 0))} · "
                      f"{s.get('tokens', 0)} tokens{FINISH_NOTES.get(s.get('finish'), '')}"
                      f"{sampling}</sub>")
     if item.stopped:
@@ -135,13 +135,13 @@ def activity_html(stats: LiveStats) -> str:
         if phase == "prefill":
             fraction = min(1.0, done / total) if total else 0.0
             bits = [f"{done:,} / {total:,} tokens ({fraction:.0%})", _fmt_rate(stats.prefill_tps),
-                    f"ETA {_fmt_seconds(stats.eta_s)}"]
+                    f"ETA {fmt_seconds(stats.eta_s)}"]
             striped = ""
         elif phase == "waiting":  # behind another session: the detail says behind what, and for how long
             fraction, bits, striped = 1.0, [], " striped"
         else:
             fraction = 1.0
-            bits = [f"{done:,} tokens", _fmt_rate(stats.decode_tps), f"first token {_fmt_seconds(stats.ttft_s)}"]
+            bits = [f"{done:,} tokens", _fmt_rate(stats.decode_tps), f"first token {fmt_seconds(stats.ttft_s)}"]
             striped = " striped"
         detail = f" ({html.escape(detail)})" if detail else ""
         blocks.append(
@@ -174,7 +174,7 @@ def panel_html(stats: LiveStats, memory: DeviceMemory, budget: int, vanilla_kv: 
                f"{human_bytes(stats.kv_other)}{vanilla}")
     ctx = _card("Context", f"{stats.context_tokens:,} tokens", f"budget {budget:,}")
     prefill = _card("Prefill", _fmt_rate(stats.prefill_tps), "documents and questions")
-    decode = _card("Decode", _fmt_rate(stats.decode_tps), f"time to first token {_fmt_seconds(stats.ttft_s)}")
+    decode = _card("Decode", _fmt_rate(stats.decode_tps), f"time to first token {fmt_seconds(stats.ttft_s)}")
     reading_only = stats.phase == "idle" and stats.reading
     now = PHASE_LABELS["reading"] if reading_only else PHASE_LABELS.get(stats.phase, stats.phase)
     phase = _card("Now", now, html.escape(stats.reading if reading_only else stats.detail))
