@@ -251,3 +251,34 @@ def test_clear_chat_of_a_reopened_context_reads_the_documents_again(runtime, tmp
     handlers.queue_forget(request("clear-2"))
     drain(handlers.run(*SETTINGS, request("clear-2")))
     assert reopened.context_tokens == documents_only and not any(c.kind == "answer" for c in reopened.chat)
+
+
+def test_a_downloaded_workspace_imports_on_another_server_and_a_foreign_one_is_refused(runtime, tmp_path):
+    import gradio as gr
+
+    here = make_handlers(runtime, workspaces=str(tmp_path / "here"))
+    req, workspace_id, session = fed_session(here, "export", tmp_path)
+    with pytest.raises(gr.Error, match="press Save first"):
+        here.download_workspace(None, req)
+    drain(here.queue_save("Report", req))
+    drain(here.run(*SETTINGS, req))
+    downloaded = here.download_workspace(None, req).value["path"]
+    assert downloaded.endswith("Report.lmiw")
+
+    there = make_handlers(runtime, workspaces=str(tmp_path / "there"))
+    shown = there.import_workspace(downloaded, request("import"))
+    imported = there.registry.peek("import")
+    assert shown[1] == imported.workspace_id != workspace_id and imported.name == "Report (imported)"
+    assert list(imported.engine.token_ids) == list(session.engine.token_ids)
+    assert [row[0] for row in there.workspace_panel(request("import"))[2]] == ["● Report (imported)"]
+
+    not_a_workspace = tmp_path / "notes.lmiw"
+    not_a_workspace.write_text("hello")
+    with pytest.raises(gr.Error, match="Not imported: notes.lmiw is not a readable workspace file"):
+        there.import_workspace(str(not_a_workspace), request("import-2"))
+    there.runtime.name, real_name = "another model", there.runtime.name
+    try:
+        with pytest.raises(gr.Error, match="Not imported: this context was made with another model"):
+            there.import_workspace(downloaded, request("import-3"))
+    finally:
+        there.runtime.name = real_name

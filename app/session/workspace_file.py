@@ -21,7 +21,7 @@ from ingest import Provenance
 from lminfinite.persist import write_tensors
 
 from ..engine.citations import Citation
-from ..engine.context_file import context_record, reopen_context
+from ..engine.context_file import ContextMismatch, check_identity, context_record, reopen_context
 from .documents import DocumentRow
 from .state import ChatItem, ItemKind, Session
 
@@ -87,6 +87,21 @@ def _header(path: Path) -> dict:
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise WorkspaceFileError(f"{Path(path).name} has an unknown workspace format")
     return record
+
+
+def check_compatible(path: Path, runtime) -> Summary:
+    """An imported file: a workspace (header readable) made with this server's model and LM-Infinite settings.
+    Its tensors are checked when it is opened."""
+    record = _header(path)
+    try:
+        summary = Summary(**record["summary"])
+        if record["context"] is not None:
+            check_identity(record["context"]["identity"], runtime)
+    except (KeyError, TypeError) as exc:
+        raise WorkspaceFileError(f"{Path(path).name}: its record is incomplete") from exc
+    except ContextMismatch as exc:
+        raise WorkspaceFileError(str(exc)) from exc
+    return summary
 
 
 def read_summary(path: Path) -> Summary:

@@ -13,11 +13,12 @@ import json
 import os
 import re
 import secrets
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from lminfinite.atomic_file import write_text
+from lminfinite.atomic_file import replacing, write_text
 
 from .workspace_file import Summary, WorkspaceFileError, read_summary
 
@@ -111,6 +112,26 @@ class WorkspaceStore:
         path.unlink(missing_ok=True)
         self.set_name(owner, workspace_id, None)
         return existed
+
+    def add(self, owner: str | None, source: Path, name: str) -> str:
+        """Copy a workspace file in (an import) under a new id; returns the id."""
+        workspace_id = new_workspace_id()
+        target = self.path(owner, workspace_id)
+        with replacing(target) as tmp:
+            shutil.copyfile(source, tmp)
+        self.set_name(owner, workspace_id, name)
+        return workspace_id
+
+    def download_copy(self, owner: str | None, workspace_id: str, folder: Path, name: str) -> Path:
+        """The saved file under a readable name in ``folder`` (a hard link when it can be: no copy of gigabytes)."""
+        safe = "".join(ch if ch.isalnum() or ch in " -_." else "_" for ch in name).strip() or "workspace"
+        target = Path(folder) / f"{safe[:80]}{SUFFIX}"
+        target.unlink(missing_ok=True)
+        try:
+            os.link(self.path(owner, workspace_id), target)
+        except OSError:
+            shutil.copyfile(self.path(owner, workspace_id), target)
+        return target
 
     def browser_secret(self) -> str:
         """The key the browser's copy of the workspace id is encrypted with, kept so a restart can read it."""

@@ -76,7 +76,7 @@ def wire(demo, c: Components, h: Handlers) -> None:
 
 
 def wire_workspaces(demo, c: Components, h: Handlers, then_model) -> None:
-    """Page load shows the workspace the browser remembers; open, new, save, rename and delete."""
+    """Page load shows the workspace the browser remembers; open, new, save, rename, delete, download, import."""
     shown = [c.workspace_id, *c.view, *c.workspace_view]  # a switch changes everything on screen
     demo.load(h.attach, c.workspace_id, shown, api_name=False, **FAST)
     c.open_workspace.click(h.open_workspace, c.workspace_choice, shown, api_name=False, **FAST)
@@ -85,3 +85,5 @@ def wire_workspaces(demo, c: Components, h: Handlers, then_model) -> None:
     c.workspace_name.submit(h.rename, c.workspace_name, c.workspace_view, api_name=False, **FAST)
     c.workspace_name.blur(h.rename, c.workspace_name, c.workspace_view, api_name=False, **FAST)
     c.delete_workspace.click(h.delete_workspace, c.workspace_choice, c.workspace_view, api_name=False, **FAST)
+    c.download_workspace.click(h.download_workspace, c.workspace_choice, c.workspace_file, api_name=False, **FAST)
+    c.import_file.upload(h.import_workspace, c.import_file, [c.import_file, *shown], api_name=False, **FAST)

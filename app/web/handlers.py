@@ -11,6 +11,7 @@ the generator then shows the final state itself.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import gradio as gr
 
@@ -28,6 +29,7 @@ from ..session.exporting import export_data, write_exports
 from ..session.model_work import ModelWork
 from ..session.reading import Reader
 from ..session.registry import SessionDenied, SessionExpired, SessionRegistry
+from ..session.workspace_file import WorkspaceFileError, check_compatible
 from ..session.state import ChatItem, ItemKind, Session, Stage, Work, WorkKind
 from . import views
 from .api import answer_json
@@ -334,6 +336,34 @@ class Handlers:
             raise gr.Error("That workspace is open (here or in another tab): open or start another one first.")
         self.registry.store.delete(session.owner, choice)
         return self.workspace_view(session)
+
+    def download_workspace(self, choice, request: gr.Request):
+        """A saved workspace as one file, to import on another machine running the same model."""
+        session = self._session(request)
+        choice = choice or session.workspace_id
+        if not self.registry.store.exists(session.owner, choice):
+            raise gr.Error("This workspace has not been saved yet: press Save first.")
+        name = self.registry.store.name(session.owner, choice, "workspace")
+        return gr.File(value=str(self.registry.store.download_copy(session.owner, choice, session.tmpdir, name)),
+                       visible=True)
+
+    def import_workspace(self, upload, request: gr.Request):
+        """A downloaded workspace file: checked against this server's model and settings, added to the user's
+        workspaces, and opened in this tab."""
+        paths = upload_paths([upload] if upload and not isinstance(upload, list) else upload)
+        if not paths:
+            raise gr.Error("Choose a workspace file (.lmiw) to import.")
+        owner = self._user(request)
+        try:
+            summary = check_compatible(Path(paths[0]), self.runtime)
+        except WorkspaceFileError as exc:
+            raise gr.Error(f"Not imported: {exc}") from None
+        workspace_id = self.registry.store.add(owner, Path(paths[0]), f"{summary.name} (imported)")
+        session, note = self.registry.attach(request.session_hash, workspace_id, owner)
+        if session.workspace_id != workspace_id:  # the header was fine, the tensors were not
+            self.registry.store.delete(owner, workspace_id)
+            raise gr.Error(f"Not imported: {note}")
+        return None, *self._shown(session, note)
 
     def workspace_panel(self, request: gr.Request):
         return self.workspace_view(self._session(request, touch=False))

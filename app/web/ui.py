@@ -88,6 +88,9 @@ class Components:
     open_workspace: gr.Button
     new_workspace: gr.Button
     delete_workspace: gr.Button
+    download_workspace: gr.Button
+    workspace_file: gr.File  # the download
+    import_file: gr.File
 
     @property
     def view(self) -> list:
@@ -190,7 +193,12 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                     with gr.Row():
                         open_workspace = gr.Button("Open", size="sm", elem_id="open-workspace")
                         new_workspace = gr.Button("New workspace", size="sm", elem_id="new-workspace")
+                        download_workspace = gr.Button("Download", size="sm", elem_id="download-workspace")
                         delete_workspace = gr.Button("Delete", size="sm", variant="stop", elem_id="delete-workspace")
+                    workspace_file = gr.File(label="Workspace file", visible=False, interactive=False,
+                                             elem_id="workspace-file")
+                    import_file = gr.File(label="Import a workspace file (.lmiw) from a server running the same "
+                                          "model", file_types=[".lmiw"], elem_id="import-workspace", height=90)
                 with gr.Tab("Settings", elem_id="settings-tab"):
                     system_prompt = gr.Textbox(info.system_prompt, label="System prompt", lines=3,
                                                info="Used when a context starts (new context or first message).")
@@ -223,5 +231,6 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
         ask_files=ask_files, ask_result=ask_result, ask_trigger=ask_trigger, show_trigger=show_trigger, workspace_id=workspace_id,
         workspace_name=workspace_name, save=save, workspace_note=workspace_note, workspaces=workspaces,
         workspace_choice=workspace_choice, open_workspace=open_workspace, new_workspace=new_workspace,
-        delete_workspace=delete_workspace,
+        delete_workspace=delete_workspace, download_workspace=download_workspace, workspace_file=workspace_file,
+        import_file=import_file,
     )
