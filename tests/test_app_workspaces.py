@@ -282,3 +282,18 @@ def test_a_downloaded_workspace_imports_on_another_server_and_a_foreign_one_is_r
             there.import_workspace(downloaded, request("import-3"))
     finally:
         there.runtime.name = real_name
+
+
+def test_a_save_interrupted_by_a_crash_leaves_the_old_file_and_its_leftovers_go_at_start_up(runtime, tmp_path):
+    from app.session.workspace_store import WorkspaceStore
+
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    req, workspace_id, session = fed_session(handlers, "crash", tmp_path)
+    handlers.registry.save_now(session)
+    path = handlers.registry.store.path(None, workspace_id)
+    saved = path.read_bytes()
+    leftover = path.parent / f".{path.name}.abc123.tmp"  # what a save killed mid-write leaves beside the file
+    leftover.write_bytes(saved[: len(saved) // 3])
+    assert [w.id for w in handlers.registry.store.list(None)] == [workspace_id]  # never listed
+    assert WorkspaceStore(tmp_path / "ws").remove_leftovers() == 1 and not leftover.exists()
+    assert path.read_bytes() == saved

@@ -133,6 +133,15 @@ class WorkspaceStore:
             shutil.copyfile(self.path(owner, workspace_id), target)
         return target
 
+    def remove_leftovers(self) -> int:
+        """Temporary files of saves a crash interrupted (the saves themselves are whole: see atomic_file).
+        Called at start-up, when no save of this server is under way."""
+        removed = 0
+        for leftover in self.root.glob("*/.*.tmp") if self.root.exists() else []:
+            leftover.unlink(missing_ok=True)
+            removed += 1
+        return removed
+
     def browser_secret(self) -> str:
         """The key the browser's copy of the workspace id is encrypted with, kept so a restart can read it."""
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)

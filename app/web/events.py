@@ -56,8 +56,9 @@ def wire(demo, c: Components, h: Handlers) -> None:
         stopped = button.click(h.stop, None, c.stop_note, api_name=api_name, **FAST)
         stopped.then(h.controls, None, controls, api_name=False, **FAST)
 
-    c.remove_choice.focus(h.removable, None, c.remove_choice, api_name=False, **FAST)
-    then_model(c.remove.click(h.queue_remove, c.remove_choice, view, api_name="remove", **FAST), api_name=False)
+    c.remove_choice.focus(h.removable, c.remove_choice, c.remove_choice, api_name=False, **FAST)
+    removed = then_model(c.remove.click(h.queue_remove, c.remove_choice, view, api_name="remove", **FAST), api_name=False)
+    removed.then(h.removable, c.remove_choice, c.remove_choice, api_name=False, **FAST)
     then_model(c.regenerate.click(h.queue_regenerate, None, view, api_name="regenerate", **FAST), api_name=False)
     then_model(c.clear.click(h.queue_forget, None, view, api_name="clear", **FAST), api_name=False)
     then_model(c.new_context.click(h.queue_reset, None, view, api_name="new_context", **FAST), api_name=False)

@@ -214,9 +214,10 @@ class Handlers:
     def _removable(session: Session) -> list[str]:
         return list(dict.fromkeys(r.path for r in session.documents if r.status.in_context))
 
-    def removable(self, request: gr.Request):
-        """The Remove list, filled when it is opened."""
-        return gr.Dropdown(choices=self._removable(self._session(request, touch=False)))
+    def removable(self, current, request: gr.Request):
+        """The Remove list, filled when it is opened; the choice is kept while its file is still in the context."""
+        choices = self._removable(self._session(request, touch=False))
+        return gr.Dropdown(choices=choices, value=current if current in choices else None)
 
     def queue_reset(self, request: gr.Request):
         session = self._session(request)

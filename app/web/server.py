@@ -46,6 +46,7 @@ def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = 
     budget = budget or context_budget(runtime, config.context_budget, config.memory_budget)
     temperature, top_p = default_temperature(runtime)
     store = WorkspaceStore(config.workspace_root)
+    store.remove_leftovers()
     info = LayoutInfo(
         notice=runtime.notice, share_warning=config.share_without_auth, allow_local_paths=config.local_paths_enabled,
         budget_tokens=budget.tokens, max_file_size=human_bytes(config.max_file_size),

@@ -169,7 +169,7 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                     documents = gr.Dataframe(headers=DOCUMENT_HEADERS, value=[], interactive=False, wrap=True,
                                              column_widths=DOCUMENT_COLUMN_WIDTHS, elem_id="documents-table",
                                              label="Files")
-                    with gr.Row(equal_height=True):
+                    with gr.Row(equal_height=False, elem_id="remove-row"):
                         remove_choice = gr.Dropdown(label="Remove a document", choices=[], scale=4,
                                                     elem_id="remove-choice",
                                                     info="The rest of the context is read again without it.")
@@ -191,10 +191,11 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                                               label="Saved workspaces", elem_id="workspaces-table")
                     workspace_choice = gr.Dropdown(label="Workspace", choices=[], elem_id="workspace-choice")
                     with gr.Row():
-                        open_workspace = gr.Button("Open", size="sm", elem_id="open-workspace")
-                        new_workspace = gr.Button("New workspace", size="sm", elem_id="new-workspace")
-                        download_workspace = gr.Button("Download", size="sm", elem_id="download-workspace")
-                        delete_workspace = gr.Button("Delete", size="sm", variant="stop", elem_id="delete-workspace")
+                        open_workspace = gr.Button("Open", size="sm", min_width=70, elem_id="open-workspace")
+                        new_workspace = gr.Button("New", size="sm", min_width=70, elem_id="new-workspace")
+                        download_workspace = gr.Button("Download", size="sm", min_width=70, elem_id="download-workspace")
+                        delete_workspace = gr.Button("Delete", size="sm", min_width=70, variant="stop",
+                                                     elem_id="delete-workspace")
                     workspace_file = gr.File(label="Workspace file", visible=False, interactive=False,
                                              elem_id="workspace-file")
                     import_file = gr.File(label="Import a workspace file (.lmiw) from a server running the same "
