@@ -96,6 +96,15 @@ def replace_rows(rows: list[DocumentRow], old: list[DocumentRow], new: list[Docu
     rows[at:at] = new
 
 
+def upload_paths(files) -> list[str]:
+    """Server paths of uploaded files, as Gradio hands them: paths, file objects, or FileData dicts."""
+    def path(f):
+        if isinstance(f, str):
+            return f
+        return f.get("path") if isinstance(f, dict) else getattr(f, "name", f)
+    return [path(f) for f in files or []]
+
+
 def screen_uploads(paths: list[str], max_file_size: int,
                    upload_root: str | None) -> tuple[list[str], list[DocumentRow]]:
     """Keep uploaded files under the size limit; refuse the others (and any path outside the upload folder)."""

@@ -193,9 +193,7 @@ class SessionRegistry:
         (workspace ids for sessions no tab showed)."""
         now = time.monotonic()
         with self._lock:
-            due = [s for s in self._live.values() if not s.busy and not s.waiting() and (
-                now - s.last_active > self.config.session_timeout_s
-                or (not s.tabs and s.detached_at is not None and now - s.detached_at > self.grace_s))]
+            due = [s for s in self._live.values() if self._due(s, now)]
             freed = []
             for session in due:
                 self._live.pop(session.workspace_id, None)
@@ -214,6 +212,13 @@ class SessionRegistry:
             else:
                 self._retire(session)
         return freed
+
+    def _due(self, session: Session, now: float) -> bool:
+        """Idle past the time-out, or left by its last tab past the grace period; never while it works or waits."""
+        if session.busy or session.waiting():
+            return False
+        left = not session.tabs and session.detached_at is not None and now - session.detached_at > self.grace_s
+        return left or now - session.last_active > self.config.session_timeout_s
 
     def _drop(self, session: Session) -> None:
         """Under the lock: forget a session nobody used (a tab's first request raced its page load)."""

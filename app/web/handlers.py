@@ -11,7 +11,6 @@ the generator then shows the final state itself.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import gradio as gr
 
@@ -24,22 +23,21 @@ from ..engine.generation import GenerationSettings
 from ..engine.metrics import device_memory, stats_dict
 from ..engine.replay import DOCUMENTS_ONLY, replay_cost, without_source
 from ..engine.runtime import ModelRuntime
-from ..session.documents import plural, screen_uploads
+from ..session.documents import plural, screen_uploads, upload_paths
 from ..session.exporting import export_data, write_exports
 from ..session.model_work import ModelWork
 from ..session.reading import Reader
 from ..session.registry import SessionDenied, SessionExpired, SessionRegistry
-from ..session.workspace_file import WorkspaceFileError, check_compatible
 from ..session.state import ChatItem, ItemKind, Session, Stage, Work, WorkKind
 from . import views
 from .api import answer_json
-from .workspace_views import workspace_choices, workspace_note, workspace_rows
+from .workspace_handlers import WorkspaceEvents
 
 
 CONFIRM_S = 20.0  # a costly action's second click counts as "yes" this long after the first
 
 
-class Handlers:
+class Handlers(WorkspaceEvents):
     def __init__(self, registry: SessionRegistry, runtime: ModelRuntime, config: AppConfig, budget: Budget,
                  upload_root: str | None, default_settings: dict | None = None):
         self.registry = registry
@@ -277,98 +275,6 @@ class Handlers:
         return (html if shown.get("html") != html else gr.skip(), *plots,
                 data if shown.get("data") != key else gr.skip())
 
-    # -- workspaces ------------------------------------------------------------------------------
-    def workspace_view(self, session: Session) -> tuple:
-        """The Workspaces tab: this workspace's name and where it stands on disk, the user's saved workspaces."""
-        saved = self.registry.store.list(session.owner)
-        mine = next((w for w in saved if w.id == session.workspace_id), None)
-        return (session.name, workspace_note(session, mine), workspace_rows(saved, session.workspace_id),
-                gr.Dropdown(choices=workspace_choices(saved), value=None))
-
-    def _shown(self, session: Session, note: str = "") -> tuple:
-        """After a page load or a switch: the workspace id the browser keeps, and everything on screen."""
-        if note:
-            gr.Info(note)
-        return (session.workspace_id, *self.view(session), *self.workspace_view(session))
-
-    def attach(self, workspace_id, request: gr.Request):
-        """Page load: show the workspace this browser had open (reopened from disk if it was freed)."""
-        if request is None or not request.session_hash:
-            raise gr.Error("This request has no session; reload the page.")
-        session, note = self.registry.attach(request.session_hash, workspace_id, self._user(request))
-        return self._shown(session, note)
-
-    def open_workspace(self, choice, request: gr.Request):
-        """Open a saved workspace in this tab; the one it leaves is saved."""
-        if not choice:
-            raise gr.Error("Choose a saved workspace first.")
-        session, note = self.registry.attach(request.session_hash, choice, self._user(request))
-        if session.workspace_id != choice:  # it could not be opened: the note says why
-            raise gr.Error(note or "That workspace no longer exists.")
-        return self._shown(session, note)
-
-    def new_workspace(self, request: gr.Request):
-        """An empty workspace in this tab; the one it leaves is saved."""
-        session, _ = self.registry.attach(request.session_hash, None, self._user(request))
-        return self._shown(session)
-
-    def queue_save(self, name, request: gr.Request):
-        """Save after the actions queued before it (the model step writes the file)."""
-        session = self._session(request)
-        self.rename(name, request)
-        session.new_work(WorkKind.SAVE)
-        return self.view(session)
-
-    def rename(self, name, request: gr.Request):
-        session = self._session(request)
-        name = " ".join(str(name or "").split())[:120]
-        if name and name != session.name:
-            session.name = name
-            if self.registry.store.exists(session.owner, session.workspace_id):
-                self.registry.store.set_name(session.owner, session.workspace_id, name)
-        return self.workspace_view(session)
-
-    def delete_workspace(self, choice, request: gr.Request):
-        """Delete a saved workspace, never the one open in a tab (it would be saved again when left)."""
-        session = self._session(request)
-        if not choice:
-            raise gr.Error("Choose a saved workspace first.")
-        if self.registry.is_open(choice):
-            raise gr.Error("That workspace is open (here or in another tab): open or start another one first.")
-        self.registry.store.delete(session.owner, choice)
-        return self.workspace_view(session)
-
-    def download_workspace(self, choice, request: gr.Request):
-        """A saved workspace as one file, to import on another machine running the same model."""
-        session = self._session(request)
-        choice = choice or session.workspace_id
-        if not self.registry.store.exists(session.owner, choice):
-            raise gr.Error("This workspace has not been saved yet: press Save first.")
-        name = self.registry.store.name(session.owner, choice, "workspace")
-        return gr.File(value=str(self.registry.store.download_copy(session.owner, choice, session.tmpdir, name)),
-                       visible=True)
-
-    def import_workspace(self, upload, request: gr.Request):
-        """A downloaded workspace file: checked against this server's model and settings, added to the user's
-        workspaces, and opened in this tab."""
-        paths = upload_paths([upload] if upload and not isinstance(upload, list) else upload)
-        if not paths:
-            raise gr.Error("Choose a workspace file (.lmiw) to import.")
-        owner = self._user(request)
-        try:
-            summary = check_compatible(Path(paths[0]), self.runtime)
-        except WorkspaceFileError as exc:
-            raise gr.Error(f"Not imported: {exc}") from None
-        workspace_id = self.registry.store.add(owner, Path(paths[0]), f"{summary.name} (imported)")
-        session, note = self.registry.attach(request.session_hash, workspace_id, owner)
-        if session.workspace_id != workspace_id:  # the header was fine, the tensors were not
-            self.registry.store.delete(owner, workspace_id)
-            raise gr.Error(f"Not imported: {note}")
-        return None, *self._shown(session, note)
-
-    def workspace_panel(self, request: gr.Request):
-        return self.workspace_view(self._session(request, touch=False))
-
     def unload(self, request: gr.Request):
         """The tab disconnected: stop its work and free its context."""
         if request is not None and request.session_hash:
@@ -425,12 +331,3 @@ class Handlers:
                 finally:
                     session.release_model_step()
         yield self.view(session)
-
-
-def upload_paths(files) -> list[str]:
-    """Server paths of uploaded files, as Gradio hands them: paths, file objects, or FileData dicts."""
-    def path(f):
-        if isinstance(f, str):
-            return f
-        return f.get("path") if isinstance(f, dict) else getattr(f, "name", f)
-    return [path(f) for f in files or []]
