@@ -72,6 +72,10 @@ def agreeing_words(a: str, b: str) -> int:
     return count
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def server(runtime, folder: Path, save_middle: str):
     _, handlers = build_app(AppConfig(model="bench", workspaces=str(folder), save_middle=save_middle), runtime)
     handlers.upload_root = None
@@ -127,7 +131,7 @@ def table(result: dict) -> str:
     for v in result["variants"]:
         rows.append([f"reopen, middle store {v['middle']}", f"{v['reopen_s']:,.2f}", f"{v['reopen_share']:.1%}",
                      human_bytes(v["bytes"]),
-                     "yes" if v["same_answer"] else f"no: the first {v['words_agreeing']} words agree"])
+                     "yes" if v["same_answer"] else f"no: it parts after {plural(v['words_agreeing'], 'word')}"])
     body = markdown_table(["", "seconds", "of the prefill", "file", "next answer identical"], rows)
     exact = result["variants"][0]
     return (f"{body}\n\nA workspace of **{result['tokens']:,} tokens** ({human_bytes(result['cache_bytes'])} of KV "

@@ -300,6 +300,22 @@ def test_idle_sessions_expire_but_working_ones_wait():
     assert idle.closed
 
 
+def test_a_page_load_never_shows_a_workspace_the_sweep_just_freed(tmp_path, monkeypatch):
+    registry = _registry()
+    registry.store.root = tmp_path
+    early = registry.get("tab")  # the timer's first tick came before the page load
+    freed = registry.get("other")
+    freed.close()
+    finds = iter([(freed, ""), (registry._new(None), "")])  # the sweep frees the first find before it is bound
+    monkeypatch.setattr(registry, "_find", lambda workspace_id, owner: next(finds))
+    shown, _ = registry.attach("tab", None, None)
+    assert shown is not freed and not shown.closed and registry.peek("tab") is shown and shown.in_browser
+    assert early.closed and early.workspace_id not in {w for w in registry._live}  # the tab's stray session went
+    monkeypatch.undo()
+    registry.attach("tab", shown.workspace_id, None)  # a reload in the same tab: the same workspace, kept
+    assert registry.peek("tab") is shown and not shown.closed
+
+
 def test_stop_sets_every_pending_action():
     session = _registry().get("s")
     first, second = session.new_work("turn", "a"), session.new_work("regenerate")

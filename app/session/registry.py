@@ -102,20 +102,19 @@ class SessionRegistry:
         Returns the session and a note for the user ("" when nothing needs saying).
         """
         with self._attach_lock:
-            session, note = self._find(workspace_id, owner)
-            current = self.peek(session_hash)
-            if current is not None and current is not session:
-                if current.pristine:  # the tab's first request raced its page load: nothing to keep
-                    with self._lock:
-                        del self._tabs[session_hash]
-                        self._drop(current)
-                else:  # another workspace opened in this tab: the one it leaves is saved and freed as on leaving
-                    self.close(session_hash)
-            with self._lock:
-                self._expired.pop(session_hash, None)
-                self._bind(session_hash, session)
-                session.in_browser = True
-            session.touch()
+            while True:
+                session, note = self._find(workspace_id, owner)
+                with self._lock:
+                    if session.closed:  # the sweep freed it meanwhile: find it again (now on disk)
+                        continue
+                    self._expired.pop(session_hash, None)
+                    previous = self._tabs.get(session_hash)
+                    session.touch()  # before it is bound, so the sweep never sees it shown and idle
+                    session.in_browser = True
+                    self._bind(session_hash, session)
+                    break
+            if previous is not None and previous is not session:  # what the tab showed before is left
+                self._left(previous, session_hash)
         return session, note
 
     def _find(self, workspace_id: str | None, owner: str | None) -> tuple[Session, str]:
@@ -156,16 +155,23 @@ class SessionRegistry:
             self._expired.pop(session_hash, None)
 
     def close(self, session_hash: str, *, owner: str | None = None, as_user: bool = False) -> bool:
-        """The tab left (``as_user``: only when ``owner`` is the session's owner). Its work stops; a workspace no
-        tab shows any more is saved and freed after the grace period (at once when it was never in a browser)."""
+        """The tab left (``as_user``: only when ``owner`` is the session's owner)."""
         with self._lock:
             session = self._tabs.get(session_hash)
             if session is None or (as_user and session.owner is not None and session.owner != owner):
                 return False
             del self._tabs[session_hash]
+        self._left(session, session_hash)
+        return True
+
+    def _left(self, session: Session, session_hash: str) -> None:
+        """A tab no longer shows ``session``. When no tab does, its work stops, and it is saved and freed after
+        the grace period (at once when it was never in a browser: an API client's, or a tab's first request
+        that raced its page load)."""
+        with self._lock:
             session.tabs.discard(session_hash)
             if session.tabs:
-                return True
+                return
             session.stop()
             session.detached_at = time.monotonic()
             retire_now = not session.in_browser or self.grace_s <= 0
@@ -177,7 +183,6 @@ class SessionRegistry:
             timer = threading.Timer(self.grace_s + 0.1, self.sweep)
             timer.daemon = True
             timer.start()
-        return True
 
     # -- memory and time-outs --------------------------------------------------------------------
     def cache_bytes(self) -> int:
@@ -219,12 +224,6 @@ class SessionRegistry:
             return False
         left = not session.tabs and session.detached_at is not None and now - session.detached_at > self.grace_s
         return left or now - session.last_active > self.config.session_timeout_s
-
-    def _drop(self, session: Session) -> None:
-        """Under the lock: forget a session nobody used (a tab's first request raced its page load)."""
-        self._live.pop(session.workspace_id, None)
-        session.tabs.clear()
-        session.close()
 
     def _retire(self, session: Session) -> None:
         """Save (when it was in a browser and changed) and free. Work was told to stop: the save waits for it."""
