@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the app and benchmarks packages, and the tests' helpers
 
 from app_fixtures import start_server  # noqa: E402
 from test_app_browser import CHROMIUM, CHROMIUM_ARGS, drop_pdf_and_ask  # noqa: E402
