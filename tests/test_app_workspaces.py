@@ -297,3 +297,20 @@ def test_a_save_interrupted_by_a_crash_leaves_the_old_file_and_its_leftovers_go_
     assert [w.id for w in handlers.registry.store.list(None)] == [workspace_id]  # never listed
     assert WorkspaceStore(tmp_path / "ws").remove_leftovers() == 1 and not leftover.exists()
     assert path.read_bytes() == saved
+
+
+@pytest.mark.parametrize("save_middle", ["exact", "bfloat16"])
+def test_the_size_shown_before_saving_is_the_size_saved(runtime, tmp_path, save_middle):
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"), save_middle=save_middle)
+    req, workspace_id, session = fed_session(handlers, "size", tmp_path)
+    note = handlers.workspace_panel(req)[1]
+    promised = note.split("Saving writes about ")[1].split(" (")[0]
+    size = handlers.registry.save_now(session)
+    from ingest.units import human_bytes
+
+    assert promised == human_bytes(size) or abs(size - _parse(promised)) / size < 0.05, (promised, size)
+
+
+def _parse(text: str) -> float:
+    number, unit = text.split()
+    return float(number) * {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}[unit]
