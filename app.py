@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the app sends no usage analytics unless asked
@@ -24,7 +25,15 @@ def main(argv: list[str] | None = None) -> None:
     demo, handlers = build_app(config, runtime)
     print(f"[lminfinite-chat] {runtime.notice}; context budget {handlers.budget.tokens:,} tokens "
           f"({handlers.budget.why})", file=sys.stderr, flush=True)
-    launch(config, demo)
+    signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop ends the server as Ctrl-C does
+    launch(config, demo)  # returns when the server is stopped
+    saved = handlers.registry.save_all()
+    print(f"[lminfinite-chat] stopped; saved {saved} workspace{'' if saved == 1 else 's'} changed since its last save",
+          file=sys.stderr, flush=True)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":  # required: ingest's PDF worker is a 'spawn' process that re-imports this module

@@ -43,9 +43,9 @@ class AppServer:
                 self.process.wait(timeout=10)
 
 
-def start_app(*args: str, timeout_s: float = 180) -> AppServer:
-    """Launch ``app.py args`` on a free loopback port; returns once the page answers."""
-    port = free_port()
+def start_app(*args: str, timeout_s: float = 180, port: int | None = None) -> AppServer:
+    """Launch ``app.py args`` on ``port`` (default: a free one) of the loopback; returns once the page answers."""
+    port = port or free_port()
     log_path = Path(tempfile.mkdtemp(prefix="app-log-")) / "server.log"
     command = [sys.executable, str(ROOT / "app.py"), *args, "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "w") as log:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app_fixtures import make_long_text, make_pdf, make_repo_zip, shared_server
+from app_fixtures import make_long_text, make_pdf, make_repo_zip, shared_server, start_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -280,3 +280,39 @@ def test_a_reload_shows_the_same_workspace_and_a_new_workspace_is_empty(tmp_path
             assert "reload_notes.txt" not in page.inner_text("#documents-table")
         finally:
             browser.close()
+
+
+@pytest.mark.browser
+def test_a_workspace_survives_a_server_restart(tmp_path):
+    """Stopping the server (SIGTERM, as a service manager does) saves what changed; the browser, reloaded on the
+    restarted server, shows the same chat and context."""
+    from benchmarks.launched_app import free_port
+
+    playwright = pytest.importorskip("playwright.sync_api")
+    folder, port = tmp_path / "workspaces", free_port()
+    server = start_server("--workspaces", str(folder), port=port)
+    notes = tmp_path / "restart_notes.txt"
+    notes.write_text("The spare keys are in the blue drawer.\n" * 40, encoding="utf-8")
+    with playwright.sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = _open(browser, server)
+            _drop(page, "#chat-input .full-container", notes, "text/plain")
+            page.wait_for_selector("#chat-input .thumbnail-item, #chat-input .thumbnails", timeout=10_000)
+            page.fill("#chat-input textarea", "Where are the spare keys?")
+            page.keyboard.press("Enter")
+            _table_includes(page, "in context")
+            page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=60_000)
+            context = page.inner_text("#context-summary")
+            server.stop()
+            assert "saved 1 workspace changed since its last save" in server.log(), server.log()[-2000:]
+
+            server = start_server("--workspaces", str(folder), port=port)
+            page.reload()
+            page.wait_for_selector("#chat-input textarea", timeout=60_000)
+            _table_includes(page, "restart_notes.txt")
+            assert "Where are the spare keys?" in page.inner_text("#chat")
+            assert page.inner_text("#context-summary") == context
+        finally:
+            browser.close()
+            server.stop()

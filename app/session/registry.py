@@ -233,6 +233,28 @@ class SessionRegistry:
             session.close()
 
     # -- saving ----------------------------------------------------------------------------------
+    def save_all(self, wait_s: float = 30.0) -> int:
+        """The server is stopping: stop every workspace's work, then save those a browser had open and that
+        changed (work still running after ``wait_s`` is left: its workspace keeps its last save). Returns how
+        many were saved."""
+        with self._lock:
+            sessions = [s for s in self._live.values() if s.in_browser]
+        for session in sessions:
+            session.stop()
+        deadline = time.monotonic() + wait_s
+        saved = 0
+        for session in sessions:
+            while session.busy and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if session.busy or not session.unsaved:
+                continue
+            try:
+                self.save_now(session)
+                saved += 1
+            except Exception:  # noqa: BLE001 - one bad save must not keep the others from happening
+                log.exception("saving workspace %s at shutdown failed", session.workspace_id)
+        return saved
+
     def save_now(self, session: Session) -> int:
         """Write the session to its file (it must be idle: no model step running). Returns the file's bytes."""
         changes = session.changes
