@@ -19,8 +19,8 @@ import safetensors
 import safetensors.torch
 import torch
 
-from .atomic_file import replacing
 from .cache import InfiniteCache
+from .tensor_file import TensorFile, write_tensors
 from .kv_bytes import KVShape
 from .modes import outside_inference_mode
 from .state import get_state
@@ -42,9 +42,13 @@ class CacheFileError(ValueError):
 
 # -- state: tensors and counters ----------------------------------------------------------------------------
 def cache_state(
-    cache: InfiniteCache, *, middle_dtype: torch.dtype | None = None
+    cache: InfiniteCache, *, middle_dtype: torch.dtype | None = None, copy: bool = True
 ) -> tuple[dict[str, torch.Tensor], dict]:
-    """Every tensor (contiguous CPU copies) and counter that rebuilds ``cache`` exactly; ``info`` is JSON-ready.
+    """Every tensor and counter that rebuilds ``cache`` exactly; ``info`` is JSON-ready.
+
+    ``copy=True``: contiguous CPU copies, a snapshot that later forwards cannot change. ``copy=False``: the
+    cache's own tensors (views, maybe on a GPU), for writing them out at once (``tensor_file.write_tensors``
+    does that without copying them whole): no second copy of a cache of gigabytes.
 
     ``middle_dtype`` (e.g. torch.bfloat16) stores the middle store smaller; it is converted back on restore,
     so recall then scores rounded keys: close, no longer exact.
@@ -54,7 +58,9 @@ def cache_state(
     dtype = initialized[0].dtype if initialized else None
     middle_dtype = _floating(middle_dtype) if middle_dtype is not None else dtype
     tensors: dict[str, torch.Tensor] = {}
-    layers = [_layer_state(layer, f"layers.{i}.", dtype, middle_dtype, tensors) for i, layer in enumerate(cache.layers)]
+    take = _cpu_copy if copy else _as_is
+    layers = [_layer_state(layer, f"layers.{i}.", dtype, middle_dtype, tensors, take)
+              for i, layer in enumerate(cache.layers)]
     identity = {name: getattr(cache.config, name) for name in IDENTITY_CONFIG}
     identity.update(num_layers=len(cache.layers), num_kv_heads=kv_heads, head_dim=head_dim, dtype=_dtype_name(dtype))
     info = {
@@ -67,16 +73,16 @@ def cache_state(
     return tensors, info
 
 
-def _layer_state(layer, prefix: str, dtype, middle_dtype, tensors: dict) -> dict:
+def _layer_state(layer, prefix: str, dtype, middle_dtype, tensors: dict, take) -> dict:
     """One layer's counters; its tensors go into ``tensors`` (the middle store: only the rows in use)."""
     middle = None if layer.middle is None else layer.middle.length
     if layer.is_initialized:
         for name in _LAYER_TENSORS:
-            tensors[prefix + name] = _cpu_copy(getattr(layer, name), dtype)
+            tensors[prefix + name] = take(getattr(layer, name), dtype)
     if middle:
         keys, values = layer.middle.view()
         tensors[prefix + "middle_k"], tensors[prefix + "middle_v"] = (
-            _cpu_copy(keys, middle_dtype), _cpu_copy(values, middle_dtype)
+            take(keys, middle_dtype), take(values, middle_dtype)
         )
     return {"initialized": bool(layer.is_initialized), "seen": layer.seen, "win_start": layer.win_start,
             "frame": layer.frame, "middle": middle}
@@ -144,37 +150,29 @@ def save_cache(cache: InfiniteCache, path, *, metadata: dict[str, str] | None = 
     metadata = dict(metadata or {})
     if INFO_KEY in metadata or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise ValueError(f"metadata must map str to str and may not use the key {INFO_KEY!r}")
-    tensors, info = cache_state(cache, middle_dtype=middle_dtype)
+    tensors, info = cache_state(cache, middle_dtype=middle_dtype, copy=False)  # written at once, piece by piece
     metadata[INFO_KEY] = json.dumps(info)
     write_tensors(tensors, metadata, Path(path))
 
 
 def load_cache(model, path, *, device=None) -> tuple[InfiniteCache, dict[str, str]]:
-    """The cache saved at ``path``, restored for ``model``, and the caller's metadata saved with it."""
+    """The cache saved at ``path``, restored for ``model``, and the caller's metadata saved with it. Tensors are
+    read one at a time as the layers are filled (tensor_file.TensorFile)."""
     try:
-        with safetensors.safe_open(str(path), framework="pt", device="cpu") as file:
-            metadata = dict(file.metadata() or {})
-            tensors = {name: file.get_tensor(name) for name in file.keys()}
+        with TensorFile(path) as tensors:
+            metadata = dict(tensors.metadata)
+            if INFO_KEY not in metadata:
+                raise CacheFileError(f"{path} is a safetensors file but no LM-Infinite cache (no {INFO_KEY!r} metadata)")
+            try:
+                info = json.loads(metadata.pop(INFO_KEY))
+            except json.JSONDecodeError as error:
+                raise CacheFileError(f"{path}: the cache info is not valid JSON ({error})") from error
+            try:
+                return restore_cache(model, tensors, info, device=device), metadata
+            except CacheFileError as error:
+                raise CacheFileError(f"{path}: {error}") from error
     except safetensors.SafetensorError as error:
         raise CacheFileError(f"{path} is truncated or corrupt (safetensors: {error})") from error
-    if INFO_KEY not in metadata:
-        raise CacheFileError(f"{path} is a safetensors file but no LM-Infinite cache (no {INFO_KEY!r} metadata)")
-    try:
-        info = json.loads(metadata.pop(INFO_KEY))
-    except json.JSONDecodeError as error:
-        raise CacheFileError(f"{path}: the cache info is not valid JSON ({error})") from error
-    try:
-        return restore_cache(model, tensors, info, device=device), metadata
-    except CacheFileError as error:
-        raise CacheFileError(f"{path}: {error}") from error
-
-
-def write_tensors(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path) -> None:
-    """One safetensors file at ``path``, replaced atomically (atomic_file.replacing): a crash mid-save leaves
-    the previous file whole. Also for callers that save a cache together with tensors of their own."""
-    with replacing(path) as tmp:
-        safetensors.torch.save_file(tensors, tmp, metadata=metadata)
-
 
 
 # -- checks: malformed input is a CacheFileError, another model a CacheMismatch -------------------------------
@@ -270,6 +268,11 @@ def _checked(tensors, name: str, info: dict, rows: int, dtype: torch.dtype) -> t
 def _cpu_copy(tensor: torch.Tensor, dtype) -> torch.Tensor:
     """A contiguous CPU copy, never a view of the cache (which goes on changing in place)."""
     return tensor.detach().to("cpu", dtype, copy=True).contiguous()
+
+
+def _as_is(tensor: torch.Tensor, dtype) -> torch.Tensor:
+    """The tensor itself (converted only when another dtype is asked for)."""
+    return tensor.detach() if tensor.dtype == dtype else tensor.detach().to(dtype)
 
 
 def _floating(dtype) -> torch.dtype:

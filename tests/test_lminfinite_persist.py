@@ -16,6 +16,7 @@ import safetensors.torch
 import torch
 
 import lminfinite
+from lminfinite import tensor_file
 from lminfinite import (CacheFileError, CacheMismatch, LMInfiniteConfig, cache_state, load_cache, restore_cache,
                         save_cache)
 from lminfinite.persist import INFO_KEY
@@ -283,19 +284,22 @@ def test_save_refuses_bad_metadata_and_middle_dtype(tmp_path):
 
 # -- atomic saves -----------------------------------------------------------------------------------
 def _partial_write(real):
-    def save_file(tensors, filename, metadata=None):
-        real(tensors, filename, metadata=metadata)
-        data = Path(filename).read_bytes()
-        Path(filename).write_bytes(data[: len(data) // 3])
-        raise OSError("no space left on device (simulated)")
-    return save_file
+    def write_pieces(file, tensor):
+        real(file, tensor)
+        file.flush()
+        raise OSError("no space left on device (simulated)")  # after the first tensor's bytes
+    return write_pieces
 
 
 def _fail_after_write(real):
-    def save_file(tensors, filename, metadata=None):
-        real(tensors, filename, metadata=metadata)
-        raise OSError("write failed after the data (simulated)")
-    return save_file
+    calls = []
+
+    def write_pieces(file, tensor):
+        real(file, tensor)
+        calls.append(tensor)
+        if len(calls) == 3:
+            raise OSError("write failed after the data (simulated)")
+    return write_pieces
 
 
 @pytest.mark.parametrize("failure", ["partial-write", "after-write", "rename"])
@@ -312,7 +316,7 @@ def test_a_failed_save_leaves_the_previous_file_whole(tmp_path, monkeypatch, fai
         monkeypatch.setattr(os, "replace", fail_replace)
     else:
         wrap = _partial_write if failure == "partial-write" else _fail_after_write
-        monkeypatch.setattr(safetensors.torch, "save_file", wrap(safetensors.torch.save_file))
+        monkeypatch.setattr(tensor_file, "_write_pieces", wrap(tensor_file._write_pieces))
     with pytest.raises(OSError, match="simulated"):
         save_cache(cache, path, metadata={"version": "new"})
     monkeypatch.undo()
@@ -391,3 +395,28 @@ def test_a_save_killed_at_a_random_moment_leaves_a_loadable_file(tmp_path):
         for saver in savers:
             saver.kill()
             saver.wait()
+
+
+def test_the_file_is_standard_safetensors_written_from_views_without_copying_them(tmp_path):
+    """write_tensors writes a non-contiguous view (a middle store's rows in use) piece by piece; safetensors'
+    own reader gets exactly the tensors, and cache_state(copy=False) hands over the cache's own storage."""
+    from safetensors.torch import load_file
+
+    buffer = torch.randn(2, 3, 50, 8)
+    tensors = {"rows": buffer[..., :37, :], "bf16": torch.randn(4, 5).to(torch.bfloat16),
+               "ids": torch.arange(7), "empty": torch.zeros(0, 3)}
+    assert not tensors["rows"].is_contiguous()
+    tensor_file.write_tensors(tensors, {"note": "x"}, tmp_path / "t.safetensors")
+    loaded = load_file(str(tmp_path / "t.safetensors"))
+    assert set(loaded) == set(tensors) and all(torch.equal(loaded[k], tensors[k]) for k in tensors)
+    with safetensors.safe_open(str(tmp_path / "t.safetensors"), framework="pt") as handle:
+        assert handle.metadata() == {"note": "x"}
+
+    model = enabled(**RECALL)
+    cache, _ = filled(model)
+    shared, _ = cache_state(cache, copy=False)
+    copied, _ = cache_state(cache)
+    layer = next(i for i, l in enumerate(cache.layers) if l.middle is not None and l.middle.length)
+    assert shared[f"layers.{layer}.middle_k"].data_ptr() == cache.layers[layer].middle.keys.data_ptr()
+    assert copied[f"layers.{layer}.middle_k"].data_ptr() != cache.layers[layer].middle.keys.data_ptr()
+    assert all(torch.equal(shared[k], copied[k]) for k in copied)

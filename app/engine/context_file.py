@@ -13,6 +13,7 @@ context answers, clears and grows as before; only "regenerate" of an answer give
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import asdict
 
 import torch
@@ -57,9 +58,27 @@ def check_identity(saved: dict, runtime: ModelRuntime) -> None:
                                   f"runs {value!r}); open it on a server running the same model and settings")
 
 
+class Prefixed(Mapping):
+    """The tensors of ``tensors`` whose names start with ``prefix``, under the rest of their names; read only
+    when asked for (``tensors`` may be an open file: lminfinite.tensor_file.TensorFile)."""
+
+    def __init__(self, tensors: Mapping, prefix: str):
+        self._tensors, self._prefix = tensors, prefix
+
+    def __getitem__(self, name: str):
+        return self._tensors[self._prefix + name]
+
+    def __iter__(self):
+        return (name[len(self._prefix):] for name in self._tensors if name.startswith(self._prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def context_record(engine: ContextEngine, *, middle_dtype: torch.dtype | None = None) -> tuple[dict, dict]:
     """The engine as (tensors, record); ``middle_dtype`` stores recall's middle tokens smaller (not exact)."""
-    cache_tensors, cache_info = lminfinite.cache_state(engine.cache, middle_dtype=middle_dtype)
+    # The cache's own tensors, not copies: they are written out at once (a long context's cache is gigabytes).
+    cache_tensors, cache_info = lminfinite.cache_state(engine.cache, middle_dtype=middle_dtype, copy=False)
     tensors = {CACHE + name: tensor for name, tensor in cache_tensors.items()}
     tensors[TOKEN_IDS] = torch.tensor(engine.token_ids, dtype=torch.int64)
     record = {
@@ -84,8 +103,7 @@ def reopen_context(runtime: ModelRuntime, tensors: dict, record: dict, *, budget
     check_identity(record["identity"], runtime)
     engine = ContextEngine(runtime, system_prompt=record["system_prompt"], budget=budget,
                            stats=stats or LiveStats())
-    cache_tensors = {name[len(CACHE):]: tensor for name, tensor in tensors.items() if name.startswith(CACHE)}
-    engine.cache = lminfinite.restore_cache(runtime.model, cache_tensors, record["cache"])
+    engine.cache = lminfinite.restore_cache(runtime.model, Prefixed(tensors, CACHE), record["cache"])
     ids = tensors[TOKEN_IDS].tolist()
     engine.token_ids.extend(ids)
     for start, end, kind, where in record["spans"]:

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
 
 from ingest import Provenance
-from lminfinite.persist import write_tensors
+from lminfinite.tensor_file import TensorFile, write_tensors
 
 from ..engine.citations import Citation
 from ..engine.context_file import ContextMismatch, check_identity, context_record, reopen_context
@@ -119,14 +118,14 @@ def read_workspace(path: Path, session: Session) -> None:
     """
     record = _header(path)
     try:
-        tensors = load_file(str(path)) if record["context"] is not None else {}
         chat = [_chat_item_from(dict(c)) for c in record["session"]["chat"]]
         rows = [DocumentRow(**r) for r in record["session"]["documents"]]
         digests = dict(record["session"]["fed_digests"])
         engine = None
         if record["context"] is not None:
-            engine = reopen_context(session.runtime, tensors, record["context"], budget=session.budget.tokens,
-                                    stats=session.stats)
+            with TensorFile(path) as tensors:  # one tensor at a time: never the file's tensors and the cache at once
+                engine = reopen_context(session.runtime, tensors, record["context"], budget=session.budget.tokens,
+                                        stats=session.stats)
     except WorkspaceFileError:
         raise
     except (SafetensorError, KeyError, TypeError) as exc:
