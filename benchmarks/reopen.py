@@ -52,23 +52,29 @@ def stdlib_document(folder: Path, chars: int) -> Path:
 
 
 class PeakRSS:
-    """The most resident memory the process held above its level at the start of the block (sampled every 20 ms)."""
+    """The most private memory the process held above its level at the start of the block (sampled every 20 ms):
+    resident minus shared pages, so a memory-mapped file being read (page cache the kernel can drop) does not
+    count, only what the process allocated."""
 
     def __enter__(self):
         self.process, self.peak, self.done = psutil.Process(), 0, threading.Event()
-        self.base = self.process.memory_info().rss
+        self.base = self._private()
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.thread.start()
         return self
 
+    def _private(self) -> int:
+        info = self.process.memory_info()
+        return info.rss - info.shared
+
     def _sample(self):
         while not self.done.wait(0.02):
-            self.peak = max(self.peak, self.process.memory_info().rss - self.base)
+            self.peak = max(self.peak, self._private() - self.base)
 
     def __exit__(self, *exc):
         self.done.set()
         self.thread.join()
-        self.peak = max(self.peak, self.process.memory_info().rss - self.base)
+        self.peak = max(self.peak, self._private() - self.base)
 
 
 def drain(generator):
@@ -165,7 +171,7 @@ def table(result: dict) -> str:
             f"saving took {exact['save_s']:.1f} s. Memory beyond the cache: saving held "
             f"{human_bytes(max(exact['save_extra_rss'], 0))} more at its peak, reopening "
             f"{human_bytes(max(exact['reopen_peak_over_cache'], 0))} more than the reopened cache itself "
-            f"(sampled RSS). {result['model']} on this CPU, the app's own path (save, attach, ask), {result['date']}.")
+            f"(sampled private memory, not the file's page cache). {result['model']} on this CPU, the app's own path (save, attach, ask), {result['date']}.")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -314,3 +314,18 @@ def test_the_size_shown_before_saving_is_the_size_saved(runtime, tmp_path, save_
 def _parse(text: str) -> float:
     number, unit = text.split()
     return float(number) * {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}[unit]
+
+
+def test_reopening_respects_the_memory_budget_and_keeps_the_save(runtime, tmp_path):
+    from app.engine.budget import Budget
+
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    handlers.registry.grace_s = 0
+    req, workspace_id, session = fed_session(handlers, "big", tmp_path)
+    handlers.unload(req)
+    tight = make_handlers(runtime, budget=Budget(1_000_000, "test", 1, 1000, "a test limit"),
+                          workspaces=str(tmp_path / "ws"))  # the same folder, on a server with no memory to spare
+    shown = tight.attach(workspace_id, request("big-2"))
+    assert shown[0] != workspace_id and tight.registry.peek("big-2").context_tokens == 0
+    assert tight.registry.store.exists(None, workspace_id)  # still saved, still listed
+    assert handlers.attach(workspace_id, request("big-3"))[0] == workspace_id

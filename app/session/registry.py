@@ -24,7 +24,7 @@ from ..cli import AppConfig
 from ..engine.budget import Budget
 from ..engine.runtime import ModelRuntime
 from .state import Session
-from .workspace_file import WorkspaceFileError, read_workspace, write_workspace
+from .workspace_file import WorkspaceFileError, read_summary, read_workspace, write_workspace
 from .workspace_store import WorkspaceStore, is_workspace_id, new_workspace_id
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,11 @@ class SessionRegistry:
         session = self._new(owner, workspace_id, self.store.name(owner, workspace_id))
         started = time.perf_counter()
         try:
+            tokens = read_summary(self.store.path(owner, workspace_id)).tokens
+            refusal = self.budget.memory_refusal(self.cache_bytes(), tokens)
+            if refusal is not None:  # it stays saved, in the list, to open when memory is free
+                session.close()
+                return self._new(owner), f"The saved workspace was not reopened: {refusal}. A new one was started."
             read_workspace(self.store.path(owner, workspace_id), session)
         except (WorkspaceFileError, OSError) as exc:
             log.warning("could not reopen workspace %s: %s", workspace_id, exc)
