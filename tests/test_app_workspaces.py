@@ -329,3 +329,25 @@ def test_reopening_respects_the_memory_budget_and_keeps_the_save(runtime, tmp_pa
     assert shown[0] != workspace_id and tight.registry.peek("big-2").context_tokens == 0
     assert tight.registry.store.exists(None, workspace_id)  # still saved, still listed
     assert handlers.attach(workspace_id, request("big-3"))[0] == workspace_id
+
+
+def test_two_tabs_reopening_the_same_workspace_at_once_share_one_context(runtime, tmp_path):
+    import threading
+
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    handlers.registry.grace_s = 0
+    req, workspace_id, session = fed_session(handlers, "first", tmp_path)
+    handlers.unload(req)
+    start = threading.Barrier(2)
+
+    def load(tab):
+        start.wait()  # both page loads at the same moment
+        handlers.attach(workspace_id, request(tab))
+
+    threads = [threading.Thread(target=load, args=(tab,)) for tab in ("left", "right")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    left, right = handlers.registry.peek("left"), handlers.registry.peek("right")
+    assert left is right and left.workspace_id == workspace_id and left.tabs == {"left", "right"}

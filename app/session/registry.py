@@ -13,6 +13,7 @@ saved files of each user are in a folder of their own (workspace_store.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -55,7 +56,7 @@ class SessionRegistry:
         self._live: dict[str, Session] = {}  # by workspace id, with or without a tab
         self._expired: OrderedDict[str, float] = OrderedDict()  # tabs whose session the sweep freed, newest last
         self._lock = threading.Lock()
-        self._attach_lock = threading.Lock()  # one reopen at a time: two tabs never load the same file twice
+        self._reopening: dict[str, threading.Lock] = {}  # per workspace id, see _workspace_lock
 
     def __len__(self) -> int:
         return len(self._live)
@@ -101,8 +102,8 @@ class SessionRegistry:
 
         Returns the session and a note for the user ("" when nothing needs saying).
         """
-        with self._attach_lock:
-            while True:
+        while True:
+            with self._workspace_lock(workspace_id):  # one reopen per workspace; other page loads go on
                 session, note = self._find(workspace_id, owner)
                 with self._lock:
                     if session.closed:  # the sweep freed it meanwhile: find it again (now on disk)
@@ -113,9 +114,16 @@ class SessionRegistry:
                     session.in_browser = True
                     self._bind(session_hash, session)
                     break
-            if previous is not None and previous is not session:  # what the tab showed before is left
-                self._left(previous, session_hash)
+        if previous is not None and previous is not session:  # what the tab showed before is left
+            self._left(previous, session_hash)
         return session, note
+
+    def _workspace_lock(self, workspace_id):
+        """Held from looking a workspace up to binding it: two tabs never reopen the same file twice."""
+        if not is_workspace_id(workspace_id):
+            return contextlib.nullcontext()
+        with self._lock:
+            return self._reopening.setdefault(workspace_id, threading.Lock())
 
     def _find(self, workspace_id: str | None, owner: str | None) -> tuple[Session, str]:
         if not is_workspace_id(workspace_id):
