@@ -1,0 +1,88 @@
+"""The library on an NVIDIA GPU (every test is skipped without one; scripts/gpu_check.sh runs them there).
+
+- bf16 and fp16 on CUDA against the float64 reference of the same weights, with the tolerances the CPU bf16 tests
+  state (max 0.1, mean 0.005 on the tiny model's logits; greedy agreement > 95 %);
+- bitsandbytes NF4 on a Llama-2-7B-shaped layer stack (4 of its 32 layers, random weights): chunked prefill,
+  generate, snapshot and rollback;
+- ``offload_middle=True``: GPU memory stays flat while the middle store grows in CPU memory.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lminfinite
+from lminfinite.reference import ReferenceModel
+from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (scripts/gpu_check.sh)")
+
+CONFIGS = {
+    "lambda": lminfinite.LMInfiniteConfig(n_starting=4),
+    "topk": lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+@pytest.mark.parametrize("family", ["llama-gqa", "qwen2-gqa"])
+@pytest.mark.parametrize("chunk", [1, 7, 3 * WINDOW])
+def test_cuda_follows_the_float64_reference(family, config_name, dtype, chunk):
+    config = CONFIGS[config_name]
+    on_cpu = lminfinite.enable(tiny_model(family, dtype=dtype), config)
+    ids = random_ids(20 * WINDOW)
+    expected = ReferenceModel(on_cpu, config).logits(ids)  # float64, on the CPU, of the same rounded weights
+    model = lminfinite.enable(tiny_model(family, dtype=dtype).cuda(), config)  # the same seed: the same weights
+    logits = feed_in_chunks(model, ids.cuda(), chunk, lminfinite.InfiniteCache(model)).double().cpu()
+    error = (logits - expected).abs()
+    assert error.max() < 0.1 and error.mean() < 0.005, (error.max().item(), error.mean().item())
+    assert (logits.argmax(-1) == expected.argmax(-1)).float().mean() > 0.95
+
+
+def _llama2_shaped_4bit(layers: int = 4):
+    from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+    import tempfile
+
+    config = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=layers, num_attention_heads=32,
+                         num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096,
+                         attn_implementation="sdpa")
+    torch.manual_seed(0)
+    path = tempfile.mkdtemp(prefix="llama2-shaped-")
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                      bnb_4bit_compute_dtype=torch.bfloat16)
+    return LlamaForCausalLM.from_pretrained(path, quantization_config=quantization, device_map="cuda",
+                                            dtype=torch.bfloat16).eval()
+
+
+def test_4bit_llama2_shape_prefills_generates_and_rolls_back():
+    model = lminfinite.enable(_llama2_shaped_4bit(), lminfinite.LMInfiniteConfig(n_starting=10, topk=5,
+                                                                                   topk_from_layer=2))
+    assert lminfinite.get_state(model).config.window == 4096
+    ids = torch.randint(0, 32000, (1, 9000), generator=torch.Generator().manual_seed(1)).cuda()
+    cache = lminfinite.InfiniteCache(model)
+    with torch.no_grad():
+        for lo in range(0, ids.shape[1], 2048):
+            model(input_ids=ids[:, lo:lo + 2048], past_key_values=cache, use_cache=True)
+        snap = cache.snapshot()
+        first = model.generate(ids[:, -1:], past_key_values=cache, max_new_tokens=8, do_sample=False)
+        cache.rollback(snap)
+        again = model.generate(ids[:, -1:], past_key_values=cache, max_new_tokens=8, do_sample=False)
+    assert cache.get_seq_length() == 9000 + 8 and torch.equal(first, again)
+    assert torch.isfinite(model(input_ids=ids[:, :1], past_key_values=cache).logits).all()
+
+
+def test_offloaded_middle_keeps_gpu_memory_flat():
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16).cuda(), CONFIGS["topk"])
+    cache = lminfinite.InfiniteCache(model, offload_middle=True)
+    ids = random_ids(400 * WINDOW).cuda()
+    allocated = []
+    with torch.no_grad():
+        for lo in range(0, ids.shape[1], 4 * WINDOW):
+            model(input_ids=ids[:, lo:lo + 4 * WINDOW], past_key_values=cache, use_cache=True)
+            torch.cuda.synchronize()
+            allocated.append(torch.cuda.memory_allocated())
+    middle = [layer.middle for layer in cache.layers if layer.middle is not None]
+    assert all(store.keys.device.type == "cpu" for store in middle) and middle[0].length > 300 * WINDOW
+    assert max(allocated[10:]) - min(allocated[10:]) < 1 << 20  # flat on the GPU while the CPU store grows
