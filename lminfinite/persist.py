@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 import safetensors
-import safetensors.torch
 import torch
 
 from .cache import InfiniteCache

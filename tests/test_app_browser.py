@@ -99,6 +99,14 @@ def _drop(page, selector: str, path: Path, mime: str) -> None:
                               "b64": base64.b64encode(path.read_bytes()).decode()})
 
 
+def _drop_text_and_ask(page, selector: str, path: Path, question: str) -> None:
+    """Drop a text file on ``selector``, wait for it to be attached to the chat box, and send ``question``."""
+    _drop(page, selector, path, "text/plain")
+    page.wait_for_selector("#chat-input .thumbnail-item, #chat-input .thumbnails", timeout=10_000)
+    page.fill("#chat-input textarea", question)
+    page.keyboard.press("Enter")
+
+
 def _table_includes(page, text: str, timeout: int = 60_000) -> None:
     page.wait_for_function("(text) => document.querySelector('#documents-table').innerText.includes(text)",
                            arg=text, timeout=timeout)
@@ -115,10 +123,7 @@ def test_a_drop_on_the_chat_attaches_the_files_like_the_chat_box(tmp_path):
         browser = _browser(p)
         try:
             page = _open(browser, server)
-            _drop(page, "#chat", notes, "text/plain")
-            page.wait_for_selector("#chat-input .thumbnail-item, #chat-input .thumbnails", timeout=10_000)
-            page.fill("#chat-input textarea", "When is the meeting?")
-            page.keyboard.press("Enter")
+            _drop_text_and_ask(page, "#chat", notes, "When is the meeting?")
             _table_includes(page, "meeting_notes.txt")
             _table_includes(page, "in context")
             assert "Attached: meeting_notes.txt" in page.inner_text("#chat")
@@ -254,10 +259,7 @@ def test_a_reload_shows_the_same_workspace_and_a_new_workspace_is_empty(tmp_path
         browser = _browser(p)
         try:
             page = _open(browser, server)
-            _drop(page, "#chat-input .full-container", notes, "text/plain")
-            page.wait_for_selector("#chat-input .thumbnail-item, #chat-input .thumbnails", timeout=10_000)
-            page.fill("#chat-input textarea", "Where is the archive kept?")
-            page.keyboard.press("Enter")
+            _drop_text_and_ask(page, "#chat-input .full-container", notes, "Where is the archive kept?")
             _table_includes(page, "in context")
             page.wait_for_function("() => !document.querySelector('#stop-button') || "
                                    "document.querySelector('#stop-button').disabled", timeout=60_000)
@@ -269,8 +271,7 @@ def test_a_reload_shows_the_same_workspace_and_a_new_workspace_is_empty(tmp_path
             assert "Where is the archive kept?" in page.inner_text("#chat")
             assert page.inner_text("#context-summary") == context  # the same tokens: reopened, not re-read
 
-            page.click("#workspaces-tab-button") if page.query_selector("#workspaces-tab-button") else \
-                page.get_by_role("tab", name="Workspaces").click()
+            page.get_by_role("tab", name="Workspaces").click()
             page.click("#new-workspace")
             page.wait_for_function("() => !document.querySelector('#chat').innerText.includes('archive kept')",
                                    timeout=30_000)
@@ -297,10 +298,7 @@ def test_a_workspace_survives_a_server_restart(tmp_path):
         browser = _browser(p)
         try:
             page = _open(browser, server)
-            _drop(page, "#chat-input .full-container", notes, "text/plain")
-            page.wait_for_selector("#chat-input .thumbnail-item, #chat-input .thumbnails", timeout=10_000)
-            page.fill("#chat-input textarea", "Where are the spare keys?")
-            page.keyboard.press("Enter")
+            _drop_text_and_ask(page, "#chat-input .full-container", notes, "Where are the spare keys?")
             _table_includes(page, "in context")
             page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=60_000)
             context = page.inner_text("#context-summary")

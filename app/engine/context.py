@@ -463,13 +463,12 @@ class ContextEngine:
         return True, first
 
     @property
-    def forget_cost(self) -> int:
-        """Tokens that clearing the chat must read again (0: it is a rollback, instant)."""
-        possible, _ = self._forget_point()
-        return 0 if possible else self.document_tokens
+    def forgets_by_rollback(self) -> bool:
+        """Clearing the chat is a rollback (instant); otherwise the documents are read again (replay.py)."""
+        return self._forget_point()[0]
 
     def forget_conversation(self) -> bool:
-        """Drop every question and answer, keeping the documents, when a rollback can (``forget_cost`` is 0).
+        """Drop every question and answer, keeping the documents, when a rollback can (``forgets_by_rollback``).
 
         Returns False otherwise: the caller then rebuilds a context of the documents alone.
         """

@@ -25,9 +25,6 @@ class FedChunk:
 class DocumentsFed:
     chunks: tuple  # of chunks with .text and .where (ingest.Chunk, or FedChunk once reopened)
 
-    def sources(self) -> list[str]:
-        return list(dict.fromkeys(c.where.source for c in self.chunks))
-
 
 @dataclass(frozen=True)
 class Exchange:

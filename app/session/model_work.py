@@ -276,23 +276,26 @@ class ModelWork:
             session.chat[:] = keep
             return
         # Documents came after a question (or the context was reopened): build it again without the chat.
-        rebuilt = yield from self._rebuild(session, work, DOCUMENTS_ONLY, "Re-reading the documents without the "
-                                           "conversation", "⚠ Chat not cleared; the context is unchanged")
+        rebuilt = yield from self._rebuild(session, work, DOCUMENTS_ONLY, (
+            "Re-reading the documents without the conversation", "Re-read the documents without the conversation",
+            "⚠ Chat not cleared; the context is unchanged"))
         if rebuilt:
             session.chat[:] = keep
 
     def _remove(self, session: Session, work: Work):
         """Remove a document: the context is built again from its history without the file's chunks."""
         source = work.question
-        rebuilt = yield from self._rebuild(session, work, without_source(source), f"Removing {source}",
-                                           f"⚠ {source} was not removed; the context is unchanged")
+        rebuilt = yield from self._rebuild(session, work, without_source(source), (
+            f"Removing {source}", f"Removed {source}", f"⚠ {source} was not removed; the context is unchanged"))
         if rebuilt:
             session.documents[:] = [r for r in session.documents if not (r.path == source and r.status.in_context)]
             session.fed_digests = {d: path for d, path in session.fed_digests.items() if path != source}
 
-    def _rebuild(self, session: Session, work: Work, keep, title: str, failed: str):
+    def _rebuild(self, session: Session, work: Work, keep, titles: tuple[str, str, str]):
         """Replay the history as ``keep`` says into a new engine, then swap; on Stop or failure the old engine
-        stays. Returns whether the context changed."""
+        stays. ``titles``: the status block's while it runs, once done, and on failure. Returns whether the
+        context changed."""
+        title, done, failed = titles
         engine = session.engine
         note = ChatItem("assistant", ItemKind.STATUS, title=title, pending=True)
         session.chat.append(note)
@@ -315,7 +318,7 @@ class ModelWork:
         session.engine = rebuilt
         session.stats.phase, session.stats.context_tokens = "idle", rebuilt.length
         session.stats.set_kv(rebuilt.memory())
-        note.title, note.pending = title.replace("Re-reading", "Re-read").replace("Removing", "Removed"), False
+        note.title, note.pending = done, False
         note.text = f"{rebuilt.length:,} tokens in the context now."
         return True
 

@@ -52,6 +52,7 @@ class WorkspaceStore:
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser()
         self._lock = threading.Lock()  # the names index is read-modify-written
+        self._summaries: dict[Path, tuple] = {}  # path -> ((mtime_ns, size), summary, problem): see _summary
 
     def folder(self, owner: str | None) -> Path:
         name = "shared" if owner is None else "user-" + hashlib.sha256(owner.encode()).hexdigest()[:24]
@@ -98,13 +99,23 @@ class WorkspaceStore:
             if not is_workspace_id(workspace_id):
                 continue
             stat = path.stat()
-            try:
-                summary, problem = read_summary(path), ""
-            except WorkspaceFileError as exc:
-                summary, problem = None, str(exc)
+            summary, problem = self._summary(path, stat)
             name = names.get(workspace_id) or (summary.name if summary else "") or "(unnamed)"
             found.append(SavedWorkspace(workspace_id, name, summary, stat.st_size, stat.st_mtime, problem))
         return sorted(found, key=lambda w: w.modified, reverse=True)
+
+    def _summary(self, path: Path, stat) -> tuple[Summary | None, str]:
+        """A file's list line, read once per version of the file: its header holds the whole chat and history,
+        and the list is shown again after every model step."""
+        version = (stat.st_mtime_ns, stat.st_size)
+        known = self._summaries.get(path)
+        if known is None or known[0] != version:
+            try:
+                known = (version, read_summary(path), "")
+            except WorkspaceFileError as exc:
+                known = (version, None, str(exc))
+            self._summaries[path] = known
+        return known[1], known[2]
 
     def delete(self, owner: str | None, workspace_id: str) -> bool:
         path = self.path(owner, workspace_id)

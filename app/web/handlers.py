@@ -191,7 +191,8 @@ class Handlers(WorkspaceEvents):
     def queue_forget(self, request: gr.Request):
         """Clear chat; when that means reading the documents again, say what it costs first."""
         session = self._session(request)
-        cost = replay_cost(session.engine, DOCUMENTS_ONLY) if session.engine and session.engine.forget_cost else 0
+        engine = session.engine
+        cost = replay_cost(engine, DOCUMENTS_ONLY) if engine is not None and not engine.forgets_by_rollback else 0
         if self._confirm_cost(session, ("forget",), cost,
                               "Clearing the chat reads the documents again without the conversation"):
             session.new_work(WorkKind.FORGET)
