@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+WINDOW_KERNELS = ("auto", "cpu-flash", "efficient", "flex", "float32")
+
 
 @dataclass
 class LMInfiniteConfig:
@@ -16,6 +18,8 @@ class LMInfiniteConfig:
     topk_from_layer: recall only in layers with index >= this (the paper's h = 5 for Llama-2).
     topk_distance: the distance at which recalled middle tokens are scored; ``None`` means ``window // 2``.
     offload_middle: keep evicted keys/values in CPU memory; only the selected rows travel to the accelerator.
+    window_kernel: what computes a prefill's window span: ``auto`` (the fastest measured kernel this device and
+        PyTorch build run correctly), ``cpu-flash``, ``efficient`` (CUDA), ``flex`` or ``float32`` (fused.py).
     """
 
     n_starting: int = 10
@@ -24,6 +28,7 @@ class LMInfiniteConfig:
     topk_from_layer: int = 5
     topk_distance: int | None = None
     offload_middle: bool = False
+    window_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         require_int("n_starting", self.n_starting, minimum=0)
@@ -40,6 +45,8 @@ class LMInfiniteConfig:
                 )
         if not isinstance(self.offload_middle, bool):
             raise TypeError(f"offload_middle must be a bool, got {self.offload_middle!r}")
+        if self.window_kernel not in WINDOW_KERNELS:
+            raise ValueError(f"window_kernel must be one of {', '.join(WINDOW_KERNELS)}, got {self.window_kernel!r}")
 
     def resolved(self, max_position_embeddings: int) -> "LMInfiniteConfig":
         """A copy with ``window`` and ``topk_distance`` filled in from the model."""
@@ -52,6 +59,7 @@ class LMInfiniteConfig:
             topk_from_layer=self.topk_from_layer,
             topk_distance=distance,
             offload_middle=self.offload_middle,
+            window_kernel=self.window_kernel,
         )
 
     @property

@@ -4,8 +4,8 @@ Each query i sees three kinds of keys, scored in one softmax:
   window  j with 0 <= i - j < L, at its true distance i - j           (Λ-mask, ending span)
   start   j < n_starting with i - j >= L, at distance exactly L        (Λ-mask, starting span + distance ceiling)
   middle  the top-k of the rest, at distance topk_distance, if enabled (App. A.3)
-The window span runs through a fused kernel that returns its log-sum-exp, in bands of queries
-(window.py); the start and middle spans (n_starting + k keys per query) are scored directly and
+The window span runs through a fused kernel that returns its log-sum-exp, in bands of queries or in one
+block-sparse call (window.py; kernel_choice.py picks the kernel); the start and middle spans (n_starting + k keys per query) are scored directly and
 merged into it exactly, in place, for every query past position L at once, or a block at a time when
 top-k scans the middle (queries before L have nothing beyond their window).
 Prefill is O(n · L), never n × n. Rotations use offsets from the context's frame, which the cache
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from .config import LMInfiniteConfig
 from .context import KeyContext
 from .fused import attend_with_lse
+from .kernel_choice import kernels_for
 from .recall import Recalled, recall_topk
 from .rotary import Rope
 from .window import window_attention
@@ -60,13 +61,14 @@ def lm_infinite_attention(
 
     # Query head h reads key/value head h // groups, as HF's repeat_kv lays them out.
     q_frame = query.view(batch, kv_heads, groups, c, dim)
+    kernels = kernels_for(config.window_kernel, query.device, query.dtype, dim)
     if ctx.decode_keys is not None:  # decoding with top-k: one query, over the decode keys and its recalled tokens
-        block = _attend_block(q_frame, query_pos, ctx, config, rope, layer_idx, scale, observer, None)
+        block = _attend_block(q_frame, query_pos, ctx, config, rope, layer_idx, scale, observer, None, kernels.band)
         return block.view(batch, heads, c, dim).to(query.dtype)
 
-    # Prefill: the window span for every query at once, in bands (window.py). Queries before position L
-    # see nothing beyond it; the others get the start (and middle) spans merged in place.
-    win_out, win_lse = window_attention(query, ctx, config.window_, scale)
+    # Prefill: the window span for every query at once (window.py). Queries before position L see nothing
+    # beyond it; the others get the start (and middle) spans merged in place.
+    win_out, win_lse = window_attention(query, ctx, config.window_, scale, kernels.window)
     out = win_out.view(batch, kv_heads, groups, c, dim)
     lse = win_lse.view(batch, kv_heads, groups, c)
     first_far = min(c, max(0, config.window_ - (ctx.end - c)))
@@ -77,14 +79,15 @@ def lm_infinite_attention(
         target = out[:, :, :, lo:hi]
         block = _attend_block(
             q_frame[:, :, :, lo:hi], query_pos[lo:hi], ctx, config, rope, layer_idx, scale, observer,
-            (target, lse[:, :, :, lo:hi]),
+            (target, lse[:, :, :, lo:hi]), kernels.band,
         )
         if block.data_ptr() != target.data_ptr():  # grouped heads: the rows were merged in a copy
             target.copy_(block.view(batch, kv_heads, groups, hi - lo, dim))
     return out.view(batch, heads, c, dim).to(query.dtype)
 
 
-def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer_idx, scale, observer, window_part):
+def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer_idx, scale, observer, window_part,
+                  band_kernel):
     """One block of queries: the window span (given, or the decode keys), then the start and middle spans.
 
     Returns float32 (B, Hkv, g·nb, D); with a given window span of one head per key head, that span's
@@ -96,7 +99,7 @@ def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer
 
     if window_part is None:  # decoding with top-k: the start keys are already placed at distance L
         out, lse = attend_with_lse(q_frame.reshape(batch, kv_heads, rows, dim), ctx.decode_keys,
-                                   ctx.decode_values, None, scale)
+                                   ctx.decode_values, None, scale, band_kernel)
     else:
         out, lse = window_part[0].reshape(batch, kv_heads, rows, dim), window_part[1].reshape(batch, kv_heads, rows)
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from .context import KeyContext
-from .fused import attend_with_lse
+from .flex_window import flex_window_span
+from .fused import BIAS_ALIGNMENT, attend_with_lse
 
 
 def band_size(window: int) -> int:
@@ -22,14 +23,20 @@ def band_size(window: int) -> int:
     return max(32, min(256, window // 8))
 
 
-def window_attention(query: torch.Tensor, ctx: KeyContext, window: int, scale: float):
-    """Window-span output and log-sum-exp, float32 (B, H, c, D) and (B, H, c).
+def window_attention(query: torch.Tensor, ctx: KeyContext, window: int, scale: float, kernel: str = "float32"):
+    """Window-span output and log-sum-exp, float32 (B, H, c, D) and (B, H, c), through the named kernel
+    (fused.py; ``flex`` does the whole span in one call).
 
     ``query`` (B, H, c, D) holds the last c tokens of ``ctx.recent``, rotated into ``ctx.frame``.
     """
     batch, heads, c, dim = query.shape
     kv_heads = ctx.recent_k.shape[1]
     groups = heads // kv_heads
+    if kernel == "flex":
+        k_lo = max(ctx.end - c - window + 1, ctx.recent_start)  # the first query's oldest visible key
+        keys = ctx.recent_k[..., k_lo - ctx.recent_start :, :]
+        values = ctx.recent_v[..., k_lo - ctx.recent_start :, :]
+        return flex_window_span(query, keys, values, ctx.end - c - k_lo, window, scale)
     # Query head h reads key/value head h // groups (HF's repeat_kv): fold groups into rows.
     q = query.view(batch, kv_heads, groups, c, dim)
     first = ctx.end - c
@@ -47,7 +54,7 @@ def window_attention(query: torch.Tensor, ctx: KeyContext, window: int, scale: f
         values = ctx.recent_v[..., k_lo - ctx.recent_start : k_hi - ctx.recent_start, :]
         band = mask[:, :nb, k_lo - lowest : k_hi - lowest].reshape(groups * nb, k_hi - k_lo)
         rows = q[:, :, :, lo:hi].reshape(batch, kv_heads, groups * nb, dim)
-        band_out, band_lse = attend_with_lse(rows, keys, values, band, scale)
+        band_out, band_lse = attend_with_lse(rows, keys, values, band, scale, kernel)
         out[:, :, :, lo:hi] = band_out.view(batch, kv_heads, groups, nb, dim)
         lse[:, :, :, lo:hi] = band_lse.view(batch, kv_heads, groups, nb)
     return out.view(batch, heads, c, dim), lse.view(batch, heads, c)
@@ -56,8 +63,11 @@ def window_attention(query: torch.Tensor, ctx: KeyContext, window: int, scale: f
 def band_mask(queries: int, window: int, groups: int, dtype: torch.dtype, device) -> torch.Tensor:
     """(groups, queries, window + queries - 1) additive mask, 0 where 0 <= i - j < window, else -inf:
     query t of a band against the keys from ``window - 1`` before its first query; rows are repeated
-    per group of query heads sharing a key head."""
-    distance = torch.arange(queries, device=device)[:, None] + (window - 1) - torch.arange(window + queries - 1, device=device)
+    per group of query heads sharing a key head. Rows are stored padded to whole vectors, as fused kernels
+    read their bias."""
+    width = window + queries - 1
+    distance = torch.arange(queries, device=device)[:, None] + (window - 1) - torch.arange(width, device=device)
     allowed = (distance >= 0) & (distance < window)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
+    storage = torch.empty(queries, -(-width // BIAS_ALIGNMENT) * BIAS_ALIGNMENT, dtype=dtype, device=device)
+    mask = storage[:, :width].fill_(0).masked_fill_(~allowed, float("-inf"))
     return mask.expand(groups, *mask.shape)

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# On the GPU machine (issue 12): install the carried wheels, then run the CUDA tests and the GPU speed table.
+# On the GPU machine (issue 12): install the carried wheels, then run the named steps (default: tests kernels).
 #
 #   here:    bash scripts/gpu_wheels.sh                                  (fills .whl/, git-ignored)
-#   device:  run(command="bash scripts/gpu_check.sh tests", carry=[".whl"], timeout_s=600)
+#   device:  run(command="bash scripts/gpu_check.sh tests kernels", carry=[".whl"], timeout_s=600)
 #            run(command="bash scripts/gpu_check.sh speed", carry=[".whl"], timeout_s=600)
 #
-# Each step is one 10-minute device call (no argument: tests, then the hint for speed). Logs and results go to $OUT (they come
-# back to this machine): gpu.txt, cuda_tests.log, speed_gpu.log and the speed_gpu table files; the speed step
-# also refreshes README.md between <!-- speed_gpu:begin --> and <!-- speed_gpu:end --> (copied to $OUT).
+# Steps (each fits its share of one 10-minute device call):
+#   tests    the CUDA tests (tests/test_lminfinite_cuda.py, tests/test_app_cuda.py) -> cuda_tests.log
+#   kernels  the window-span kernels side by side at Llama-2-7B's shape, c = 4·L -> README's window_span_gpu table
+#   speed    the Llama-2-7B shape in 4-bit from 4K to 128K tokens -> README's speed_gpu table
+# Logs and results go to $OUT (they come back to this machine): gpu.txt, the logs, the table files and README.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
-STEP=${1:-tests}
+if (($#)); then STEPS=("$@"); else STEPS=(tests kernels); fi
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "no wheels: run scripts/gpu_wheels.sh here and carry .whl"; exit 1; }
@@ -25,15 +27,22 @@ transformers.__version__, '| bitsandbytes', b.__version__, '|', torch.cuda.get_d
 } 2>&1 | tee "$OUT/gpu.txt"
 
 status=0
-if [[ $STEP == all || $STEP == tests ]]; then
-  timeout 420 python3 -m pytest -q -p no:cacheprovider -rs tests/test_lminfinite_cuda.py 2>&1 | tee "$OUT/cuda_tests.log"
-  status=${PIPESTATUS[0]}
-fi
-if [[ $STEP == all || $STEP == speed ]]; then
-  timeout 540 python3 -m benchmarks.speed --model random-7b --device cuda --load-in-4bit --window 4096 \
-    --max-context 131072 --tag speed_gpu --readme 2>&1 | tee "$OUT/speed_gpu.log"
-  status=$(( status || PIPESTATUS[0] ))
-  cp README.md benchmarks/results/speed_gpu.* "$OUT"/ 2>/dev/null
-fi
-[[ $STEP == tests ]] && echo "next device call: bash scripts/gpu_check.sh speed (carry .whl)"
+for step in "${STEPS[@]}"; do
+  case $step in
+    tests)  # four workers share the GPU: FlexAttention's compiles and the 7B-shaped checkpoints run side by side
+      workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
+      timeout 420 python3 -m pytest -q -p no:cacheprovider -rs $workers tests/test_lminfinite_cuda.py \
+        tests/test_app_cuda.py 2>&1 | tee "$OUT/cuda_tests.log"; rc=${PIPESTATUS[0]} ;;
+    kernels)
+      timeout 150 python3 -m benchmarks.window_span --device cuda --window 4096 --heads 32 --head-dim 128 \
+        --readme 2>&1 | tee "$OUT/window_span_gpu.log"; rc=${PIPESTATUS[0]} ;;
+    speed)
+      timeout 540 python3 -m benchmarks.speed --model random-7b --device cuda --load-in-4bit --window 4096 \
+        --max-context 131072 --tag speed_gpu --readme 2>&1 | tee "$OUT/speed_gpu.log"; rc=${PIPESTATUS[0]} ;;
+    *) echo "unknown step $step (tests, kernels, speed)"; exit 2 ;;
+  esac
+  status=$(( status || rc ))
+done
+cp README.md benchmarks/results/speed_gpu.* benchmarks/results/window_span_gpu.* "$OUT"/ 2>/dev/null
+[[ " ${STEPS[*]} " != *" speed "* ]] && echo "next device call: bash scripts/gpu_check.sh speed (carry .whl)"
 exit "$status"

@@ -4,16 +4,24 @@
   state (max 0.1, mean 0.005 on the tiny model's logits; greedy agreement > 95 %);
 - bitsandbytes NF4 on a Llama-2-7B-shaped layer stack (4 of its 32 layers, random weights): chunked prefill,
   generate, snapshot and rollback;
-- ``offload_middle=True``: GPU memory stays flat while the middle store grows in CPU memory.
+- ``offload_middle=True``: GPU memory stays flat while the middle store grows in CPU memory;
+- each window-span kernel (efficient, flex, float32) through the model against the reference, and on its own at a
+  scale where FlexAttention has whole blocks; ``auto`` picks the fused kernel (test_lminfinite_kernels.py has the
+  CPU side).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 import lminfinite
+from lminfinite.context import KeyContext
+from lminfinite.kernel_choice import kernels_for
 from lminfinite.reference import ReferenceModel
+from lminfinite.window import window_attention
 from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (scripts/gpu_check.sh)")
@@ -86,3 +94,42 @@ def test_offloaded_middle_keeps_gpu_memory_flat():
     middle = [layer.middle for layer in cache.layers if layer.middle is not None]
     assert all(store.keys.device.type == "cpu" for store in middle) and middle[0].length > 300 * WINDOW
     assert max(allocated[10:]) - min(allocated[10:]) < 1 << 20  # flat on the GPU while the CPU store grows
+
+
+@pytest.mark.parametrize("kernel", ["efficient", "flex", "float32"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+@pytest.mark.parametrize("family", ["llama-gqa", "qwen2-gqa"])
+def test_each_cuda_window_kernel_follows_the_float64_reference(kernel, family, config_name, dtype):
+    config = dataclasses.replace(CONFIGS[config_name], window_kernel=kernel)
+    on_cpu = lminfinite.enable(tiny_model(family, dtype=dtype), config)
+    ids = random_ids(20 * WINDOW)
+    expected = ReferenceModel(on_cpu, config).logits(ids)
+    model = lminfinite.enable(tiny_model(family, dtype=dtype).cuda(), config)
+    logits = feed_in_chunks(model, ids.cuda(), 3 * WINDOW, lminfinite.InfiniteCache(model)).double().cpu()
+    error = (logits - expected).abs()
+    assert error.max() < 0.1 and error.mean() < 0.005, (error.max().item(), error.mean().item())
+
+
+@pytest.mark.parametrize("kernel", ["efficient", "flex"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("earlier_keys", [0, 150, 299])  # a first chunk, one clipped at the oldest key, a steady one
+def test_cuda_window_span_kernels_match_float64_with_whole_blocks(kernel, dtype, earlier_keys):
+    window, chunk, heads, kv_heads, dim = 300, 1000, 8, 2, 128
+    generator = torch.Generator().manual_seed(0)
+    query, keys, values = (torch.randn(1, n, rows, dim, generator=generator).to("cuda", dtype) for n, rows in
+                           ((heads, chunk), (kv_heads, earlier_keys + chunk), (kv_heads, earlier_keys + chunk)))
+    ctx = KeyContext(keys, values, recent_start=5000, frame=0, start_k=keys[..., :0, :], start_v=values[..., :0, :])
+    out, lse = window_attention(query, ctx, window, dim**-0.5, kernel)
+    distance = (earlier_keys + torch.arange(chunk))[:, None] - torch.arange(earlier_keys + chunk)[None, :]
+    logits = query.double().cpu() @ keys.double().cpu().repeat_interleave(heads // kv_heads, 1).transpose(-1, -2)
+    logits = (logits * dim**-0.5).masked_fill(~((distance >= 0) & (distance < window)), float("-inf"))
+    expected = torch.softmax(logits, -1) @ values.double().cpu().repeat_interleave(heads // kv_heads, 1)
+    torch.testing.assert_close(out.double().cpu(), expected, atol=0.01, rtol=0.01)  # bf16 keeps 8 bits of |out|
+    torch.testing.assert_close(lse.double().cpu(), torch.logsumexp(logits, -1), atol=0.02, rtol=0)
+
+
+def test_auto_picks_the_fused_cuda_kernel():
+    device = torch.device("cuda", torch.cuda.current_device())
+    for dtype in (torch.bfloat16, torch.float16):
+        assert kernels_for("auto", device, dtype, 128).window == "efficient"

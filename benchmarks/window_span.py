@@ -1,0 +1,148 @@
+"""The window-span kernels side by side, one layer's prefill chunk of c = 4·L queries (issue 12's target: the
+fused kernel >= 3x the float32 fallback), each checked against float64 on sampled query rows.
+
+    python -m benchmarks.window_span --readme                                  # CPU, L = 512, 8 heads of 64
+    python -m benchmarks.window_span --device cuda --window 4096 --heads 32 --head-dim 128 --readme
+
+The keys are a steady-state chunk's: the L - 1 before it and its own c, as in a long prefill. ``flex`` on the CPU
+is PyTorch's dense eager reference (a test path, O(c·m) memory) and is left out there unless --kernels names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.report import splice_readme
+from ingest.tables import markdown_table
+from ingest.units import mib
+from lminfinite.context import KeyContext
+from lminfinite.fused import supports
+from lminfinite.window import window_attention
+
+ROOT = Path(__file__).resolve().parent.parent
+ALL_KERNELS = ("float32", "cpu-flash", "efficient", "flex")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--window", type=int, default=512)
+    p.add_argument("--chunk", type=int, default=None, help="queries per call (default 4·L)")
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=None, help="default: --heads (multi-head, as Llama-2-7B)")
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--kernels", default=None, help="comma-separated (default: every one this device runs)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--sample-rows", type=int, default=64, help="query rows checked against float64")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--readme", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    chunk = args.chunk or 4 * args.window
+    query, ctx = steady_state_chunk(args, chunk, device, dtype)
+    scale = args.head_dim**-0.5
+    rows = torch.linspace(0, chunk - 1, args.sample_rows).long()
+    expected = float64_window(query, ctx, args.window, scale, rows)
+    results = []
+    for kernel in chosen_kernels(args, device, dtype):
+        seconds, peak = timed(lambda: window_attention(query, ctx, args.window, scale, kernel), args.repeats, device)
+        out, lse = window_attention(query, ctx, args.window, scale, kernel)
+        results.append(dict(kernel=kernel, seconds=seconds, peak_bytes=peak, tokens_per_s=chunk / seconds,
+                            out_error=(out[:, :, rows].double() - expected[0]).abs().max().item(),
+                            lse_error=(lse[:, :, rows].double() - expected[1]).abs().max().item()))
+        print(f"{kernel:>10}: {seconds * 1e3:9.2f} ms  peak {mib(peak)} MiB  errors {results[-1]['out_error']:.2e} "
+              f"{results[-1]['lse_error']:.2e}", flush=True)
+    write_results(args, chunk, device, dtype, results)
+
+
+def chosen_kernels(args, device, dtype) -> list[str]:
+    if args.kernels:
+        return args.kernels.split(",")
+    return [k for k in ALL_KERNELS if supports(k, device, dtype) and not (k == "flex" and device.type == "cpu")]
+
+
+def steady_state_chunk(args, chunk: int, device, dtype):
+    """Queries of one chunk and a KeyContext holding the L - 1 keys before it and the chunk's own."""
+    generator = torch.Generator().manual_seed(0)
+    kv_heads = args.kv_heads or args.heads
+    keys = args.window - 1 + chunk
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=generator).to(device, dtype)
+
+    query = normal(1, args.heads, chunk, args.head_dim)
+    recent_k, recent_v = normal(1, kv_heads, keys, args.head_dim), normal(1, kv_heads, keys, args.head_dim)
+    empty = recent_k[..., :0, :]
+    return query, KeyContext(recent_k, recent_v, recent_start=0, frame=0, start_k=empty, start_v=empty)
+
+
+def float64_window(query, ctx: KeyContext, window: int, scale: float, rows: torch.Tensor):
+    """Output and log-sum-exp of the sampled query rows, in float64 from the definition."""
+    heads, kv_heads = query.shape[1], ctx.recent_k.shape[1]
+    keys = ctx.recent_k.double().repeat_interleave(heads // kv_heads, 1)
+    values = ctx.recent_v.double().repeat_interleave(heads // kv_heads, 1)
+    logits = query[:, :, rows].double() @ keys.transpose(-1, -2) * scale
+    distance = (ctx.end - query.shape[-2] + rows.to(query.device))[:, None] - torch.arange(ctx.end, device=query.device)
+    logits = logits.masked_fill(~((distance >= 0) & (distance < window)), float("-inf"))
+    lse = torch.logsumexp(logits, -1)
+    return torch.softmax(logits, -1) @ values, lse
+
+
+def timed(step, repeats: int, device) -> tuple[float, int]:
+    """Median seconds of ``step`` after a warm-up (which also compiles), and its peak extra CUDA memory."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    step()
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() - base if device.type == "cuda" else 0
+    return statistics.median(times), peak
+
+
+def write_results(args, chunk: int, device, dtype, results: list[dict]) -> None:
+    name = "window_span_gpu" if device.type == "cuda" else "window_span_cpu"
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(dict(chunk=chunk, window=args.window, heads=args.heads,
+                                                             head_dim=args.head_dim, dtype=args.dtype, device=where,
+                                                             results=results), indent=1))
+    baseline = next((r["seconds"] for r in results if r["kernel"] == "float32"), None)
+    on_cuda = device.type == "cuda"
+    table = markdown_table(
+        ["kernel", "ms per layer", "× float32", "queries/s", "max error (out)", "max error (lse)"]
+        + (["peak extra MiB"] if on_cuda else []),
+        [[r["kernel"], f"{r['seconds'] * 1e3:,.2f}", f"{baseline / r['seconds']:.2f}" if baseline else "—",
+          f"{r['tokens_per_s']:,.0f}", f"{r['out_error']:.1e}", f"{r['lse_error']:.1e}"]
+         + ([mib(r["peak_bytes"])] if on_cuda else []) for r in results],
+    )
+    heading = (f"{datetime.date.today()}, {where}, torch {torch.__version__}: one layer's window span for a chunk of "
+               f"{chunk:,} queries (4·L, L = {args.window:,}), {args.heads} heads of {args.head_dim}, {args.dtype}; "
+               f"median of {args.repeats}; errors against float64 on {args.sample_rows} sampled rows.")
+    body = heading + "\n\n" + table
+    (args.out / f"{name}.md").write_text(body + "\n")
+    print(body)
+    if args.readme:
+        splice_readme(ROOT / "README.md", name, body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The app on an NVIDIA GPU (skipped without one; scripts/gpu_check.sh runs it there).
+
+A Llama-2-7B-shaped random model (4 of its 32 layers, the demo model's tokenizer and chat template), loaded as
+``python app.py --model DIR --load-in-4bit`` loads it: it reads a document beyond its window and answers; the
+live panel's card shows CUDA allocated, reserved and peak memory; a real CUDA out-of-memory (a blocker tensor
+holds the free memory) rolls the context back and the next feed works. Where Gradio is installed, the launched
+app itself answers on CUDA (the GPU machine's image has no Gradio, so gpu_check.sh runs the engine tests).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import shutil
+
+import pytest
+import torch
+
+from app.cli import AppConfig
+from app.engine.context import AnswerResult, ContextEngine, ContextOutOfMemory
+from app.engine.generation import GenerationSettings
+from app.engine.metrics import device_memory
+from app.engine.model_loading import ModelChoice, load_runtime
+from app.web.views import panel_html
+from app_fixtures import model_dir
+from benchmarks.models import LLAMA2_7B
+from test_app_engine import code_file, pdf_like, run
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (scripts/gpu_check.sh)")
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+SETTINGS = GenerationSettings(temperature=0.0, max_new_tokens=8, recall=True, topk=5)
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def llama2_shaped(tmp_path_factory):
+    """A folder as a user would pass to --model: config, bf16 safetensors, tokenizer and chat template."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("llama2-shaped")
+    demo = json.loads((model_dir() / "config.json").read_text())
+    ids = {key: demo[key] for key in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}
+    config = LlamaConfig(**{**LLAMA2_7B, "num_hidden_layers": 4, **ids}, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(model_dir() / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runtime(llama2_shaped):
+    config = AppConfig(model=str(llama2_shaped), quantization="4bit", device="cuda")
+    return load_runtime(config, ModelChoice(str(llama2_shaped), "test: Llama-2-7B shape, 4 layers"))
+
+
+def new_engine(runtime) -> ContextEngine:
+    return ContextEngine(runtime, system_prompt="Answer from the document.", budget=1_000_000)
+
+
+def test_a_4bit_llama2_shape_reads_beyond_its_window_answers_and_the_panel_shows_gpu_memory(runtime):
+    import bitsandbytes as bnb
+
+    assert runtime.device_type == "cuda" and runtime.window == 4096
+    assert sum(isinstance(m, bnb.nn.Linear4bit) for m in runtime.model.modules()) == 4 * 7
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like(pages=60)))  # 28K byte-level tokens: almost seven windows
+    assert engine.length > 6 * 4096 and engine.cache.get_seq_length() == engine.length
+    fed = engine.length
+    result = run(engine.ask("What is the pass key?", SETTINGS))
+    assert isinstance(result, AnswerResult) and engine.length > fed
+    memory = device_memory(runtime.device_type)
+    assert memory.kind == "cuda" and 0 < memory.allocated <= memory.reserved and memory.peak >= memory.allocated
+    card = panel_html(engine.stats, memory, 1_000_000, None)
+    assert "GPU memory" in card and "reserved" in card and "peak" in card
+
+
+def test_a_real_cuda_out_of_memory_rolls_back_and_the_next_feed_works(runtime):
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like(pages=12)))
+    length = engine.length
+    blocker = _take_free_gpu_memory()
+    try:
+        with pytest.raises(ContextOutOfMemory, match="rolled back"):
+            run(engine.feed_documents(pdf_like(pages=40)))
+        assert engine.length == length and engine.cache.get_seq_length() == length
+    finally:
+        del blocker
+        gc.collect()
+        torch.cuda.empty_cache()
+    run(engine.feed_documents(code_file()))
+    assert engine.length > length and engine.cache.get_seq_length() == engine.length
+    assert isinstance(run(engine.ask("What does function_3 return?", SETTINGS)), AnswerResult)
+
+
+def _take_free_gpu_memory() -> torch.Tensor:
+    """One tensor over all but a sliver of the GPU's free memory, so the next real allocation fails."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    free = torch.cuda.mem_get_info()[0]
+    for margin in (2 * MiB, 16 * MiB, 64 * MiB, 256 * MiB):
+        try:
+            return torch.empty(free - margin, dtype=torch.uint8, device="cuda")
+        except torch.OutOfMemoryError:
+            continue
+    pytest.fail(f"could not hold {free / MiB:,.0f} MiB of free GPU memory")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gradio") is None, reason="Gradio is not installed")
+def test_the_launched_app_reads_and_answers_on_cuda_in_4bit(llama2_shaped, tmp_path):
+    from app_client import AppClient
+    from app_fixtures import make_long_text
+    from benchmarks.launched_app import start_app
+
+    server = start_app("--model", str(llama2_shaped), "--load-in-4bit", "--device", "cuda", timeout_s=300)
+    try:
+        client = AppClient(server.url)
+        client.ask("What is the pass key?", files=[make_long_text(tmp_path / "notes.txt", sentences=400)])
+        assert client.context_tokens() > 4096 and client.chat()[-1]["role"] == "assistant"
+        memory = client.panel()["memory"]
+        assert memory["kind"] == "cuda" and memory["allocated"] > 0 and memory["reserved"] >= memory["allocated"]
+    finally:
+        server.stop()

@@ -1,0 +1,94 @@
+"""The window-span kernels: each one this machine runs against the float64 reference, the flex block lists
+against the dense band, and ``auto``'s choice and fallback (the CUDA kernels run in test_lminfinite_cuda.py)."""
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+import lminfinite
+from lminfinite import fused, kernel_choice
+from lminfinite.flex_window import block_lists
+from lminfinite.reference import ReferenceModel
+from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
+
+CONFIGS = {
+    "lambda": lminfinite.LMInfiniteConfig(n_starting=4),
+    "topk": lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1),
+}
+CPU_KERNELS = ["cpu-flash", "flex", "float32"]
+
+
+@pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
+@pytest.mark.parametrize("chunk", [7, 3 * WINDOW])
+@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+@pytest.mark.parametrize("family", ["llama-mha", "qwen2-gqa"])
+@pytest.mark.parametrize("kernel", CPU_KERNELS)
+def test_every_window_kernel_follows_the_float64_reference(kernel, family, config_name, chunk):
+    config = dataclasses.replace(CONFIGS[config_name], window_kernel=kernel)
+    model = lminfinite.enable(tiny_model(family), config)
+    ids = random_ids(12 * WINDOW)
+    expected = ReferenceModel(model, config).logits(ids)
+    logits = feed_in_chunks(model, ids, chunk, lminfinite.InfiniteCache(model))
+    torch.testing.assert_close(logits.double(), expected, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("queries, keys, offset, window", [
+    (300, 300, 0, 100), (512, 1023, 511, 512), (1000, 1200, 200, 384), (129, 700, 571, 600), (1, 4000, 3999, 4000),
+    (640, 3000, 2360, 2361),
+])
+def test_flex_block_lists_are_exactly_the_blocks_the_band_touches_and_fills(queries, keys, offset, window):
+    partial, full = (table[0, 0] for table in block_lists(queries, keys, offset, window, "cpu", block=64))
+    distance = torch.arange(queries)[:, None] + offset - torch.arange(keys)[None, :]
+    dense = (distance >= 0) & (distance < window)
+    for qb in range(partial.shape[0]):
+        for kb in range(partial.shape[1]):
+            tile = dense[qb * 64 : (qb + 1) * 64, kb * 64 : (kb + 1) * 64]
+            assert bool(full[qb, kb]) == bool(tile.all()), (qb, kb)
+            assert bool(partial[qb, kb]) == bool(tile.any() and not tile.all()), (qb, kb)
+    assert full.any() or window < 128  # the geometry exercises whole blocks, not only edges
+
+
+def test_auto_picks_the_fused_cpu_kernel_where_it_exists_and_float32_elsewhere():
+    cpu = torch.device("cpu")
+    assert kernel_choice.kernels_for("auto", cpu, torch.float32, 64) == ("cpu-flash", "cpu-flash")
+    assert kernel_choice.kernels_for("auto", cpu, torch.bfloat16, 64) == ("cpu-flash", "cpu-flash")
+    assert kernel_choice.kernels_for("auto", cpu, torch.float16, 64) == ("float32", "float32")
+    assert kernel_choice.kernels_for("flex", cpu, torch.float32, 64) == ("flex", "cpu-flash")
+
+
+def test_auto_skips_a_kernel_that_disagrees_with_float32(monkeypatch):
+    def off_by_a_tenth(q, k, v, mask, scale):
+        out, lse = fused.float32_span(q, k, v, mask, scale)
+        return out * 1.1, lse
+
+    def raises(q, k, v, mask, scale):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setitem(fused.SPAN_KERNELS, "cpu-flash", off_by_a_tenth)
+    with pytest.warns(UserWarning, match="off by"):
+        assert not kernel_choice.agrees_with_float32("cpu-flash", torch.device("cpu"), torch.float32, 64)
+    monkeypatch.setitem(fused.SPAN_KERNELS, "cpu-flash", raises)
+    with pytest.warns(UserWarning, match="no kernel image"):
+        assert not kernel_choice.agrees_with_float32("cpu-flash", torch.device("cpu"), torch.float32, 64)
+    monkeypatch.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernel_choice.agrees_with_float32("cpu-flash", torch.device("cpu"), torch.bfloat16, 128)
+
+
+def test_a_kernel_this_device_lacks_or_an_unknown_one_is_refused_by_name():
+    with pytest.raises(ValueError, match="'efficient' does not run on cpu"):
+        kernel_choice.kernels_for("efficient", torch.device("cpu"), torch.float32, 64)
+    with pytest.raises(ValueError, match="window_kernel must be one of"):
+        lminfinite.LMInfiniteConfig(window_kernel="triton")
+
+
+def test_bias_rows_are_realigned_only_when_they_are_not():
+    padded = torch.zeros(8, 32)[:, :20]
+    assert fused.aligned_bias(padded) is padded
+    unaligned = torch.randn(8, 40)[:, 3:23]
+    copy = fused.aligned_bias(unaligned)
+    assert torch.equal(copy, unaligned) and copy.stride(-2) % fused.BIAS_ALIGNMENT == 0
+    assert copy.data_ptr() % (fused.BIAS_ALIGNMENT * copy.element_size()) == 0
