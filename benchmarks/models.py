@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import shutil
+import tempfile
+from pathlib import Path
+
 import torch
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
 
@@ -26,17 +32,29 @@ def build_model(spec: str, *, window: int, device: str, dtype: torch.dtype, load
     if spec in ("random", "random-7b"):
         shape = cpu_default_shape(window) if spec == "random" else LLAMA2_7B
         config = LlamaConfig(**shape, attn_implementation="sdpa")
-        torch.manual_seed(0)
         if quantization is None:
+            torch.manual_seed(0)
             with torch.device(device):
                 return LlamaForCausalLM(config).to(dtype).eval()
-        # bitsandbytes quantizes on load: save a random checkpoint once, then load it quantized.
-        import tempfile
-
-        path = tempfile.mkdtemp(prefix="random-llama-")
-        with torch.device("cpu"):
-            LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
-        spec = path
+        spec = str(random_checkpoint(config))  # bitsandbytes quantizes on load
     return AutoModelForCausalLM.from_pretrained(
         spec, dtype=dtype, device_map=device, quantization_config=quantization, attn_implementation="sdpa"
     ).eval()
+
+
+def random_checkpoint(config: LlamaConfig) -> Path:
+    """A saved random Llama of this config, made once per machine (on the GPU when there is one: a 7B model's
+    initialisation takes minutes on a CPU) and found again by every later worker."""
+    digest = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / f"lminfinite-random-llama-{digest}"
+    if (folder / "config.json").is_file():
+        return folder
+    building = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        LlamaForCausalLM(copy.deepcopy(config)).to(torch.bfloat16).save_pretrained(building)  # init edits its config
+    try:
+        building.rename(folder)  # whole or absent: a concurrent builder's copy wins, ours is dropped
+    except OSError:
+        shutil.rmtree(building, ignore_errors=True)
+    return folder

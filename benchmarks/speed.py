@@ -38,6 +38,9 @@ def parse_args(argv=None):
     p.add_argument("--prefill-chunk", type=int, default=None, help="LM-Infinite prefill chunk (default 4·L)")
     p.add_argument("--n-starting", type=int, default=10)
     p.add_argument("--topk", type=int, default=5)
+    p.add_argument("--recall-prefill", choices=("on", "off"), default=None,
+                   help="lminfinite-topk recalls while reading the context too (default: on for CPU; off for CUDA, "
+                        "where the middle store is offloaded and the app reads documents without recall)")
     p.add_argument("--vanilla-budget-s", type=float, default=240.0,
                    help="skip vanilla/truncation once a prefill is predicted to take longer than this")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -89,15 +92,22 @@ def run_round(args, dtype: str, contexts: list[int], methods: list[str], stop_at
     """One sweep, methods interleaved per context so that ratios come from the same conditions; a method
     past its stop point gets a 'too slow' row instead of a run."""
     results = []
-    for context in contexts:
-        for method in methods:
-            if method in stop_at and context >= stop_at[method]:
-                results.append(measure.Measurement(method, context, 0, 0, 0, 0, 0, error="too slow").__dict__)
-                continue
-            row = measure_in_fresh_process(spawn, speed_job(args, dtype, method, context))
-            results.append(row)
-            print(json.dumps(row), flush=True)
-            note_stop(stop_at, row, args.vanilla_budget_s)
+    keep_model = args.device.startswith("cuda")  # one worker keeps the model; CPU cells get fresh processes
+    pool = spawn.Pool(1) if keep_model else None
+    try:
+        for context in contexts:
+            for method in methods:
+                if method in stop_at and context >= stop_at[method]:
+                    results.append(measure.Measurement(method, context, 0, 0, 0, 0, 0, error="too slow").__dict__)
+                    continue
+                job = speed_job(args, dtype, method, context)
+                row = pool.apply(measure.run, (job,)) if keep_model else measure_in_fresh_process(spawn, job)
+                results.append(row)
+                print(json.dumps(row), flush=True)
+                note_stop(stop_at, row, args.vanilla_budget_s)
+    finally:
+        if pool is not None:
+            pool.terminate()
     return results
 
 
@@ -106,7 +116,12 @@ def speed_job(args, dtype: str, method: str, context: int) -> dict:
     return dict(method=method, context=context, model_spec=args.model, window=args.window,
                 device=args.device, dtype=dtype, load_in_4bit=args.load_in_4bit,
                 decode_tokens=args.decode_tokens, prefill_chunk=args.prefill_chunk or 4 * args.window,
-                n_starting=args.n_starting, topk=args.topk, threads=args.threads)
+                n_starting=args.n_starting, topk=args.topk, threads=args.threads,
+                recall_prefill=recall_prefill(args))
+
+
+def recall_prefill(args) -> bool:
+    return (args.recall_prefill or ("off" if args.device.startswith("cuda") else "on")) == "on"
 
 
 def measure_in_fresh_process(spawn, job: dict) -> dict:
@@ -162,6 +177,8 @@ def write_results(args, results, dtype, n_rounds: int) -> None:
     hardware = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{platform.processor() or 'CPU'}, {args.threads} threads"
     header = (f"Measured {datetime.date.today()} on {hardware}; model `{args.model}` (L = {args.window}, {dtype}"
               f"{', 4-bit NF4' if args.load_in_4bit else ''}), n_starting = {args.n_starting}, top-k = {args.topk}. "
+              f"Top-k recall {'while reading and ' if recall_prefill(args) else 'only '}while decoding"
+              f"{' (middle store offloaded to CPU memory)' if args.device.startswith('cuda') else ''}. "
               f"{n_rounds} round(s), each cell's best. Decode: median of {args.decode_tokens} tokens; vanilla@L is the median decode of vanilla at L and of "
               f"every truncation run (transformers with the last L tokens cached). Peak: "
               f"{'CUDA max allocated' if args.device.startswith('cuda') else 'process RSS'} above the loaded model.")

@@ -6,6 +6,8 @@ context, LM-Infinite's stay at n_starting + L rows per layer plus fixed rotation
 
 import torch
 
+import lminfinite
+
 from benchmarks import measure
 from benchmarks.models import cpu_default_shape
 from benchmarks.speed import best_of_rounds, scaling_note, summary_table, vanilla_decode_at_window
@@ -42,6 +44,11 @@ def test_kv_bytes_and_summary_table():
     assert len(rotation) == 1 and 0 < rotation.pop() < kv_row_bytes() * WINDOW
     topk_growth = by[("lminfinite-topk", 4 * WINDOW)]["kv_bytes"] - by[("lminfinite-topk", 2 * WINDOW)]["kv_bytes"]
     assert topk_growth > 0  # the middle store keeps every evicted token of the top-k layers
+    # One process kept one model across the cells (as a CUDA worker does): a vanilla cell after LM-Infinite ones
+    # runs it unpatched.
+    measure_one("vanilla", 2 * WINDOW)
+    (model,) = measure._loaded.values()
+    assert lminfinite.get_state(model) is None and model.config._attn_implementation == "sdpa"
 
     for method in ("lminfinite", "lminfinite-topk"):  # chunks of 2·L: the first half ends at a chunk boundary
         row = by[(method, 4 * WINDOW)]
