@@ -24,7 +24,7 @@ from ingest.tables import markdown_table
 from ingest.units import mib
 from lminfinite.context import KeyContext
 from lminfinite.fused import supports
-from lminfinite.window import window_attention
+from lminfinite.window import band_size, window_attention
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL_KERNELS = ("float32", "cpu-flash", "efficient", "flex")
@@ -40,6 +40,9 @@ def parse_args(argv=None):
     p.add_argument("--kv-heads", type=int, default=None, help="default: --heads (multi-head, as Llama-2-7B)")
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--kernels", default=None, help="comma-separated (default: every one this device runs)")
+    p.add_argument("--bands", default=None,
+                   help="queries per band for the band kernels, comma-separated (default: the library's band_size; "
+                        "on CUDA also L/4, where fewer, larger calls may fill the GPU better)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--sample-rows", type=int, default=64, help="query rows checked against float64")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -56,21 +59,29 @@ def main(argv=None) -> None:
     rows = torch.linspace(0, chunk - 1, args.sample_rows).long()
     expected = float64_window(query, ctx, args.window, scale, rows)
     results = []
-    for kernel in chosen_kernels(args, device, dtype):
-        seconds, peak = timed(lambda: window_attention(query, ctx, args.window, scale, kernel), args.repeats, device)
-        out, lse = window_attention(query, ctx, args.window, scale, kernel)
-        results.append(dict(kernel=kernel, seconds=seconds, peak_bytes=peak, tokens_per_s=chunk / seconds,
+    for kernel, band in candidates(args, device, dtype):
+        def step():
+            return window_attention(query, ctx, args.window, scale, kernel, band)
+
+        seconds, peak = timed(step, args.repeats, device)
+        out, lse = step()
+        results.append(dict(kernel=kernel, band=band, seconds=seconds, peak_bytes=peak, tokens_per_s=chunk / seconds,
                             out_error=(out[:, :, rows].double() - expected[0]).abs().max().item(),
                             lse_error=(lse[:, :, rows].double() - expected[1]).abs().max().item()))
-        print(f"{kernel:>10}: {seconds * 1e3:9.2f} ms  peak {mib(peak)} MiB  errors {results[-1]['out_error']:.2e} "
-              f"{results[-1]['lse_error']:.2e}", flush=True)
+        print(f"{kernel:>10} {band or '':>5}: {seconds * 1e3:9.2f} ms  peak {mib(peak)} MiB  errors "
+              f"{results[-1]['out_error']:.2e} {results[-1]['lse_error']:.2e}", flush=True)
     write_results(args, chunk, device, dtype, results)
 
 
-def chosen_kernels(args, device, dtype) -> list[str]:
-    if args.kernels:
-        return args.kernels.split(",")
-    return [k for k in ALL_KERNELS if supports(k, device, dtype) and not (k == "flex" and device.type == "cpu")]
+def candidates(args, device, dtype) -> list[tuple[str, int | None]]:
+    """(kernel, band) pairs to time; ``flex`` has no bands (None)."""
+    kernels = args.kernels.split(",") if args.kernels else [
+        k for k in ALL_KERNELS if supports(k, device, dtype) and not (k == "flex" and device.type == "cpu")]
+    if args.bands:
+        bands = [int(b) for b in args.bands.split(",")]
+    else:
+        bands = sorted({band_size(args.window)} | ({args.window // 4} if device.type == "cuda" else set()))
+    return [(k, None) if k == "flex" else (k, b) for k in kernels for b in ([None] if k == "flex" else bands)]
 
 
 def steady_state_chunk(args, chunk: int, device, dtype):
@@ -118,6 +129,13 @@ def timed(step, repeats: int, device) -> tuple[float, int]:
     return statistics.median(times), peak
 
 
+def fallback_seconds(results: list[dict], window: int) -> float | None:
+    """The float32 kernel's time at the library's own band size: what runs where no fused kernel does."""
+    float32 = [r for r in results if r["kernel"] == "float32"]
+    own = [r for r in float32 if r["band"] == band_size(window)]
+    return (own or float32)[0]["seconds"] if float32 else None
+
+
 def write_results(args, chunk: int, device, dtype, results: list[dict]) -> None:
     name = "window_span_gpu" if device.type == "cuda" else "window_span_cpu"
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
@@ -125,14 +143,15 @@ def write_results(args, chunk: int, device, dtype, results: list[dict]) -> None:
     (args.out / f"{name}.json").write_text(json.dumps(dict(chunk=chunk, window=args.window, heads=args.heads,
                                                              head_dim=args.head_dim, dtype=args.dtype, device=where,
                                                              results=results), indent=1))
-    baseline = next((r["seconds"] for r in results if r["kernel"] == "float32"), None)
+    baseline = fallback_seconds(results, args.window)
     on_cuda = device.type == "cuda"
     table = markdown_table(
-        ["kernel", "ms per layer", "× float32", "queries/s", "max error (out)", "max error (lse)"]
+        ["kernel", "band", "ms per layer", "× float32", "queries/s", "max error (out)", "max error (lse)"]
         + (["peak extra MiB"] if on_cuda else []),
-        [[r["kernel"], f"{r['seconds'] * 1e3:,.2f}", f"{baseline / r['seconds']:.2f}" if baseline else "—",
-          f"{r['tokens_per_s']:,.0f}", f"{r['out_error']:.1e}", f"{r['lse_error']:.1e}"]
-         + ([mib(r["peak_bytes"])] if on_cuda else []) for r in results],
+        [[r["kernel"], r["band"] or "one call", f"{r['seconds'] * 1e3:,.2f}",
+          f"{baseline / r['seconds']:.2f}" if baseline else "—", f"{r['tokens_per_s']:,.0f}",
+          f"{r['out_error']:.1e}", f"{r['lse_error']:.1e}"] + ([mib(r["peak_bytes"])] if on_cuda else [])
+         for r in results],
     )
     heading = (f"{datetime.date.today()}, {where}, torch {torch.__version__}: one layer's window span for a chunk of "
                f"{chunk:,} queries (4·L, L = {args.window:,}), {args.heads} heads of {args.head_dim}, {args.dtype}; "

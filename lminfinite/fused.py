@@ -47,7 +47,8 @@ def aligned_bias(mask: torch.Tensor) -> torch.Tensor:
     """``mask`` itself when its rows start on aligned addresses, else a copy whose rows do (padded, then sliced)."""
     width = mask.shape[-1]
     element = mask.element_size()
-    if mask.stride(-1) == 1 and mask.stride(-2) % BIAS_ALIGNMENT == 0 and mask.data_ptr() % (BIAS_ALIGNMENT * element) == 0:
+    rows_aligned = mask.stride(-2) % BIAS_ALIGNMENT == 0 and mask.data_ptr() % (BIAS_ALIGNMENT * element) == 0
+    if mask.stride(-1) == 1 and rows_aligned:
         return mask
     padded = -(-width // BIAS_ALIGNMENT) * BIAS_ALIGNMENT
     out = torch.empty(*mask.shape[:-1], padded, dtype=mask.dtype, device=mask.device)[..., :width]

@@ -5,9 +5,9 @@ Each query i sees three kinds of keys, scored in one softmax:
   start   j < n_starting with i - j >= L, at distance exactly L        (Λ-mask, starting span + distance ceiling)
   middle  the top-k of the rest, at distance topk_distance, if enabled (App. A.3)
 The window span runs through a fused kernel that returns its log-sum-exp, in bands of queries or in one
-block-sparse call (window.py; kernel_choice.py picks the kernel); the start and middle spans (n_starting + k keys per query) are scored directly and
-merged into it exactly, in place, for every query past position L at once, or a block at a time when
-top-k scans the middle (queries before L have nothing beyond their window).
+block-sparse call (window.py; kernel_choice.py picks the kernel); the start and middle spans (n_starting + k
+keys per query) are scored directly and merged into it exactly, in place, for every query past position L at
+once, or a block at a time when top-k scans the middle (queries before L have nothing beyond their window).
 Prefill is O(n · L), never n × n. Rotations use offsets from the context's frame, which the cache
 keeps within a bounded distance of the queries.
 """

@@ -6,7 +6,7 @@ bands waste little, and each is one fused call that also returns its log-sum-exp
 same mask relative to its first query, so it is built once per call; a band clipped at the oldest
 cached key uses its right-hand columns. Causal triangles (``is_causal``) do not pay on the CPU kernel:
 it tiles keys 512 at a time, so for L <= 512 a triangle costs a whole square, and for larger L a band
-of 256 already wastes under 6%.
+of 256 already wastes under 6%. The ``flex`` kernel (flex_window.py) takes the whole span in one call instead.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ def band_size(window: int) -> int:
     return max(32, min(256, window // 8))
 
 
-def window_attention(query: torch.Tensor, ctx: KeyContext, window: int, scale: float, kernel: str = "float32"):
+def window_attention(query: torch.Tensor, ctx: KeyContext, window: int, scale: float, kernel: str = "float32",
+                     band: int | None = None):
     """Window-span output and log-sum-exp, float32 (B, H, c, D) and (B, H, c), through the named kernel
-    (fused.py; ``flex`` does the whole span in one call).
+    (fused.py; ``flex`` does the whole span in one call), in bands of ``band`` queries (default band_size).
 
     ``query`` (B, H, c, D) holds the last c tokens of ``ctx.recent``, rotated into ``ctx.frame``.
     """
@@ -43,7 +44,7 @@ def window_attention(query: torch.Tensor, ctx: KeyContext, window: int, scale: f
     # Laid out (B, c, H, D) in memory, as the attention interface returns it: no transpose copy later.
     out = torch.empty(batch, c, kv_heads, groups, dim, dtype=torch.float32, device=query.device).permute(0, 2, 3, 1, 4)
     lse = torch.empty(batch, kv_heads, groups, c, dtype=torch.float32, device=query.device)
-    step = min(band_size(window), c)
+    step = min(band or band_size(window), c)
     mask = band_mask(step, window, groups, query.dtype, query.device)  # (groups, step, window + step - 1)
     for lo in range(0, c, step):
         hi = min(c, lo + step)

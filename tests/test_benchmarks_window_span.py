@@ -20,8 +20,10 @@ def test_the_kernel_table_lists_each_cpu_kernel_with_its_error_against_float64(t
 def test_a_kernel_that_gets_the_band_wrong_shows_a_large_error(tmp_path, monkeypatch):
     from lminfinite import window
 
-    monkeypatch.setattr(window_span, "window_attention",
-                        lambda q, ctx, w, scale, kernel: window.window_attention(q, ctx, w + 8, scale, kernel))
+    def band_too_wide(query, ctx, width, scale, kernel, band):
+        return window.window_attention(query, ctx, width + 8, scale, kernel, band)
+
+    monkeypatch.setattr(window_span, "window_attention", band_too_wide)
     window_span.main(["--device", "cpu", "--window", "48", "--heads", "2", "--head-dim", "32", "--repeats", "1",
                       "--kernels", "float32", "--out", str(tmp_path)])
     row = json.loads((tmp_path / "window_span_cpu.json").read_text())["results"][0]
