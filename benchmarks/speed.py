@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import platform
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from ingest.tables import markdown_table
 from ingest.units import mib
 
 ROOT = Path(__file__).resolve().parent.parent
+NO_TIME = "no time"  # a cell the deadline left out: not a failure, and any round that ran it replaces it
 
 
 def parse_args(argv=None):
@@ -43,6 +45,9 @@ def parse_args(argv=None):
                         "where the middle store is offloaded and the app reads documents without recall)")
     p.add_argument("--vanilla-budget-s", type=float, default=240.0,
                    help="skip vanilla/truncation once a prefill is predicted to take longer than this")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="start no cell after this many seconds; the rest get a 'no time' row and the table is "
+                        "written anyway (a GPU machine lent for ten minutes at a time)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--rounds", type=int, default=1,
                    help="sweep everything this many times (fresh processes) and keep each cell's fastest prefill "
@@ -65,8 +70,9 @@ def main(argv=None) -> None:
     stop_at = stops_in(rounds, args.vanilla_budget_s)
     args.out.mkdir(parents=True, exist_ok=True)
     spawn = multiprocessing.get_context("spawn")
+    deadline = time.monotonic() + args.deadline_s if args.deadline_s else None
     for _ in range(args.rounds):
-        rounds.append(run_round(args, dtype, contexts, methods, stop_at, spawn))
+        rounds.append(run_round(args, dtype, contexts, methods, stop_at, spawn, deadline))
         saved.write_text(json.dumps(rounds))
     write_results(args, best_of_rounds(rounds), dtype, len(rounds))
 
@@ -88,17 +94,21 @@ def context_ladder(window: int, largest: int) -> list[int]:
     return contexts
 
 
-def run_round(args, dtype: str, contexts: list[int], methods: list[str], stop_at: dict[str, int], spawn) -> list[dict]:
+def run_round(args, dtype: str, contexts: list[int], methods: list[str], stop_at: dict[str, int], spawn,
+              deadline: float | None = None) -> list[dict]:
     """One sweep, methods interleaved per context so that ratios come from the same conditions; a method
-    past its stop point gets a 'too slow' row instead of a run."""
+    past its stop point gets a 'too slow' row instead of a run, and every cell after ``deadline`` (monotonic
+    seconds) a 'no time' row."""
     results = []
     keep_model = args.device.startswith("cuda")  # one worker keeps the model; CPU cells get fresh processes
     pool = spawn.Pool(1) if keep_model else None
     try:
         for context in contexts:
             for method in methods:
-                if method in stop_at and context >= stop_at[method]:
-                    results.append(measure.Measurement(method, context, 0, 0, 0, 0, 0, error="too slow").__dict__)
+                skipped = "too slow" if method in stop_at and context >= stop_at[method] else (
+                    NO_TIME if deadline is not None and time.monotonic() > deadline else "")
+                if skipped:
+                    results.append(measure.Measurement(method, context, 0, 0, 0, 0, 0, error=skipped).__dict__)
                     continue
                 job = speed_job(args, dtype, method, context)
                 row = pool.apply(measure.run, (job,)) if keep_model else measure_in_fresh_process(spawn, job)
@@ -142,6 +152,8 @@ def rounds_path(args) -> Path:
 def note_stop(stop_at: dict[str, int], row: dict, vanilla_budget_s: float) -> None:
     """After a failure, later rounds skip that context too (the first round's error is kept); vanilla stops
     where its quadratic prefill is predicted to exceed the budget."""
+    if row["error"] == NO_TIME:
+        return
     if row["error"]:
         stop_at.setdefault(row["method"], row["context"])
     elif row["method"] == "vanilla" and row["prefill_s"] * 4.2 > vanilla_budget_s:
@@ -151,20 +163,24 @@ def note_stop(stop_at: dict[str, int], row: dict, vanilla_budget_s: float) -> No
 def best_of_rounds(rounds: list[list[dict]]) -> list[dict]:
     """One row per (method, context): the fastest prefill and decode seen, the largest peak memory.
 
-    A cell that failed or was skipped in any round keeps that error."""
+    A cell that failed or was skipped in any round keeps that error; one the deadline left out ("no time")
+    takes any round's run of it instead."""
+    rows = [row for results in rounds for row in results]
+    ran = {(row["method"], row["context"]) for row in rows if row["error"] != NO_TIME}
     merged = {}
-    for results in rounds:
-        for row in results:
-            key = (row["method"], row["context"])
-            best = merged.setdefault(key, dict(row))
-            if best["error"] or row["error"]:
-                best["error"] = best["error"] or row["error"]
-                continue
-            if row["prefill_s"] < best["prefill_s"]:
-                best.update(prefill_s=row["prefill_s"], prefill_tok_s=row["prefill_tok_s"],
-                            half_prefill_s=row.get("half_prefill_s", 0.0))
-            best["decode_ms"] = min(best["decode_ms"], row["decode_ms"])
-            best["peak_bytes"] = max(best["peak_bytes"], row["peak_bytes"])
+    for row in rows:
+        key = (row["method"], row["context"])
+        if row["error"] == NO_TIME and key in ran:
+            continue
+        best = merged.setdefault(key, dict(row))
+        if best["error"] or row["error"]:
+            best["error"] = best["error"] or row["error"]
+            continue
+        if row["prefill_s"] < best["prefill_s"]:
+            best.update(prefill_s=row["prefill_s"], prefill_tok_s=row["prefill_tok_s"],
+                        half_prefill_s=row.get("half_prefill_s", 0.0))
+        best["decode_ms"] = min(best["decode_ms"], row["decode_ms"])
+        best["peak_bytes"] = max(best["peak_bytes"], row["peak_bytes"])
     return list(merged.values())
 
 

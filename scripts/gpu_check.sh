@@ -38,7 +38,7 @@ for step in "${STEPS[@]}"; do
         --readme 2>&1 | tee "$OUT/window_span_gpu.log"; rc=${PIPESTATUS[0]} ;;
     speed)
       timeout 540 python3 -m benchmarks.speed --model random-7b --device cuda --load-in-4bit --window 4096 \
-        --max-context 131072 --decode-tokens 8 --tag speed_gpu --readme 2>&1 | tee "$OUT/speed_gpu.log"; rc=${PIPESTATUS[0]} ;;
+        --max-context 131072 --decode-tokens 8 --deadline-s 420 --tag speed_gpu --readme 2>&1 | tee "$OUT/speed_gpu.log"; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown step $step (tests, kernels, speed)"; exit 2 ;;
   esac
   status=$(( status || rc ))

@@ -77,3 +77,25 @@ def test_best_of_rounds_keeps_each_cells_fastest_times_and_any_error():
     assert (merged["vanilla"]["decode_ms"], merged["vanilla"]["peak_bytes"]) == (30.0, 100)
     assert (merged["lminfinite"]["prefill_s"], merged["lminfinite"]["decode_ms"], merged["lminfinite"]["peak_bytes"]) == (1.5, 19.0, 60)
     assert merged["truncate"]["error"] == "OOM"
+
+
+def test_a_deadline_leaves_later_cells_out_and_a_later_round_fills_them(monkeypatch):
+    from types import SimpleNamespace
+
+    from benchmarks import speed
+
+    ran = []
+    monkeypatch.setattr(speed, "measure_in_fresh_process", lambda spawn, job: ran.append(job["context"]) or dict(
+        method=job["method"], context=job["context"], prefill_s=1.0, prefill_tok_s=job["context"], decode_ms=5.0,
+        peak_bytes=1, kv_bytes=1, error="", half_prefill_s=0.5))
+    args = SimpleNamespace(device="cpu", model="random", window=WINDOW, load_in_4bit=False, decode_tokens=DECODE,
+                           prefill_chunk=None, n_starting=N_STARTING, topk=2, threads=1, recall_prefill=None,
+                           vanilla_budget_s=1e9)
+    past = speed.run_round(args, "float32", [WINDOW, 2 * WINDOW], ["lminfinite"], {}, None, deadline=0.0)
+    assert ran == [] and [r["error"] for r in past] == [speed.NO_TIME] * 2
+    stop_at = speed.stops_in([past], 1e9)
+    assert stop_at == {}  # cells with no time are not failures: a later round runs them
+    later = speed.run_round(args, "float32", [WINDOW, 2 * WINDOW], ["lminfinite"], stop_at, None)
+    merged = {r["context"]: r for r in best_of_rounds([past, later])}
+    assert ran == [WINDOW, 2 * WINDOW] and all(not r["error"] for r in merged.values())
+    assert best_of_rounds([past])[0]["error"] == speed.NO_TIME
