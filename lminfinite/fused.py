@@ -17,7 +17,7 @@ import torch
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _EFFICIENT = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
-BIAS_ALIGNMENT = 16  # the memory-efficient kernel reads its bias rows in vectors of this many elements
+BIAS_ALIGNMENT = 16  # elements: bias rows start on 16-byte boundaries, as the memory-efficient kernel reads them
 
 
 def float32_span(q, k, v, additive_mask, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,6 +36,8 @@ def cpu_flash_span(q, k, v, additive_mask, scale: float) -> tuple[torch.Tensor, 
 
 
 def efficient_span(q, k, v, additive_mask, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if not q.dtype == k.dtype == v.dtype:  # the raw op reads keys and values as the query's type, unchecked
+        raise ValueError(f"the efficient kernel needs one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     bias = None if additive_mask is None else aligned_bias(additive_mask.to(q.dtype))
     if bias is not None:
         bias = bias.expand(q.shape[0], q.shape[1], *bias.shape)
@@ -65,7 +67,7 @@ def supports(name: str, device: torch.device, dtype: torch.dtype) -> bool:
     if name == "cpu-flash":
         return _CPU_FLASH is not None and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
     if name == "efficient":
-        return _EFFICIENT is not None and device.type == "cuda"
+        return _EFFICIENT is not None and device.type == "cuda" and dtype in (torch.float32, torch.float16, torch.bfloat16)
     if name == "flex":
         from .flex_window import flex_available
 

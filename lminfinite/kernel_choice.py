@@ -1,8 +1,8 @@
 """Which kernels compute the window span on this device: the ones the config names, or for ``auto`` the fastest
 (as benchmarks/window_span.py measured) that this device and PyTorch build run correctly.
 
-``auto`` checks each fused candidate once per device, dtype and head size against the float32 kernel on a small
-masked problem, and skips one that raises or disagrees (with a warning), so a GPU or PyTorch build where a
+``auto`` checks each fused candidate once per device, dtype and head size against float64 on a small masked
+problem, and skips one that raises or disagrees (with a warning), so a GPU or PyTorch build where a
 kernel is missing or wrong falls back to a correct one instead of failing or answering wrongly.
 """
 
@@ -40,13 +40,14 @@ def kernels_for(requested: str, device: torch.device, dtype: torch.dtype, head_d
 def _auto(device_type: str, index: int | None, dtype: torch.dtype, head_dim: int) -> str:
     device = torch.device(device_type, index)
     for name in AUTO_ORDER.get(device_type, ()):
-        if name != "float32" and supports(name, device, dtype) and agrees_with_float32(name, device, dtype, head_dim):
+        if name != "float32" and supports(name, device, dtype) and agrees_with_float64(name, device, dtype, head_dim):
             return name
     return "float32"
 
 
-def agrees_with_float32(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    """Kernel ``name`` on a banded, clipped problem (unaligned mask rows, grouped rows) matches the float32 kernel."""
+def agrees_with_float64(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Kernel ``name`` on a banded, clipped problem (unaligned mask rows, grouped rows) matches float64 (not the
+    float32 kernel, whose matmuls follow the caller's TF32 setting)."""
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, rows, head_dim, generator=generator).to(device, dtype) for rows in (96, 83, 83))
     distance = torch.arange(96, device=device)[:, None] % 48 + 35 - torch.arange(83, device=device)[None, :]
@@ -54,7 +55,7 @@ def agrees_with_float32(name: str, device: torch.device, dtype: torch.dtype, hea
     tolerance = 1e-4 if dtype == torch.float32 else 0.05
     try:
         out, lse = SPAN_KERNELS[name](q, k, v, mask, head_dim**-0.5)
-        expected_out, expected_lse = float32_span(q, k, v, mask, head_dim**-0.5)
+        expected_out, expected_lse = float32_span(q.double(), k.double(), v.double(), mask.double(), head_dim**-0.5)
         error = max((out - expected_out).abs().max().item(), (lse - expected_lse).abs().max().item())
     except RuntimeError as exc:  # a kernel this build or GPU does not run
         warnings.warn(f"lminfinite: the {name!r} window kernel fails on {device} with {dtype} ({exc}); not using it")

@@ -64,11 +64,10 @@ def window_attention(query: torch.Tensor, ctx: KeyContext, window: int, scale: f
 def band_mask(queries: int, window: int, groups: int, dtype: torch.dtype, device) -> torch.Tensor:
     """(groups, queries, window + queries - 1) additive mask, 0 where 0 <= i - j < window, else -inf:
     query t of a band against the keys from ``window - 1`` before its first query; rows are repeated
-    per group of query heads sharing a key head. Rows are stored padded to whole vectors, as fused kernels
-    read their bias."""
+    per group of query heads sharing a key head. It is stored whole, rows padded to whole vectors, so a full
+    band's (groups · queries, keys) slice is a view fused kernels read as it is, never a copy per band."""
     width = window + queries - 1
     distance = torch.arange(queries, device=device)[:, None] + (window - 1) - torch.arange(width, device=device)
     allowed = (distance >= 0) & (distance < window)
-    storage = torch.empty(queries, -(-width // BIAS_ALIGNMENT) * BIAS_ALIGNMENT, dtype=dtype, device=device)
-    mask = storage[:, :width].fill_(0).masked_fill_(~allowed, float("-inf"))
-    return mask.expand(groups, *mask.shape)
+    storage = torch.empty(groups, queries, -(-width // BIAS_ALIGNMENT) * BIAS_ALIGNMENT, dtype=dtype, device=device)
+    return storage[..., :width].fill_(0).masked_fill_(~allowed, float("-inf"))

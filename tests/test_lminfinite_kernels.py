@@ -58,7 +58,7 @@ def test_auto_picks_the_fused_cpu_kernel_where_it_exists_and_float32_elsewhere()
     assert kernel_choice.kernels_for("flex", cpu, torch.float32, 64) == ("flex", "cpu-flash")
 
 
-def test_auto_skips_a_kernel_that_disagrees_with_float32(monkeypatch):
+def test_auto_skips_a_kernel_that_disagrees_with_float64(monkeypatch):
     def off_by_a_tenth(q, k, v, mask, scale):
         out, lse = fused.float32_span(q, k, v, mask, scale)
         return out * 1.1, lse
@@ -68,14 +68,14 @@ def test_auto_skips_a_kernel_that_disagrees_with_float32(monkeypatch):
 
     monkeypatch.setitem(fused.SPAN_KERNELS, "cpu-flash", off_by_a_tenth)
     with pytest.warns(UserWarning, match="off by"):
-        assert not kernel_choice.agrees_with_float32("cpu-flash", torch.device("cpu"), torch.float32, 64)
+        assert not kernel_choice.agrees_with_float64("cpu-flash", torch.device("cpu"), torch.float32, 64)
     monkeypatch.setitem(fused.SPAN_KERNELS, "cpu-flash", raises)
     with pytest.warns(UserWarning, match="no kernel image"):
-        assert not kernel_choice.agrees_with_float32("cpu-flash", torch.device("cpu"), torch.float32, 64)
+        assert not kernel_choice.agrees_with_float64("cpu-flash", torch.device("cpu"), torch.float32, 64)
     monkeypatch.undo()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert kernel_choice.agrees_with_float32("cpu-flash", torch.device("cpu"), torch.bfloat16, 128)
+        assert kernel_choice.agrees_with_float64("cpu-flash", torch.device("cpu"), torch.bfloat16, 128)
 
 
 def test_a_kernel_this_device_lacks_or_an_unknown_one_is_refused_by_name():
