@@ -6,7 +6,8 @@
 #            run(command="bash scripts/gpu_check.sh speed", carry=[".whl"], timeout_s=600)
 #
 # Steps (each fits its share of one 10-minute device call):
-#   tests    the CUDA tests (tests/test_lminfinite_cuda.py, tests/test_app_cuda.py) -> cuda_tests.log
+#   tests    the CUDA tests (tests/test_lminfinite_cuda.py, tests/test_app_cuda.py: the library, and the app in
+#            4-bit, its engine and `python app.py --load-in-4bit` over HTTP) -> cuda_tests.log
 #   kernels  the window-span kernels side by side at Llama-2-7B's shape, c = 4·L -> README's window_span_gpu table
 #   speed    the Llama-2-7B shape in 4-bit from 4K to 128K tokens -> README's speed_gpu table
 # Logs and results go to $OUT (they come back to this machine): gpu.txt, the logs, the table files and README.md.
@@ -32,12 +33,12 @@ for step in "${STEPS[@]}"; do
     tests)  # the library's tests in four workers (FlexAttention compiles side by side); the app's alone, as one
             # of them takes all free GPU memory on purpose
       workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
-      timeout 270 python3 -m pytest -q -p no:cacheprovider -rs $workers tests/test_lminfinite_cuda.py 2>&1 \
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -rs $workers tests/test_lminfinite_cuda.py 2>&1 \
         | tee "$OUT/cuda_tests.log"; rc=${PIPESTATUS[0]}
-      timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/test_app_cuda.py 2>&1 \
+      timeout 180 python3 -m pytest -q -p no:cacheprovider -rs tests/test_app_cuda.py 2>&1 \
         | tee -a "$OUT/cuda_tests.log"; rc=$(( rc || PIPESTATUS[0] )) ;;
     kernels)
-      timeout 150 python3 -m benchmarks.window_span --device cuda --window 4096 --heads 32 --head-dim 128 \
+      timeout 120 python3 -m benchmarks.window_span --device cuda --window 4096 --heads 32 --head-dim 128 \
         --readme 2>&1 | tee "$OUT/window_span_gpu.log"; rc=${PIPESTATUS[0]} ;;
     speed)
       timeout 540 python3 -m benchmarks.speed --model random-7b --device cuda --load-in-4bit --window 4096 \

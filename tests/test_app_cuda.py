@@ -24,7 +24,7 @@ from app.engine.metrics import device_memory
 from app.engine.model_loading import ModelChoice, load_runtime
 from app.web.views import panel_html
 from app_fixtures import model_dir
-from benchmarks.models import LLAMA2_7B
+from benchmarks.models import LLAMA2_7B, random_checkpoint
 from test_app_engine import code_file, pdf_like, run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (scripts/gpu_check.sh)")
@@ -37,14 +37,14 @@ MiB = 1 << 20
 @pytest.fixture(scope="module")
 def llama2_shaped(tmp_path_factory):
     """A folder as a user would pass to --model: config, bf16 safetensors, tokenizer and chat template."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
     folder = tmp_path_factory.mktemp("llama2-shaped")
     demo = json.loads((model_dir() / "config.json").read_text())
     ids = {key: demo[key] for key in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}
-    config = LlamaConfig(**{**LLAMA2_7B, "num_hidden_layers": 4, **ids}, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    weights = random_checkpoint(LlamaConfig(**{**LLAMA2_7B, "num_hidden_layers": 4, **ids}))
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).symlink_to(weights / name)
     for name in TOKENIZER_FILES:
         shutil.copy(model_dir() / name, folder / name)
     return folder
@@ -118,7 +118,7 @@ def test_the_launched_app_reads_and_answers_on_cuda_in_4bit(llama2_shaped, tmp_p
     try:
         client = AppClient(server.url)
         client.ask("What is the pass key?", files=[make_long_text(tmp_path / "notes.txt", sentences=400)])
-        assert client.context_tokens() > 4096 and client.chat()[-1]["role"] == "assistant"
+        assert client.context_tokens > 4096 and client.chat[-1]["role"] == "assistant" and client.last_answer()
         memory = client.panel()["memory"]
         assert memory["kind"] == "cuda" and memory["allocated"] > 0 and memory["reserved"] >= memory["allocated"]
     finally:

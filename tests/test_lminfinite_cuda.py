@@ -50,18 +50,14 @@ def test_cuda_follows_the_float64_reference(family, config_name, dtype, chunk):
 
 def _llama2_shaped_4bit(layers: int = 4):
     from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
-    import tempfile
 
-    config = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=layers, num_attention_heads=32,
-                         num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096,
-                         attn_implementation="sdpa")
-    torch.manual_seed(0)
-    path = tempfile.mkdtemp(prefix="llama2-shaped-")
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    from benchmarks.models import LLAMA2_7B, random_checkpoint
+
+    path = random_checkpoint(LlamaConfig(**{**LLAMA2_7B, "num_hidden_layers": layers}))
     quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                       bnb_4bit_compute_dtype=torch.bfloat16)
     return LlamaForCausalLM.from_pretrained(path, quantization_config=quantization, device_map="cuda",
-                                            dtype=torch.bfloat16).eval()
+                                            dtype=torch.bfloat16, attn_implementation="sdpa").eval()
 
 
 def test_4bit_llama2_shape_prefills_generates_and_rolls_back():
