@@ -12,7 +12,6 @@ variants side by side on one server.
 from __future__ import annotations
 
 import argparse
-import json
 import sysconfig
 import tempfile
 import time
@@ -20,12 +19,10 @@ import zipfile
 from pathlib import Path
 
 from benchmarks.launched_app import start_app
-from benchmarks.report import splice_readme
+from benchmarks.report import publish
 from ingest.tables import markdown_table
 from ingest.units import human_bytes
 
-RESULTS = Path(__file__).parent / "results"
-README = Path(__file__).resolve().parents[1] / "README.md"
 SETTINGS = ("You are a helpful assistant.", 0.0, 0.9, 16, 1.0, True, 5)  # the /run inputs, as the panel starts
 
 
@@ -104,11 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args(argv)
     result = run(args.files, args.lines_per_file, args.model)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "many_files.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(table(result))
-    if args.readme:
-        splice_readme(README, "many_files", table(result))
+    publish("many_files", result, table(result), readme=args.readme)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ each reopened context answers token for token as the never-closed one.
 from __future__ import annotations
 
 import argparse
-import json
 import sysconfig
 import tempfile
 import threading
@@ -26,12 +25,10 @@ import torch
 from app.cli import AppConfig
 from app.engine.model_loading import load_runtime
 from app.web.server import build_app
-from benchmarks.report import splice_readme
+from benchmarks.report import publish
 from ingest.tables import markdown_table
 from ingest.units import human_bytes
 
-RESULTS = Path(__file__).parent / "results"
-README = Path(__file__).resolve().parents[1] / "README.md"
 SETTINGS = ("You are a helpful assistant.", 0.0, 0.9, 48, 1.0, True, 5)  # greedy, recall on, as the panel starts
 FIRST = "Which module defines the function that these docstrings call a heap queue?"
 NEXT = "What does the shutil module's copyfile function do?"
@@ -182,11 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     result = run(args.tokens, args.model)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "reopen.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(table(result))
-    if args.readme:
-        splice_readme(README, "reopen", table(result))
+    publish("reopen", result, table(result), readme=args.readme)
 
 
 if __name__ == "__main__":

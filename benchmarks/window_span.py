@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.report import splice_readme
+from benchmarks.report import RESULTS, publish
 from ingest.tables import markdown_table
 from ingest.units import mib
 from lminfinite.context import KeyContext
 from lminfinite.fused import supports
 from lminfinite.window import band_size, window_attention
 
-ROOT = Path(__file__).resolve().parent.parent
 ALL_KERNELS = ("float32", "cpu-flash", "efficient", "flex")
 
 
@@ -45,7 +43,7 @@ def parse_args(argv=None):
                         "on CUDA also L/4, where fewer, larger calls may fill the GPU better)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--sample-rows", type=int, default=64, help="query rows checked against float64")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--readme", action="store_true")
     return p.parse_args(argv)
 
@@ -139,10 +137,6 @@ def fallback_seconds(results: list[dict], window: int) -> float | None:
 def write_results(args, chunk: int, device, dtype, results: list[dict]) -> None:
     name = "window_span_gpu" if device.type == "cuda" else "window_span_cpu"
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps(dict(chunk=chunk, window=args.window, heads=args.heads,
-                                                             head_dim=args.head_dim, dtype=args.dtype, device=where,
-                                                             results=results), indent=1))
     baseline = fallback_seconds(results, args.window)
     on_cuda = device.type == "cuda"
     table = markdown_table(
@@ -156,11 +150,9 @@ def write_results(args, chunk: int, device, dtype, results: list[dict]) -> None:
     heading = (f"{datetime.date.today()}, {where}, torch {torch.__version__}: one layer's window span for a chunk of "
                f"{chunk:,} queries (4·L, L = {args.window:,}), {args.heads} heads of {args.head_dim}, {args.dtype}; "
                f"median of {args.repeats}; errors against float64 on {args.sample_rows} sampled rows.")
-    body = heading + "\n\n" + table
-    (args.out / f"{name}.md").write_text(body + "\n")
-    print(body)
-    if args.readme:
-        splice_readme(ROOT / "README.md", name, body)
+    data = dict(chunk=chunk, window=args.window, heads=args.heads, head_dim=args.head_dim, dtype=args.dtype,
+                device=where, results=results)
+    publish(name, data, heading + "\n\n" + table, readme=args.readme, out=args.out)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import re
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,55 +36,61 @@ def drop_pdf_and_ask(page, url: str, pdf: Path, question: str) -> None:
     """Open the app, drop ``pdf`` into the chat box as a user's drag and drop does, and send ``question``."""
     page.goto(url)
     page.wait_for_selector("#chat-input textarea", timeout=60_000)
-    page.evaluate(DROP_FILE, {"selector": "#chat-input .full-container", "name": pdf.name,
-                              "b64": base64.b64encode(pdf.read_bytes()).decode(), "mime": "application/pdf"})
+    drop_and_ask(page, "#chat-input .full-container", pdf, "application/pdf", question)
+
+
+def drop_and_ask(page, selector: str, path: Path, mime: str, question: str) -> None:
+    """Drop a file on ``selector``, wait for it to be attached to the chat box, and send ``question``."""
+    page.evaluate(DROP_FILE, {"selector": selector, "name": path.name, "mime": mime,
+                              "b64": base64.b64encode(path.read_bytes()).decode()})
     page.wait_for_selector("#chat-input .thumbnail-item, #chat-input .thumbnails", timeout=30_000)
     page.fill("#chat-input textarea", question)
     page.keyboard.press("Enter")
 
 
-@pytest.mark.browser
-def test_drop_ask_answer_and_screenshot(tmp_path):
+@contextmanager
+def chromium():
+    """Headless Chromium for one test, closed whatever happens; the test is skipped where it is not installed."""
     if not CHROMIUM.exists():
         pytest.skip("/usr/bin/chromium is not installed (apt-get install chromium)")
     playwright = pytest.importorskip("playwright.sync_api")
-    server = shared_server()
-    pdf = make_pdf(tmp_path / "annual_report.pdf", pages=8, secret_page=5)
-
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1100})
-            drop_pdf_and_ask(page, server.url, pdf, "What is the pass key?")
-
-            # The answer arrives with its sources; the documents table and the live panel are updated.
-            page.wait_for_function(
-                "() => [...document.querySelectorAll('#chat .message')].some(m => m.innerText.includes('Sources'))",
-                timeout=120_000)
-            page.wait_for_function(
-                "() => document.querySelector('#documents-table').innerText.includes('in context')", timeout=30_000)
-            page.wait_for_function(
-                "() => /decode\\n[0-9]/i.test(document.querySelector('#live-panel').innerText)", timeout=10_000)
-            page.wait_for_timeout(1500)  # one more panel tick so the numbers are the final ones
-
-            chat = page.inner_text("#chat")
-            assert "annual_report.pdf" in chat and "What is the pass key?" in chat
-            assert "annual_report.pdf p. " in chat  # a cited page
-            table = page.inner_text("#documents-table")
-            assert "annual_report.pdf" in table and "in context" in table
-            panel = page.inner_text("#live-panel").lower()
-            assert "tok/s" in panel and "kv cache" in panel and "decode\n–" not in panel
-
-            page.screenshot(path=str(tmp_path / "screenshot.png"), full_page=True)
+            yield browser
         finally:
             browser.close()
+
+
+@pytest.mark.browser
+def test_drop_ask_answer_and_screenshot(tmp_path):
+    server = shared_server()
+    pdf = make_pdf(tmp_path / "annual_report.pdf", pages=8, secret_page=5)
+
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1440, "height": 1100})
+        drop_pdf_and_ask(page, server.url, pdf, "What is the pass key?")
+
+        # The answer arrives with its sources; the documents table and the live panel are updated.
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('#chat .message')].some(m => m.innerText.includes('Sources'))",
+            timeout=120_000)
+        page.wait_for_function(
+            "() => document.querySelector('#documents-table').innerText.includes('in context')", timeout=30_000)
+        page.wait_for_function(
+            "() => /decode\\n[0-9]/i.test(document.querySelector('#live-panel').innerText)", timeout=10_000)
+        page.wait_for_timeout(1500)  # one more panel tick so the numbers are the final ones
+
+        chat = page.inner_text("#chat")
+        assert "annual_report.pdf" in chat and "What is the pass key?" in chat
+        assert "annual_report.pdf p. " in chat  # a cited page
+        table = page.inner_text("#documents-table")
+        assert "annual_report.pdf" in table and "in context" in table
+        panel = page.inner_text("#live-panel").lower()
+        assert "tok/s" in panel and "kv cache" in panel and "decode\n–" not in panel
+
+        page.screenshot(path=str(tmp_path / "screenshot.png"), full_page=True)
     assert (tmp_path / "screenshot.png").stat().st_size > 20_000
-
-
-def _browser(playwright):
-    if not CHROMIUM.exists():
-        pytest.skip("/usr/bin/chromium is not installed (apt-get install chromium)")
-    return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
 
 
 def _open(browser, server):
@@ -94,19 +101,6 @@ def _open(browser, server):
     return page
 
 
-def _drop(page, selector: str, path: Path, mime: str) -> None:
-    page.evaluate(DROP_FILE, {"selector": selector, "name": path.name, "mime": mime,
-                              "b64": base64.b64encode(path.read_bytes()).decode()})
-
-
-def _drop_text_and_ask(page, selector: str, path: Path, question: str) -> None:
-    """Drop a text file on ``selector``, wait for it to be attached to the chat box, and send ``question``."""
-    _drop(page, selector, path, "text/plain")
-    page.wait_for_selector("#chat-input .thumbnail-item, #chat-input .thumbnails", timeout=10_000)
-    page.fill("#chat-input textarea", question)
-    page.keyboard.press("Enter")
-
-
 def _table_includes(page, text: str, timeout: int = 60_000) -> None:
     page.wait_for_function("(text) => document.querySelector('#documents-table').innerText.includes(text)",
                            arg=text, timeout=timeout)
@@ -115,20 +109,15 @@ def _table_includes(page, text: str, timeout: int = 60_000) -> None:
 @pytest.mark.browser
 def test_a_drop_on_the_chat_attaches_the_files_like_the_chat_box(tmp_path):
     """The chat says "drop files here"; a drop there did nothing while the same drop on the box below worked."""
-    playwright = pytest.importorskip("playwright.sync_api")
     server = shared_server()
     notes = tmp_path / "meeting_notes.txt"
     notes.write_text("The meeting is on Tuesday at ten, in room 4.\n" * 30, encoding="utf-8")
-    with playwright.sync_playwright() as p:
-        browser = _browser(p)
-        try:
-            page = _open(browser, server)
-            _drop_text_and_ask(page, "#chat", notes, "When is the meeting?")
-            _table_includes(page, "meeting_notes.txt")
-            _table_includes(page, "in context")
-            assert "Attached: meeting_notes.txt" in page.inner_text("#chat")
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = _open(browser, server)
+        drop_and_ask(page, "#chat", notes, "text/plain", "When is the meeting?")
+        _table_includes(page, "meeting_notes.txt")
+        _table_includes(page, "in context")
+        assert "Attached: meeting_notes.txt" in page.inner_text("#chat")
 
 
 _MONITOR = """() => {
@@ -178,67 +167,62 @@ _TABLE = """() => {
 def test_controls_table_and_progress_follow_the_work(tmp_path):
     """Stop and Cancel looked active when idle, "Nothing to stop." and old exports stayed on screen, the bar
     once showed ~85% under a text saying 14%, and the Files table squeezed "Pag es" and cut off its notes."""
-    playwright = pytest.importorskip("playwright.sync_api")
     server = shared_server()
     long_text = make_long_text(tmp_path / "long_notes.txt", sentences=800)
     pdf, repo = make_pdf(tmp_path / "annual_report.pdf", pages=8), make_repo_zip(tmp_path / "demo_repo.zip")
-    with playwright.sync_playwright() as p:
-        browser = _browser(p)
-        try:
-            page = _open(browser, server)
-            assert page.is_disabled("#stop-button") and page.is_disabled("#cancel-button")  # nothing to stop
-            page.evaluate(_MONITOR)
+    with chromium() as browser:
+        page = _open(browser, server)
+        assert page.is_disabled("#stop-button") and page.is_disabled("#cancel-button")  # nothing to stop
+        page.evaluate(_MONITOR)
 
-            # A long upload: Stop and Cancel become active; Cancel it while it feeds the model.
-            page.set_input_files("#documents-upload input[type=file]", [str(long_text)])
-            page.wait_for_function("() => document.querySelector('#activity').innerText.includes('Feeding')",
-                                   timeout=60_000)
-            page.wait_for_timeout(1000)
-            page.click("#cancel-button")
-            _table_includes(page, "■ cancelled")
-            page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=30_000)
-            assert page.is_disabled("#cancel-button") and page.inner_text("#stop-note").strip() == ""
-            seen = page.evaluate("window.__seen")
-            assert seen["stopActive"] and seen["cancelActive"] and seen["bars"] > 0 and not seen["animated"]
-            assert seen["mismatch"] < 1, f"a progress bar was drawn {seen['mismatch']:.1f} points off its numbers"
-            drawn = page.evaluate(_TABLE)
-            cancelled = next(row for row in drawn["rows"] if row[0]["text"] == "long_notes.txt")
-            assert "tokens were added" in cancelled[4]["text"] and cancelled[4]["inside"] and not cancelled[4]["cut"]
+        # A long upload: Stop and Cancel become active; Cancel it while it feeds the model.
+        page.set_input_files("#documents-upload input[type=file]", [str(long_text)])
+        page.wait_for_function("() => document.querySelector('#activity').innerText.includes('Feeding')",
+                               timeout=60_000)
+        page.wait_for_timeout(1000)
+        page.click("#cancel-button")
+        _table_includes(page, "■ cancelled")
+        page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=30_000)
+        assert page.is_disabled("#cancel-button") and page.inner_text("#stop-note").strip() == ""
+        seen = page.evaluate("window.__seen")
+        assert seen["stopActive"] and seen["cancelActive"] and seen["bars"] > 0 and not seen["animated"]
+        assert seen["mismatch"] < 1, f"a progress bar was drawn {seen['mismatch']:.1f} points off its numbers"
+        drawn = page.evaluate(_TABLE)
+        cancelled = next(row for row in drawn["rows"] if row[0]["text"] == "long_notes.txt")
+        assert "tokens were added" in cancelled[4]["text"] and cancelled[4]["inside"] and not cancelled[4]["cut"]
 
-            # The next action: the cancelled row goes; the new files' rows show every column in full.
-            page.set_input_files("#documents-upload input[type=file]", [str(pdf), str(repo)])
-            _table_includes(page, "annual_report.pdf")
-            assert "long_notes.txt" not in page.inner_text("#documents-table")
-            _table_includes(page, "✓ in context")
-            page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=30_000)
-            drawn = page.evaluate(_TABLE)
-            heights = {h["text"]: h["height"] for h in drawn["headers"]}
-            assert all(h["inside"] for h in drawn["headers"]), drawn["headers"]
-            assert max(heights.values()) <= heights["File"] * 1.2, f"a header broke over lines: {heights}"
-            cells = {row[0]["text"]: row for row in drawn["rows"]}
-            assert re.fullmatch(r"\d{1,3}(,\d{3})+", cells["annual_report.pdf"][3]["text"])  # "10,408"
-            logo = cells["demo_repo.zip/demo_repo/logo.png"]
-            assert "binary" in logo[4]["text"]  # the reason a file was skipped, in its row
-            for row in drawn["rows"]:
-                for cell in row:
-                    assert cell["inside"] and not cell["cut"], f"cut off or outside the table: {row}"
+        # The next action: the cancelled row goes; the new files' rows show every column in full.
+        page.set_input_files("#documents-upload input[type=file]", [str(pdf), str(repo)])
+        _table_includes(page, "annual_report.pdf")
+        assert "long_notes.txt" not in page.inner_text("#documents-table")
+        _table_includes(page, "✓ in context")
+        page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=30_000)
+        drawn = page.evaluate(_TABLE)
+        heights = {h["text"]: h["height"] for h in drawn["headers"]}
+        assert all(h["inside"] for h in drawn["headers"]), drawn["headers"]
+        assert max(heights.values()) <= heights["File"] * 1.2, f"a header broke over lines: {heights}"
+        cells = {row[0]["text"]: row for row in drawn["rows"]}
+        assert re.fullmatch(r"\d{1,3}(,\d{3})+", cells["annual_report.pdf"][3]["text"])  # "10,408"
+        logo = cells["demo_repo.zip/demo_repo/logo.png"]
+        assert "binary" in logo[4]["text"]  # the reason a file was skipped, in its row
+        for row in drawn["rows"]:
+            for cell in row:
+                assert cell["inside"] and not cell["cut"], f"cut off or outside the table: {row}"
 
-            # Export, then chat on: the exported files are hidden (they no longer hold the whole chat).
-            page.click("#export-button")
-            page.wait_for_selector("#export-files", state="visible", timeout=10_000)
-            page.fill("#chat-input textarea", "What is the pass key?")
-            page.keyboard.press("Enter")
-            page.wait_for_selector("#export-files", state="hidden", timeout=10_000)
-            page.wait_for_function("() => document.querySelector('#chat').innerText.includes('first token')",
-                                   timeout=60_000)
+        # Export, then chat on: the exported files are hidden (they no longer hold the whole chat).
+        page.click("#export-button")
+        page.wait_for_selector("#export-files", state="visible", timeout=10_000)
+        page.fill("#chat-input textarea", "What is the pass key?")
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#export-files", state="hidden", timeout=10_000)
+        page.wait_for_function("() => document.querySelector('#chat').innerText.includes('first token')",
+                               timeout=60_000)
 
-            # Regenerate at the default temperature 0 samples, and says so under the answer.
-            page.click("#regenerate-button")
-            page.wait_for_function("() => document.querySelector('#chat').innerText"
-                                   ".includes('regenerated with sampling, temperature 0.7')", timeout=60_000)
-            page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=30_000)
-        finally:
-            browser.close()
+        # Regenerate at the default temperature 0 samples, and says so under the answer.
+        page.click("#regenerate-button")
+        page.wait_for_function("() => document.querySelector('#chat').innerText"
+                               ".includes('regenerated with sampling, temperature 0.7')", timeout=60_000)
+        page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=30_000)
 
 
 def test_start_up_log_names_the_apps_own_flag():
@@ -251,36 +235,31 @@ def test_start_up_log_names_the_apps_own_flag():
 @pytest.mark.browser
 def test_a_reload_shows_the_same_workspace_and_a_new_workspace_is_empty(tmp_path):
     """A page reload once wiped a 160K-token session; now the browser remembers its workspace and reopens it."""
-    playwright = pytest.importorskip("playwright.sync_api")
     server = shared_server()
     notes = tmp_path / "reload_notes.txt"
     notes.write_text("The archive is kept in building C, second floor.\n" * 40, encoding="utf-8")
-    with playwright.sync_playwright() as p:
-        browser = _browser(p)
-        try:
-            page = _open(browser, server)
-            _drop_text_and_ask(page, "#chat-input .full-container", notes, "Where is the archive kept?")
-            _table_includes(page, "in context")
-            page.wait_for_function("() => !document.querySelector('#stop-button') || "
-                                   "document.querySelector('#stop-button').disabled", timeout=60_000)
-            context = page.inner_text("#context-summary")
+    with chromium() as browser:
+        page = _open(browser, server)
+        drop_and_ask(page, "#chat-input .full-container", notes, "text/plain", "Where is the archive kept?")
+        _table_includes(page, "in context")
+        page.wait_for_function("() => !document.querySelector('#stop-button') || "
+                               "document.querySelector('#stop-button').disabled", timeout=60_000)
+        context = page.inner_text("#context-summary")
 
-            page.reload()
-            page.wait_for_selector("#chat-input textarea", timeout=60_000)
-            _table_includes(page, "reload_notes.txt")
-            assert "Where is the archive kept?" in page.inner_text("#chat")
-            assert page.inner_text("#context-summary") == context  # the same tokens: reopened, not re-read
+        page.reload()
+        page.wait_for_selector("#chat-input textarea", timeout=60_000)
+        _table_includes(page, "reload_notes.txt")
+        assert "Where is the archive kept?" in page.inner_text("#chat")
+        assert page.inner_text("#context-summary") == context  # the same tokens: reopened, not re-read
 
-            page.get_by_role("tab", name="Workspaces").click()
-            page.click("#new-workspace")
-            page.wait_for_function("() => !document.querySelector('#chat').innerText.includes('archive kept')",
-                                   timeout=30_000)
-            page.reload()  # the browser now remembers the new, empty workspace
-            page.wait_for_selector("#chat-input textarea", timeout=60_000)
-            page.wait_for_timeout(1500)
-            assert "reload_notes.txt" not in page.inner_text("#documents-table")
-        finally:
-            browser.close()
+        page.get_by_role("tab", name="Workspaces").click()
+        page.click("#new-workspace")
+        page.wait_for_function("() => !document.querySelector('#chat').innerText.includes('archive kept')",
+                               timeout=30_000)
+        page.reload()  # the browser now remembers the new, empty workspace
+        page.wait_for_selector("#chat-input textarea", timeout=60_000)
+        page.wait_for_timeout(1500)
+        assert "reload_notes.txt" not in page.inner_text("#documents-table")
 
 
 @pytest.mark.browser
@@ -289,16 +268,14 @@ def test_a_workspace_survives_a_server_restart(tmp_path):
     restarted server, shows the same chat and context."""
     from benchmarks.launched_app import free_port
 
-    playwright = pytest.importorskip("playwright.sync_api")
     folder, port = tmp_path / "workspaces", free_port()
     server = start_server("--workspaces", str(folder), port=port)
     notes = tmp_path / "restart_notes.txt"
     notes.write_text("The spare keys are in the blue drawer.\n" * 40, encoding="utf-8")
-    with playwright.sync_playwright() as p:
-        browser = _browser(p)
-        try:
+    try:
+        with chromium() as browser:
             page = _open(browser, server)
-            _drop_text_and_ask(page, "#chat-input .full-container", notes, "Where are the spare keys?")
+            drop_and_ask(page, "#chat-input .full-container", notes, "text/plain", "Where are the spare keys?")
             _table_includes(page, "in context")
             page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=60_000)
             context = page.inner_text("#context-summary")
@@ -311,6 +288,5 @@ def test_a_workspace_survives_a_server_restart(tmp_path):
             _table_includes(page, "restart_notes.txt")
             assert "Where are the spare keys?" in page.inner_text("#chat")
             assert page.inner_text("#context-summary") == context
-        finally:
-            browser.close()
-            server.stop()
+    finally:
+        server.stop()
