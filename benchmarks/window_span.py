@@ -23,9 +23,9 @@ from ingest.tables import markdown_table
 from ingest.units import mib
 from lminfinite.context import KeyContext
 from lminfinite.fused import supports
-from lminfinite.window import band_size, window_attention
+from lminfinite.window import WHOLE_SPAN_KERNELS, band_size, window_attention
 
-ALL_KERNELS = ("float32", "cpu-flash", "efficient", "flex")
+ALL_KERNELS = ("float32", "cpu-flash", "efficient", "flash", "flex")
 
 
 def parse_args(argv=None):
@@ -72,14 +72,14 @@ def main(argv=None) -> None:
 
 
 def candidates(args, device, dtype) -> list[tuple[str, int | None]]:
-    """(kernel, band) pairs to time; ``flex`` has no bands (None)."""
+    """(kernel, band) pairs to time; the whole-span kernels (flash, flex) have no bands (None)."""
     kernels = args.kernels.split(",") if args.kernels else [
         k for k in ALL_KERNELS if supports(k, device, dtype) and not (k == "flex" and device.type == "cpu")]
     if args.bands:
         bands = [int(b) for b in args.bands.split(",")]
     else:
         bands = sorted({band_size(args.window)} | ({args.window // 4} if device.type == "cuda" else set()))
-    return [(k, None) if k == "flex" else (k, b) for k in kernels for b in ([None] if k == "flex" else bands)]
+    return [(k, b) for k in kernels for b in ([None] if k in WHOLE_SPAN_KERNELS else bands)]
 
 
 def steady_state_chunk(args, chunk: int, device, dtype):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-WINDOW_KERNELS = ("auto", "cpu-flash", "efficient", "flex", "float32")
+WINDOW_KERNELS = ("auto", "cpu-flash", "efficient", "flash", "flex", "float32")
 
 
 @dataclass
@@ -19,7 +19,8 @@ class LMInfiniteConfig:
     topk_distance: the distance at which recalled middle tokens are scored; ``None`` means ``window // 2``.
     offload_middle: keep evicted keys/values in CPU memory; only the selected rows travel to the accelerator.
     window_kernel: what computes a prefill's window span: ``auto`` (the fastest measured kernel this device and
-        PyTorch build run correctly), ``cpu-flash``, ``efficient`` (CUDA), ``flex`` or ``float32`` (fused.py).
+        PyTorch build run correctly), ``cpu-flash``, ``efficient`` (CUDA), ``flash`` (CUDA), ``flex`` or
+        ``float32`` (fused.py).
     """
 
     n_starting: int = 10

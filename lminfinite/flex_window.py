@@ -72,13 +72,13 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=True)
 
 
-def flex_window_span(query, keys, values, offset: int, window: int, scale: float):
-    """Output float32 (B, H, c, D) and log-sum-exp float32 (B, H, c) of queries (B, H, c, D) over keys and
-    values (B, Hkv, m, D); query row r is at key column r + offset. Query head h reads key head h // (H / Hkv)."""
+def flex_window_span(query, keys, values, window: int, scale: float):
+    """Output float32 (B, H, c, D) and log-sum-exp float32 (B, H, c) of queries (B, H, c, D) that are the last c
+    of the keys and values (B, Hkv, m, D); query head h reads key head h // (H / Hkv)."""
     from torch.nn.attention import flex_attention as flex
 
     c, m = query.shape[-2], keys.shape[-2]
-    block_mask = window_block_mask(c, m, offset, window, query.device)
+    block_mask = window_block_mask(c, m, m - c, window, query.device)
     attend = _compiled_flex() if query.device.type == "cuda" else flex.flex_attention
     extra = {"return_aux": flex.AuxRequest(lse=True)} if hasattr(flex, "AuxRequest") else {"return_lse": True}
     out, aux = attend(query, keys, values, block_mask=block_mask, scale=scale,

@@ -8,7 +8,8 @@ None) and returns (output float32 (B, Hkv, R, D), log-sum-exp float32 (B, Hkv, R
   efficient  PyTorch's memory-efficient CUDA kernel with the mask as an additive bias.
   float32    plain float32 matmul-softmax-matmul: the reference every other kernel is checked against.
 
-``flex`` (flex_window.py) is not a band kernel: it does a prefill's whole window span in one call.
+``flash`` (flash_window.py) and ``flex`` (flex_window.py) are not band kernels: each does a prefill's whole window
+span in one call.
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ def supports(name: str, device: torch.device, dtype: torch.dtype) -> bool:
         return _CPU_FLASH is not None and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
     if name == "efficient":
         return _EFFICIENT is not None and device.type == "cuda" and dtype in (torch.float32, torch.float16, torch.bfloat16)
+    if name == "flash":
+        from .flash_window import flash_supports
+
+        return flash_supports(device, dtype)
     if name == "flex":
         from .flex_window import flex_available
 

@@ -14,49 +14,53 @@ from typing import NamedTuple
 
 import torch
 
+from .context import KeyContext
 from .fused import SPAN_KERNELS, float32_span, supports
+from .window import window_attention
 
-# Fastest first, per device type; float32 runs everywhere.
-AUTO_ORDER = {"cuda": ("efficient", "float32"), "cpu": ("cpu-flash", "float32")}
+# Fastest first, per device type; float32 runs everywhere. A prefill's window span may use a whole-span kernel
+# (window.WHOLE_SPAN_KERNELS); the spans scored through fused.attend_with_lse need a band kernel.
+AUTO_WINDOW = {"cuda": ("flash", "efficient", "float32"), "cpu": ("cpu-flash", "float32")}
+AUTO_BAND = {"cuda": ("efficient", "float32"), "cpu": ("cpu-flash", "float32")}
 
 
 class Kernels(NamedTuple):
-    window: str  # a prefill's window span: a band kernel, or "flex" for the whole span at once
+    window: str  # a prefill's window span: a band kernel, or a whole-span one ("flash", "flex")
     band: str  # spans attended through fused.attend_with_lse (bands, and decoding with top-k)
 
 
 def kernels_for(requested: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> Kernels:
     if requested == "auto":
-        name = _auto(device.type, device.index, dtype, head_dim)
-        return Kernels(name, name)
+        return Kernels(_auto(AUTO_WINDOW, device, dtype, head_dim), _auto(AUTO_BAND, device, dtype, head_dim))
     if not supports(requested, device, dtype):
         raise ValueError(f"window_kernel={requested!r} does not run on {device.type} tensors of {dtype} "
                          f"in this PyTorch build; use 'auto'")
-    band = requested if requested in SPAN_KERNELS else _auto(device.type, device.index, dtype, head_dim)
-    return Kernels(requested, band)
+    return Kernels(requested, requested if requested in SPAN_KERNELS else _auto(AUTO_BAND, device, dtype, head_dim))
 
 
-@functools.lru_cache(maxsize=None)
-def _auto(device_type: str, index: int | None, dtype: torch.dtype, head_dim: int) -> str:
-    device = torch.device(device_type, index)
-    for name in AUTO_ORDER.get(device_type, ()):
-        if name != "float32" and supports(name, device, dtype) and agrees_with_float64(name, device, dtype, head_dim):
+def _auto(order: dict, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    for name in order.get(device.type, ()):
+        if name != "float32" and supports(name, device, dtype) and _checked(name, device.type, device.index, dtype,
+                                                                            head_dim):
             return name
     return "float32"
 
 
+@functools.lru_cache(maxsize=None)
+def _checked(name: str, device_type: str, index: int | None, dtype: torch.dtype, head_dim: int) -> bool:
+    return agrees_with_float64(name, torch.device(device_type, index), dtype, head_dim)
+
+
 def agrees_with_float64(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    """Kernel ``name`` on a banded, clipped problem (unaligned mask rows, grouped rows) matches float64 (not the
-    float32 kernel, whose matmuls follow the caller's TF32 setting)."""
+    """Kernel ``name`` matches float64 (not the float32 kernel, whose matmuls follow the caller's TF32 setting)
+    on a window span whose first band is clipped at the oldest key and whose rows group two query heads per key
+    head; a band kernel also on a mask whose rows start unaligned. Checked once per device, dtype and head size."""
     generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, rows, head_dim, generator=generator).to(device, dtype) for rows in (96, 83, 83))
-    distance = torch.arange(96, device=device)[:, None] % 48 + 35 - torch.arange(83, device=device)[None, :]
-    mask = torch.zeros(96, 83, device=device).masked_fill_((distance < 0) | (distance >= 40), float("-inf"))
     tolerance = 1e-4 if dtype == torch.float32 else 0.05
     try:
-        out, lse = SPAN_KERNELS[name](q, k, v, mask, head_dim**-0.5)
-        expected_out, expected_lse = float32_span(q.double(), k.double(), v.double(), mask.double(), head_dim**-0.5)
-        error = max((out - expected_out).abs().max().item(), (lse - expected_lse).abs().max().item())
+        error = _window_error(name, device, dtype, head_dim, generator)
+        if name in SPAN_KERNELS:
+            error = max(error, _band_error(name, device, dtype, head_dim, generator))
     except RuntimeError as exc:  # a kernel this build or GPU does not run
         warnings.warn(f"lminfinite: the {name!r} window kernel fails on {device} with {dtype} ({exc}); not using it")
         return False
@@ -65,3 +69,28 @@ def agrees_with_float64(name: str, device: torch.device, dtype: torch.dtype, hea
                       "not using it")
         return False
     return True
+
+
+def _window_error(name: str, device, dtype, head_dim: int, generator) -> float:
+    """The window span of 96 queries after 35 earlier keys, L = 40, four query heads over two key heads."""
+    queries, keys, window, scale = 96, 96 + 35, 40, head_dim**-0.5
+    query = torch.randn(1, 4, queries, head_dim, generator=generator).to(device, dtype)
+    k, v = (torch.randn(1, 2, keys, head_dim, generator=generator).to(device, dtype) for _ in range(2))
+    ctx = KeyContext(k, v, recent_start=0, frame=0, start_k=k[..., :0, :], start_v=v[..., :0, :])
+    out, lse = window_attention(query, ctx, window, scale, name)
+    distance = torch.arange(keys - queries, keys, device=device)[:, None] - torch.arange(keys, device=device)
+    mask = torch.zeros(queries, keys, device=device, dtype=torch.float64)
+    mask.masked_fill_((distance < 0) | (distance >= window), float("-inf"))
+    k, v = (t.double().repeat_interleave(2, dim=1) for t in (k, v))
+    expected_out, expected_lse = float32_span(query.double(), k, v, mask, scale)
+    return max((out - expected_out).abs().max().item(), (lse - expected_lse).abs().max().item())
+
+
+def _band_error(name: str, device, dtype, head_dim: int, generator) -> float:
+    """One band through attend_with_lse with an unaligned mask (83 columns) over grouped rows."""
+    q, k, v = (torch.randn(1, 2, rows, head_dim, generator=generator).to(device, dtype) for rows in (96, 83, 83))
+    distance = torch.arange(96, device=device)[:, None] % 48 + 35 - torch.arange(83, device=device)[None, :]
+    mask = torch.zeros(96, 83, device=device).masked_fill_((distance < 0) | (distance >= 40), float("-inf"))
+    out, lse = SPAN_KERNELS[name](q, k, v, mask, head_dim**-0.5)
+    expected_out, expected_lse = float32_span(q.double(), k.double(), v.double(), mask.double(), head_dim**-0.5)
+    return max((out - expected_out).abs().max().item(), (lse - expected_lse).abs().max().item())

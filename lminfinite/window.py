@@ -6,7 +6,7 @@ bands waste little, and each is one fused call that also returns its log-sum-exp
 same mask relative to its first query, so it is built once per call; a band clipped at the oldest
 cached key uses its right-hand columns. Causal triangles (``is_causal``) do not pay on the CPU kernel:
 it tiles keys 512 at a time, so for L <= 512 a triangle costs a whole square, and for larger L a band
-of 256 already wastes under 6%. The ``flex`` kernel (flex_window.py) takes the whole span in one call instead.
+of 256 already wastes under 6%. The whole-span kernels (``flash``, ``flex``) take the span in one call instead.
 """
 
 from __future__ import annotations
@@ -14,8 +14,13 @@ from __future__ import annotations
 import torch
 
 from .context import KeyContext
+from .flash_window import flash_window_span
 from .flex_window import flex_window_span
 from .fused import BIAS_ALIGNMENT, attend_with_lse
+
+# Kernels that take a prefill's whole window span in one call: (query, keys, values, window, scale), the
+# queries being the last c keys; the band kernels (fused.py) run in bands of queries.
+WHOLE_SPAN_KERNELS = {"flash": flash_window_span, "flex": flex_window_span}
 
 
 def band_size(window: int) -> int:
@@ -26,18 +31,18 @@ def band_size(window: int) -> int:
 def window_attention(query: torch.Tensor, ctx: KeyContext, window: int, scale: float, kernel: str = "float32",
                      band: int | None = None):
     """Window-span output and log-sum-exp, float32 (B, H, c, D) and (B, H, c), through the named kernel
-    (fused.py; ``flex`` does the whole span in one call), in bands of ``band`` queries (default band_size).
+    (fused.py, or one of WHOLE_SPAN_KERNELS), in bands of ``band`` queries (default band_size).
 
     ``query`` (B, H, c, D) holds the last c tokens of ``ctx.recent``, rotated into ``ctx.frame``.
     """
     batch, heads, c, dim = query.shape
     kv_heads = ctx.recent_k.shape[1]
     groups = heads // kv_heads
-    if kernel == "flex":
+    if kernel in WHOLE_SPAN_KERNELS:
         k_lo = max(ctx.end - c - window + 1, ctx.recent_start)  # the first query's oldest visible key
         keys = ctx.recent_k[..., k_lo - ctx.recent_start :, :]
         values = ctx.recent_v[..., k_lo - ctx.recent_start :, :]
-        return flex_window_span(query, keys, values, ctx.end - c - k_lo, window, scale)
+        return WHOLE_SPAN_KERNELS[kernel](query, keys, values, window, scale)
     # Query head h reads key/value head h // groups (HF's repeat_kv): fold groups into rows.
     q = query.view(batch, kv_heads, groups, c, dim)
     first = ctx.end - c

@@ -5,9 +5,9 @@
 - bitsandbytes NF4 on a Llama-2-7B-shaped layer stack (4 of its 32 layers, random weights): chunked prefill,
   generate, snapshot and rollback;
 - ``offload_middle=True``: GPU memory stays flat while the middle store grows in CPU memory;
-- each window-span kernel (efficient, flex, float32) through the model against the reference, and on its own at a
-  scale where FlexAttention has whole blocks; ``auto`` picks the fused kernel (test_lminfinite_kernels.py has the
-  CPU side).
+- each window-span kernel (efficient, flash, flex, float32) through the model against the reference, and on its
+  own at a scale where the whole-span kernels skip whole blocks; ``auto`` picks FlashAttention's sliding window in
+  half precision and the memory-efficient kernel otherwise (test_lminfinite_kernels.py has the CPU side).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_offloaded_middle_keeps_gpu_memory_flat():
     assert max(allocated[10:]) - min(allocated[10:]) < 1 << 20  # flat on the GPU while the CPU store grows
 
 
-@pytest.mark.parametrize("kernel", ["efficient", "flex", "float32"])
+@pytest.mark.parametrize("kernel", ["efficient", "flash", "flex", "float32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("config_name", ["lambda", "topk"])
 @pytest.mark.parametrize("family", ["llama-gqa", "qwen2-gqa"])
@@ -107,7 +107,7 @@ def test_each_cuda_window_kernel_follows_the_float64_reference(kernel, family, c
     assert error.max() < 0.1 and error.mean() < 0.005, (error.max().item(), error.mean().item())
 
 
-@pytest.mark.parametrize("kernel", ["efficient", "flex"])
+@pytest.mark.parametrize("kernel", ["efficient", "flash", "flex"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("earlier_keys", [0, 150, 299])  # a first chunk, one clipped at the oldest key, a steady one
 def test_cuda_window_span_kernels_match_float64_with_whole_blocks(kernel, dtype, earlier_keys):
@@ -125,7 +125,8 @@ def test_cuda_window_span_kernels_match_float64_with_whole_blocks(kernel, dtype,
     torch.testing.assert_close(lse.double().cpu(), torch.logsumexp(logits, -1), atol=0.02, rtol=0)
 
 
-def test_auto_picks_the_fused_cuda_kernel():
+def test_auto_picks_the_fused_cuda_kernels():
     device = torch.device("cuda", torch.cuda.current_device())
     for dtype in (torch.bfloat16, torch.float16):
-        assert kernels_for("auto", device, dtype, 128).window == "efficient"
+        assert kernels_for("auto", device, dtype, 128) == ("flash", "efficient")
+    assert kernels_for("auto", device, torch.float32, 128) == ("efficient", "efficient")

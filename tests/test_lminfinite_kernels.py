@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lminfinite
-from lminfinite import fused, kernel_choice
+from lminfinite import fused, kernel_choice, window
 from lminfinite.flex_window import block_lists
 from lminfinite.reference import ReferenceModel
 from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
@@ -78,9 +78,38 @@ def test_auto_skips_a_kernel_that_disagrees_with_float64(monkeypatch):
         assert kernel_choice.agrees_with_float64("cpu-flash", torch.device("cpu"), torch.bfloat16, 128)
 
 
+@pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
+def test_auto_checks_a_whole_span_kernel_on_a_clipped_grouped_window_and_prefers_it_when_listed_first(monkeypatch):
+    cpu = torch.device("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert kernel_choice.agrees_with_float64("flex", cpu, torch.float32, 64)
+    monkeypatch.setattr(kernel_choice, "AUTO_WINDOW", {"cpu": ("flex", "cpu-flash", "float32")})
+    kernel_choice._checked.cache_clear()
+    assert kernel_choice.kernels_for("auto", cpu, torch.float32, 64) == ("flex", "cpu-flash")
+
+    def shifted_by_one_key(query, keys, values, window_size, scale):  # a window one key too far back
+        return window.flex_window_span(query, keys[..., :-1, :], values[..., :-1, :], window_size, scale)
+
+    monkeypatch.setitem(window.WHOLE_SPAN_KERNELS, "flex", shifted_by_one_key)
+    kernel_choice._checked.cache_clear()
+    with pytest.warns(UserWarning, match="'flex' window kernel is off by"):
+        assert kernel_choice.kernels_for("auto", cpu, torch.float32, 64) == ("cpu-flash", "cpu-flash")
+    kernel_choice._checked.cache_clear()
+
+
+def test_the_flash_window_call_binds_this_pytorch_builds_operator_and_returns_float32_spans():
+    """The CUDA tests check its values; here the meta kernel checks the call against this build's op schema."""
+    query = torch.empty(1, 32, 100, 128, device="meta", dtype=torch.bfloat16)
+    keys = torch.empty(1, 8, 150, 128, device="meta", dtype=torch.bfloat16)
+    out, lse = window.flash_window_span(query, keys, keys, 60, 0.1)
+    assert (out.shape, out.dtype, lse.shape, lse.dtype) == (query.shape, torch.float32, (1, 32, 100), torch.float32)
+
+
 def test_a_kernel_this_device_lacks_or_an_unknown_one_is_refused_by_name():
-    with pytest.raises(ValueError, match="'efficient' does not run on cpu"):
-        kernel_choice.kernels_for("efficient", torch.device("cpu"), torch.float32, 64)
+    for kernel in ("efficient", "flash"):
+        with pytest.raises(ValueError, match=f"'{kernel}' does not run on cpu"):
+            kernel_choice.kernels_for(kernel, torch.device("cpu"), torch.float32, 64)
     with pytest.raises(ValueError, match="window_kernel must be one of"):
         lminfinite.LMInfiniteConfig(window_kernel="triton")
 
