@@ -135,3 +135,30 @@ def test_a_turn_abandoned_by_a_generator_never_closed_lapses(monkeypatch):
     with gate.turn(object(), answer=False):
         waited = time.monotonic() - started
     assert 0.3 <= waited < 10
+
+
+def test_a_forward_slower_than_the_lapse_keeps_the_model_to_itself(monkeypatch):
+    """Only an answer idle between its forwards lapses; one forward (an answer's, or a feed's chunk) that runs
+    longer than STALE_S (a large model on a CPU) is never joined by another."""
+    import app.engine.model_gate as model_gate
+
+    monkeypatch.setattr(model_gate, "STALE_S", 0.2)
+    gate = ModelGate()
+    log = []
+
+    def forward(owner, name, seconds, answer):
+        with gate.turn(owner, answer=answer):  # an answer holds the gate around its forwards
+            with gate.turn(owner, answer=False):  # the forward itself, as ModelRuntime.forward takes it
+                log.append((name, "in"))
+                time.sleep(seconds)
+                log.append((name, "out"))
+
+    for first_is_answer in (True, False):
+        log.clear()
+        slow = threading.Thread(target=forward, args=(object(), "slow", 0.8, first_is_answer))
+        slow.start()
+        while not log:
+            time.sleep(0.01)
+        forward(object(), "other", 0.0, True)
+        slow.join()
+        assert log == [("slow", "in"), ("slow", "out"), ("other", "in"), ("other", "out")], first_is_answer

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from .metrics import LiveStats
 
 WAIT_TICK_S = 0.5  # how often a waiting session's "waited" line is refreshed
-STALE_S = 30.0  # a holder that has not run the model for this long was abandoned (a generator never closed)
+STALE_S = 30.0  # an answer idle between forwards this long was abandoned (a generator never closed)
 
 
 class ModelGate:
@@ -29,7 +29,8 @@ class ModelGate:
         self._depth = 0
         self._holder_stats: LiveStats | None = None
         self._answers_waiting = 0
-        self._last_used = 0.0  # when the holder last entered a turn
+        self._holder_answer = False  # the holder's outermost turn is an answer's (held between its forwards)
+        self._last_used = 0.0  # when the holder last entered or left a turn
 
     @contextmanager
     def turn(self, owner: object, *, answer: bool, stats: LiveStats | None = None):
@@ -59,11 +60,17 @@ class ModelGate:
                 if answer:
                     self._answers_waiting -= 1
             self._holder, self._depth, self._holder_stats = owner, 1, stats
+            self._holder_answer = answer
             self._last_used = time.monotonic()
 
     def _free_for(self, answer: bool) -> bool:
-        free = self._holder is None or time.monotonic() - self._last_used > STALE_S  # an abandoned turn lapses
-        return free and (answer or self._answers_waiting == 0)
+        return (self._holder is None or self._abandoned()) and (answer or self._answers_waiting == 0)
+
+    def _abandoned(self) -> bool:
+        """An answer's hold lapses when it has sat between forwards for STALE_S (its generator was never resumed
+        or closed); a forward in progress never does, however slow the model."""
+        between_forwards = self._holder_answer and self._depth == 1
+        return between_forwards and time.monotonic() - self._last_used > STALE_S
 
     def _wait_for_turn(self, answer: bool, stats: LiveStats | None) -> None:
         """Block (the condition's lock held) until free; meanwhile ``stats`` shows the measured wait."""
@@ -95,6 +102,7 @@ class ModelGate:
             if self._holder is not owner:
                 return
             self._depth -= 1
+            self._last_used = time.monotonic()
             if self._depth == 0:
                 self._holder, self._holder_stats = None, None
                 self._cond.notify_all()

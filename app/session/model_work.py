@@ -87,6 +87,9 @@ class ModelWork:
 
     def run(self, session: Session, work: Work, settings: GenerationSettings, system_prompt: str):
         """Generator: carry out one ready action, yielding the session's view as it streams."""
+        if work.cancel.is_set():  # Stop reached it while it waited: whatever it is, it does nothing
+            self._mark_not_done(session, work)
+            return
         if work.kind == WorkKind.RESET:
             session.reset()
             return
@@ -99,9 +102,6 @@ class ModelWork:
         if work.kind == WorkKind.REMOVE:
             if session.engine is not None:
                 yield from self._remove(session, work)
-            return
-        if work.cancel.is_set():
-            self._mark_not_done(session, work, "■ Stopped before it started: nothing was added")
             return
         engine = session.ensure_engine(system_prompt)
         if work.kind == WorkKind.REGENERATE:
@@ -119,9 +119,9 @@ class ModelWork:
     def _save(self, session: Session):
         """Write the workspace (no model step of it runs meanwhile: this is one); say how big and how long."""
         session.stats.phase, session.stats.detail = "saving", session.name
-        yield self.view(session)
-        started = time.perf_counter()
         try:
+            yield self.view(session)  # a request that ends here saves nothing (a closed tab saves on release)
+            started = time.perf_counter()
             size = self.save(session)
         except Exception as exc:  # noqa: BLE001 - the previous save is intact (written beside, then renamed)
             log.exception("saving workspace %s failed", session.workspace_id)
@@ -131,15 +131,22 @@ class ModelWork:
         finally:
             session.stats.phase, session.stats.detail = "idle", ""
 
-    def _mark_not_done(self, session: Session, work: Work, title: str) -> None:
+    def _mark_not_done(self, session: Session, work: Work) -> None:
+        """Say what a stopped action that never started left undone (nothing changed)."""
         for row in work.rows:
             if row.status == RowStatus.QUEUED:
                 set_rows([row], RowStatus.CANCELLED, "stopped before it reached the model; nothing was added")
         if work.status_item is not None:
-            work.status_item.title, work.status_item.pending = title, False
+            work.status_item.title, work.status_item.pending = "■ Stopped before it started: nothing was added", False
         if work.question_item is not None and work.question_item.text:
             work.question_item.in_context = False
-            session.chat.append(ChatItem("assistant", ItemKind.ANSWER, "", stopped=True, in_context=False))
+            session.show(ChatItem("assistant", ItemKind.ANSWER, "", stopped=True, in_context=False), work)
+        undone = {WorkKind.FORGET: "the chat was not cleared", WorkKind.RESET: "the context was not replaced",
+                  WorkKind.REMOVE: f"{work.question} was not removed"}.get(work.kind)
+        if undone:
+            session.show(ChatItem("assistant", ItemKind.STATUS, title=f"■ Stopped before it started: {undone}"), work)
+        elif work.kind == WorkKind.SAVE:
+            session.stop_note = "■ Stopped before saving; the previous save is intact."
 
     def _feed(self, session: Session, work: Work, engine: ContextEngine):
         """Prefill the read documents that fit the budget; returns False when nothing could be committed."""
@@ -235,7 +242,7 @@ class ModelWork:
 
     def _answer(self, session: Session, work: Work, engine: ContextEngine, settings: GenerationSettings):
         item = ChatItem("assistant", ItemKind.ANSWER, pending=True)
-        session.chat.append(item)
+        session.show(item, work)
         try:
             yield self.view(session)
         except GeneratorExit:  # ended before the question reached the model
@@ -271,7 +278,8 @@ class ModelWork:
     def _forget(self, session: Session, work: Work):
         """Clear chat: drop questions and answers from the context, keep the documents."""
         engine = session.engine
-        keep = [c for c in session.chat if c.kind == ItemKind.STATUS]
+        later = session.queued_items(after=work)  # questions asked after Clear stay: they come after it
+        keep = [c for c in session.chat if c.kind == ItemKind.STATUS or id(c) in later]
         if engine is None or engine.forget_conversation():
             session.chat[:] = keep
             return
@@ -298,21 +306,31 @@ class ModelWork:
         title, done, failed = titles
         engine = session.engine
         note = ChatItem("assistant", ItemKind.STATUS, title=title, pending=True)
-        session.chat.append(note)
+        session.show(note, work)
         throttle = Throttle(FEED_INTERVAL_S)
         rebuilt = None
+        replaying = replay(engine, keep, work.cancel, session.stats)  # the panel follows the rebuild
+
+        def unchanged(text: str) -> None:  # the old context is untouched: say why
+            session.stats.phase, session.stats.context_tokens = "idle", engine.length
+            session.stats.set_kv(engine.memory())
+            note.title, note.pending, note.text = failed, False, text
+
         try:
-            for item in replay(engine, keep, work.cancel, session.stats):  # the panel follows the rebuild
+            for item in replaying:
                 if isinstance(item, LiveStats):
                     note.text = feeding_line(item)
                     if throttle():
                         yield self.view(session)
                 else:
                     rebuilt = item
-        except Exception as exc:  # noqa: BLE001 - the old context is untouched; say why
-            session.stats.phase, session.stats.context_tokens = "idle", engine.length
-            session.stats.set_kv(engine.memory())
-            note.title, note.pending, note.text = failed, False, failure(exc, title.lower()).message
+        except GeneratorExit:  # the request ended (API cancel, closed tab): exactly what Stop leaves
+            work.cancel.set()
+            replaying.close()  # the half-built context is freed now, not whenever it is collected
+            unchanged("Stopped: the request ended before the context was read again.")
+            raise
+        except Exception as exc:  # noqa: BLE001
+            unchanged(failure(exc, title.lower()).message)
             return False
         engine.close()
         session.engine = rebuilt

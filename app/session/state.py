@@ -86,6 +86,12 @@ class Work:
     status_item: ChatItem | None = None
     question_item: ChatItem | None = None
     created: float = field(default_factory=time.perf_counter)  # when the user acted: time to first token starts here
+    done: threading.Event = field(default_factory=threading.Event)  # finished, stopped or discarded
+
+    @property
+    def items(self) -> list[ChatItem]:
+        """The chat items shown when it was queued (before it ran)."""
+        return [i for i in (self.question_item, self.status_item) if i is not None]
 
 
 class Session:
@@ -183,6 +189,19 @@ class Session:
         with self.lock:
             return any(time.perf_counter() - w.created < STALE_WORK_S for w in self.pending)
 
+    def queued_items(self, after: Work | None = None) -> set[int]:
+        """Ids of the chat items of actions still waiting (queued after ``after``, when given): they are not in
+        the context yet, whatever the chat above them becomes."""
+        with self.lock:
+            return {id(i) for w in self.pending if after is None or w.id > after.id for i in w.items}
+
+    def show(self, item: ChatItem, work: Work) -> None:
+        """Add ``work``'s ``item`` to the chat before the items of actions queued after it, so the chat keeps the
+        order the context has while later questions wait."""
+        with self.lock:
+            later = self.queued_items(after=work)
+            self.chat.insert(next((n for n, c in enumerate(self.chat) if id(c) in later), len(self.chat)), item)
+
     @property
     def has_work(self) -> bool:
         """Running or queued actions: what Stop and Cancel can act on."""
@@ -226,6 +245,7 @@ class Session:
             if work.kind != WorkKind.SAVE:
                 self.changes += 1
             work.stage = Stage.DONE
+            work.done.set()
             if work in self.pending:
                 self.pending.remove(work)
             if not self.pending and work.kind != WorkKind.SAVE:  # a save's outcome is its note
@@ -244,6 +264,8 @@ class Session:
     def reset(self) -> None:
         """New context: forget documents, chat and cache (settings and metrics history stay)."""
         self.stop()
+        for work in self.pending:
+            work.done.set()
         self.pending.clear()
         self.drop_engine()
         self.chat.clear()

@@ -21,7 +21,7 @@ from lminfinite.tensor_file import TensorFile, write_tensors
 
 from ..engine.citations import Citation
 from ..engine.context_file import ContextMismatch, check_identity, context_record, reopen_context
-from .documents import DocumentRow
+from .documents import DocumentRow, RowStatus
 from .state import ChatItem, ItemKind, Session
 
 RECORD_KEY = "lminfinite-chat.workspace"
@@ -55,10 +55,14 @@ def _chat_item_from(data: dict) -> ChatItem:
 
 
 def session_record(session: Session) -> dict:
-    """The session's chat, documents and their digests as JSON-ready data (the engine is saved beside it)."""
+    """The session's chat, documents and their digests as JSON-ready data (the engine is saved beside it).
+
+    Only what the context holds an outcome for: questions still queued and files still being read or waiting
+    for the model are left out (a reopened workspace would show them as asked and never answer them)."""
+    waiting = session.queued_items()
     return {
-        "chat": [_chat_item(c) for c in session.chat],
-        "documents": [asdict(r) for r in session.documents],
+        "chat": [_chat_item(c) for c in session.chat if id(c) not in waiting],
+        "documents": [asdict(r) for r in session.documents if r.status not in (RowStatus.READING, RowStatus.QUEUED)],
         "fed_digests": session.fed_digests,
     }
 

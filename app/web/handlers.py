@@ -35,6 +35,7 @@ from .workspace_handlers import WorkspaceEvents
 
 
 CONFIRM_S = 20.0  # a costly action's second click counts as "yes" this long after the first
+ASK_POLL_S = 1.0  # how often /ask, waiting for another request to reach its action, checks the session is open
 
 
 class Handlers(WorkspaceEvents):
@@ -295,6 +296,9 @@ class Handlers(WorkspaceEvents):
         for _ in self.read(request):
             pass
         for _ in self.run(**self.default_settings, request=request):
+            pass
+        # Another request of this session was already running its actions: it does this one too, in order.
+        while not work.done.wait(ASK_POLL_S) and not session.closed:
             pass
         answer = session.answer_to(work.question_item) if question else None
         rows = work.rows or [r for r in session.documents if r.path in {os.path.basename(p) for p in paths}]
