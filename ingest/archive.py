@@ -107,22 +107,25 @@ def check_totals(count: int, declared: int, limits: IngestLimits, bomb: str) -> 
 
 
 def _screen_names(members: list[Member], skip) -> list[tuple[str, Member]]:
-    """(normalised name, member) for safe, unique, non-folder names; the others are reported through `skip`."""
-    safe: list[tuple[str, Member]] = []
-    seen_names: set[str] = set()
+    """(normalised name, member) for safe, non-folder names; the others are reported through `skip`.
+
+    Of entries sharing a name the last one is kept: tar and unzip extract
+    every entry in order, so an archive updated in place ('tar -rf') means
+    its newest copy.
+    """
+    named: list[tuple[str, Member]] = []
     for member in members:
         if unsafe_name(member.name):
             skip(member.name, member.name, "unsafe path in archive (absolute or '..'); refused", member.size)
             continue
         name = normalise_name(member.name)
-        if not name or name.endswith("/"):
-            continue
-        if name in seen_names:
-            skip(name, name, "duplicate entry name in archive", member.size)
-            continue
-        seen_names.add(name)
-        safe.append((name, member))
-    return safe
+        if name and not name.endswith("/"):
+            named.append((name, member))
+    last = {name: member for name, member in named}
+    for name, member in named:
+        if last[name] is not member:
+            skip(name, name, "duplicate entry name in archive (a later entry replaces it)", member.size)
+    return [(name, member) for name, member in named if last[name] is member]
 
 
 def _ignore_file_reader(by_rel: dict[str, Member]):

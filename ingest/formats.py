@@ -10,7 +10,9 @@ header, and the cell markers say which cell a line belongs to.
 HTML is reduced to readable text with the standard library's html.parser:
 script, style, template and similar elements are dropped, block elements
 become line breaks, headings become '#' lines and list items '- ' lines,
-<pre> keeps its whitespace, and entities are decoded.
+<pre> keeps its whitespace, and entities are decoded.  Markup still open
+at the end of the file (a tag, comment or declaration never closed) shows
+nothing, as in browsers.
 """
 
 from __future__ import annotations
@@ -80,10 +82,14 @@ def _parse_notebook(text: str) -> dict | None:
 
 
 def _notebook_cells(nb: dict) -> list | None:
-    """The cell list: 'cells' (nbformat 4), else every worksheet's cells (nbformat 3); None without one."""
+    """The cell list: 'cells' (nbformat 4), else every worksheet's cells (nbformat 3); None when there is no
+    list of cells where the format puts one (the file is then read as plain text)."""
     cells = nb.get("cells")
     if cells is None and isinstance(nb.get("worksheets"), list):  # nbformat 3
-        cells = [c for ws in nb["worksheets"] if isinstance(ws, dict) for c in ws.get("cells", []) or []]
+        sheets = nb["worksheets"]
+        if not all(isinstance(ws, dict) and isinstance(ws.get("cells"), list) for ws in sheets):
+            return None
+        cells = [cell for ws in sheets for cell in ws["cells"]]
     return cells if isinstance(cells, list) else None
 
 
@@ -251,6 +257,14 @@ class _TextExtractor(HTMLParser):
         if tag in _BLOCK:
             self.flush(blank=tag in ("p", "table", "blockquote") or _is_heading(tag))
 
+    def finish(self) -> None:
+        """End the input as browsers do: a tag, comment or declaration still open at the end runs to the end
+        and shows nothing.  (close() alone reads its '<' as text and retries at every later '<', each time
+        scanning to the end: quadratic, 80 KB of '<a ' took 55 s.)"""
+        if len(self.rawdata) > 1 and self.rawdata.startswith("<"):  # what feed() could not finish
+            self.rawdata = ""
+        self.close()
+
     def handle_data(self, data: str) -> None:
         if self.drop_tag:
             return
@@ -274,7 +288,7 @@ def html_to_text(html: str) -> Converted:
     parser = _TextExtractor()
     try:
         parser.feed(html)
-        parser.close()
+        parser.finish()
     except (AssertionError, ValueError):  # html.parser is lenient; be safe anyway
         pass
     parser.flush()

@@ -30,7 +30,7 @@ from .pdf import PdfExtraction, PdfPage, extract_pdf
 from .repo import disk_reader, walk_folder
 from .results import ERROR, INGESTED, PARTIAL, SKIPPED, FileReport, IngestCancelled, ProgressEvent
 from .sniff import archive_format, content_kind
-from .text import cut_long_lines, decode_text
+from .text import cut_lines_note, cut_long_lines, decode_text
 from .tokens import TokenCounter
 from .units import human_bytes
 
@@ -51,7 +51,7 @@ class _Run:
         self.allow_urls = allow_urls
         self.builder = CorpusBuilder(TokenCounter(tokenizer), chunk_tokens)
         self.reports: list[FileReport] = []
-        self.seen: dict[str, str] = {}  # sha256 -> display path of first copy
+        self.seen: dict[str, str] = {}  # sha256 -> display path of the first copy that gave text
         self.used_paths: set[str] = set()
         self.files_total = self.files_done = self.files_read = 0
         self.pages_done = self.bytes_read = self.chars_total = 0
@@ -155,10 +155,16 @@ class _Run:
         data = self.read_bytes(entry, cap, report)
         if data is None:
             return
-        if (reason := self.refusal_after_reading(entry, data, cap)) is not None:
+        if (reason := self.refusal_after_reading(data, cap)) is not None:
             report.reason = reason
             return
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in self.seen:
+            report.reason = f"duplicate of {self.seen[digest]}"
+            return
         self.read_content(entry, data, report)
+        if report.status in (INGESTED, PARTIAL):  # a copy that gave no text (no password ...) leaves it to the next
+            self.seen.setdefault(digest, entry.path)
 
     def refusal_before_reading(self, entry: FileEntry, suffix: str, cap: int) -> str | None:
         """Why the file is skipped without reading it (its name or size, or a limit already reached), if so."""
@@ -189,20 +195,12 @@ class _Run:
         report.bytes = len(data)
         return data
 
-    def refusal_after_reading(self, entry: FileEntry, data: bytes, cap: int) -> str | None:
-        """Why the bytes read are not used (too many, none, or a copy of an earlier file), if so."""
+    def refusal_after_reading(self, data: bytes, cap: int) -> str | None:
+        """Why the bytes read are not used (too many or none), if so."""
         if len(data) > cap:
             return f"file is larger than the {human_bytes(cap)} limit"
         if not data:
             return "empty file"
-        return self.duplicate_reason(entry, data)
-
-    def duplicate_reason(self, entry: FileEntry, data: bytes) -> str | None:
-        """'duplicate of <first path>' for content seen before; otherwise remember this file as its first copy."""
-        digest = hashlib.sha256(data).hexdigest()
-        if digest in self.seen:
-            return f"duplicate of {self.seen[digest]}"
-        self.seen[digest] = entry.path
         return None
 
     def read_content(self, entry: FileEntry, data: bytes, report: FileReport) -> None:
@@ -260,8 +258,7 @@ class _Run:
             text, language = converted.text, converted.language
         text, cut = cut_long_lines(text, self.limits.max_line_chars)
         if cut:
-            notes.append(f"{cut} line{'s' if cut > 1 else ''} longer than {self.limits.max_line_chars} "
-                         "characters cut")
+            notes.append(cut_lines_note(cut, self.limits.max_line_chars))
         lossy = decoded.replaced_chars > 0 or decoded.uncertain or cut > 0
         self.add_text(entry, report, text, language, status=PARTIAL if lossy else INGESTED, notes=notes,
                       empty_reason="no text in the file (only markup or empty cells)")
@@ -306,14 +303,26 @@ class _Run:
         report.status, report.reason = status, reason
         if status not in (INGESTED, PARTIAL):
             return
-        doc = Document(entry.path, "pdf")
-        for page in sorted(result.pages, key=lambda p: p.index):
+        doc, cut = self.pdf_document(entry.path, result.pages)
+        if cut:
+            report.status = PARTIAL
+            report.reason = "; ".join(filter(None, [reason, cut_lines_note(cut, limits.max_line_chars)]))
+        self.add_document(doc, report)
+
+    def pdf_document(self, path: str, pages: list[PdfPage]) -> tuple[Document, int]:
+        """One section per page with text, in page order, lines over the limit cut within their page (so
+        line and page numbers stay true); and how many lines were cut."""
+        doc = Document(path, "pdf")
+        cut_total = 0
+        for page in sorted(pages, key=lambda p: p.index):
             if page.text.strip():
+                text, cut = cut_long_lines(page.text, self.limits.max_line_chars)
+                cut_total += cut
                 number = page.index + 1
-                doc.sections.append(Section(text=page.text.rstrip("\n") + "\n",
+                doc.sections.append(Section(text=text.rstrip("\n") + "\n",
                                             header=page_header(number, page.label, first=not doc.sections),
                                             page=number, page_label=page.label or None))
-        self.add_document(doc, report)
+        return doc, cut_total
 
 
 def list_local(text: str, limits: IngestLimits, prefetch: bool = True) -> Listing:

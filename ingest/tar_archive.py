@@ -53,6 +53,7 @@ class _CappedStream:
         self.compressed = compressed
         self.rewind_budget = rewind_budget
         self.scanning = True
+        self.last_header = b""  # the last read while scanning: the header block tarfile looked at last
 
     def tell(self) -> int:
         return self.raw.tell()
@@ -65,7 +66,10 @@ class _CappedStream:
             raise TarBomb(f"a header record of {human_bytes(n)} (over {human_bytes(_HEADER_READ_MAX)})")
         if pos + n > self.cap:  # refuse, never return short: tarfile reads a short header as the end
             raise TarBomb(f"the archive expands to more than {human_bytes(self.cap)}")
-        return self.raw.read(n)
+        data = self.raw.read(n)
+        if self.scanning:
+            self.last_header = data
+        return data
 
     def seek(self, offset: int, whence: int = 0) -> int:
         if whence == 1:
@@ -199,10 +203,16 @@ class _Scan:
         except TarBomb as exc:
             raise _Refused(f"{exc} (tar bomb?)", self.declared) from None
         except _UNREADABLE as exc:
-            if not self.members:
-                raise _Refused(f"not a readable tar archive: {exc}") from None
-            return f"archive is damaged or truncated after {len(self.members)} files: {exc}"
+            return self._damage(str(exc))
+        if not _end_of_archive(self.reader.stream.last_header):
+            return self._damage(f"invalid header at byte {self.tf.offset}")
         return ""
+
+    def _damage(self, what: str) -> str:
+        """Why the archive ended early, after the files listed so far; refused when there are none."""
+        if not self.members:
+            raise _Refused(f"not a readable tar archive: {what}")
+        return f"archive is damaged or truncated after {len(self.members)} files: {what}"
 
     def _add(self, info: tarfile.TarInfo) -> None:
         max_files = self.limits.max_files
@@ -219,6 +229,15 @@ class _Scan:
         reason = check_totals(0, self.declared, self.limits, "tar")
         if reason:
             raise _Refused(reason, self.declared)
+
+
+def _end_of_archive(block: bytes) -> bool:
+    """True when the header block where tarfile stopped is a real end: a zero block or none at all.
+
+    tarfile.next() returns None, as at the end, for a damaged or cut header
+    after the first member too; every file after it would be lost silently.
+    """
+    return not block or (len(block) == tarfile.BLOCKSIZE and not block.strip(b"\0"))
 
 
 def _open_tar(stream: _CappedStream) -> tarfile.TarFile:

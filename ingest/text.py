@@ -72,11 +72,11 @@ def _decode(data: bytes, declared: str | None = None) -> tuple[str, str, int, st
         return data.decode("utf-8"), "utf-8", 0, "", False
     except UnicodeDecodeError:
         pass
-    if declared:
+    name = _declared_codec(declared) if declared else None
+    if name:
         try:
-            name = codecs.lookup(declared).name
             return data.decode(name), name, 0, f"not UTF-8; decoded as {name} (declared in the file)", False
-        except (LookupError, UnicodeDecodeError):
+        except UnicodeError:  # the declaration is wrong: detect instead
             pass
     lenient = data.decode("utf-8", errors="replace")
     replaced = lenient.count("\ufffd")
@@ -94,6 +94,26 @@ def _decode(data: bytes, declared: str | None = None) -> tuple[str, str, int, st
         return text, guess.encoding, text.count("\ufffd"), note, bool(guess.doubt)
     return (lenient, "utf-8", replaced, f"not valid UTF-8 and the encoding is unknown; {replaced} bytes replaced",
             False)
+
+
+# Printable ASCII and the ASCII escapes of transforms ('\\n', '+AGE-', '~{'): a file's own charset reads it unchanged.
+_ASCII_PROBE = bytes(range(0x20, 0x7F)) + b"\t\n\r \\n\\x41\\u0041 +AGEA- ~{x~} .xn--caf-dma."
+
+
+def _declared_codec(declared: str) -> str | None:
+    """The codec of an encoding a file declares itself in, when it can be one.
+
+    The declaration is ASCII inside the file, so only an encoding that
+    reads ASCII as ASCII can be true; that rules out UTF-16/32, EBCDIC and
+    transforms that are not charsets (unicode_escape, punycode, idna,
+    base64, 'undefined' ...), which would turn the bytes into garbage or
+    fail with errors other than UnicodeDecodeError.
+    """
+    try:
+        name = codecs.lookup(declared).name
+        return name if _ASCII_PROBE.decode(name) == _ASCII_PROBE.decode("ascii") else None
+    except (LookupError, UnicodeError):
+        return None
 
 
 # Non-ASCII characters common in Western European text (cp1252 / Latin-1).
@@ -254,11 +274,17 @@ def cut_long_lines(text: str, max_line_chars: int) -> tuple[str, int]:
     return ("\n".join(lines), cut) if cut else (text, 0)
 
 
+def cut_lines_note(cut: int, max_line_chars: int) -> str:
+    """The report note for `cut` lines cut by cut_long_lines."""
+    return f"{cut} line{'s' if cut > 1 else ''} longer than {max_line_chars} characters cut"
+
+
 def decode_text(data: bytes, *, max_line_chars: int, declared: str | None = None) -> DecodedText:
     """Decode bytes of a text file and normalise it for the context.
 
     declared: an encoding the file names itself (HTML <meta charset>), used
-    when the bytes are not UTF-8 and decode cleanly with it.
+    when the bytes are not UTF-8, it can be a charset (_declared_codec) and
+    they decode cleanly with it; otherwise the encoding is detected.
     max_line_chars <= 0 keeps long lines (callers that parse the text first).
     """
     text, encoding, replaced, note, uncertain = _decode(data, declared)
@@ -274,5 +300,5 @@ def decode_text(data: bytes, *, max_line_chars: int, declared: str | None = None
     elif replaced:
         result.notes.append(f"{replaced} undecodable characters replaced")
     if cut:
-        result.notes.append(f"{cut} line{'s' if cut > 1 else ''} longer than {max_line_chars} characters cut")
+        result.notes.append(cut_lines_note(cut, max_line_chars))
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -60,6 +61,19 @@ def test_broken_notebook_is_read_as_text_and_says_so(tmp_path):
     assert js.text.startswith("// %% [code] cell 1\n")
 
 
+def test_notebook_of_an_unexpected_shape_is_read_as_text(tmp_path):
+    shapes = {"count.ipynb": {"nbformat": 3, "worksheets": [{"cells": 5}], "note": "important text"},
+              "string.ipynb": {"nbformat": 3, "worksheets": [{"cells": "print('hi')"}]},
+              "bare.ipynb": {"nbformat": 3, "worksheets": [{"metadata": {}}, "sheet"]}}
+    for name, nb in shapes.items():
+        (tmp_path / name).write_text(json.dumps(nb))
+        assert notebook_to_text(json.dumps(nb)) is None
+    corpus = ingest.ingest([tmp_path / name for name in shapes])
+    assert [(r.path, r.status, r.language, r.reason) for r in corpus.reports] == [
+        (name, "ingested", "json", "not a valid Jupyter notebook; read as plain text") for name in shapes]
+    assert '"note": "important text"' in corpus.text and '"cells": "print(\'hi\')"' in corpus.text
+
+
 HTML = """<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>Release notes</title>
 <style>body { color: red } .secret { display: none }</style>
@@ -102,6 +116,32 @@ def test_html_declared_charset_is_used_when_not_utf8(tmp_path):
     r = report_for(corpus, "ja.htm")
     assert (r.status, r.reason) == ("ingested", "not UTF-8; decoded as shift_jis (declared in the file)")
     assert "日本語のページです。" in corpus.text
+
+
+def test_declared_charset_that_cannot_be_the_files_gives_way_to_detection(tmp_path):
+    # the declaration is ASCII, so UTF-16 and transforms that are not charsets cannot be true
+    body = "<p>Caf\xe9 cr\xe8me: C:\\new\\table\\x41.txt</p>"
+    paths = []
+    for charset in ("utf-16", "utf-16le", "unicode_escape", "undefined", "idna", "punycode", "rot13", "base64"):
+        for pad in ("", " "):  # an even length once: UTF-16 then decodes without an error
+            path = tmp_path / f"{charset}{len(pad)}.html"
+            page = f'<html><head><meta charset="{charset}"></head><body>{body}</body></html>{pad}'
+            path.write_bytes(page.encode("cp1252"))
+            paths.append(path)
+    corpus = ingest.ingest(paths)
+    assert {(r.status, r.reason) for r in corpus.reports} == {("ingested", "not UTF-8; decoded as cp1252 (detected)")}
+    assert corpus.text.count("\nCaf\xe9 cr\xe8me: C:\\new\\table\\x41.txt\n") == len(paths)
+
+
+def test_markup_left_open_at_the_end_shows_nothing_and_takes_linear_time():
+    # html.parser's close() reads such a '<' as text and retries at every later '<', scanning to the end each
+    # time: 60 KB of '<a ' took 3 s and 80 KB 55 s.  Browsers show nothing of markup cut off by the end.
+    endings = ["<a " * 20_000, '<a b=<a <a b="x >!"' * 4_000, "<!--x>" * 10_000, "</" * 30_000, "<?x " * 15_000]
+    started = time.perf_counter()
+    for ending in endings:
+        assert html_to_text("<p>kept</p>" + ending).text == "kept\n"
+    assert time.perf_counter() - started < 5.0  # the old parser took over 5 s here; this one well under 0.5 s
+    assert html_to_text("<p>1 < 2</p> and 3 <").text == "1 < 2\n\nand 3 <\n"  # a '<' that opens nothing is text
 
 
 def test_xml_is_read_as_text_and_office_documents_are_refused_with_advice(tmp_path):

@@ -6,6 +6,7 @@ import functools
 import threading
 import time
 
+import pymupdf
 import pytest
 
 import ingest
@@ -62,6 +63,32 @@ def test_encrypted_pdf_needs_the_right_password(tmp_path):
     assert "classified launch codes" in by_name.text
     by_given_path = ingest.ingest([str(pdf)], password={str(pdf): "s3cret"})
     assert "classified launch codes" in by_given_path.text
+
+
+def test_a_copy_that_gave_no_text_does_not_make_the_next_one_a_duplicate(tmp_path):
+    locked = make_pdf(tmp_path / "old.pdf", ["quarterly figures: 42"], user_pw="pw").read_bytes()
+    for name in ("new.pdf", "copy.pdf"):
+        (tmp_path / name).write_bytes(locked)
+    corpus = ingest.ingest([tmp_path / n for n in ("old.pdf", "new.pdf", "copy.pdf")], password={"new.pdf": "pw"})
+    assert [(r.path, r.status, r.reason) for r in corpus.reports] == [
+        ("old.pdf", "skipped", "encrypted PDF: a password is needed"),  # its password is given for new.pdf only
+        ("new.pdf", "ingested", ""),
+        ("copy.pdf", "skipped", "duplicate of new.pdf")]
+    assert corpus.text == "### new.pdf\n--- page 1 ---\nquarterly figures: 42\n"
+
+
+def test_long_lines_are_cut_within_their_page(tmp_path):
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), "first page", fontsize=10)
+    long_line = "".join(f"{i:06d}" for i in range(8000))  # 48,000 characters without a space
+    doc.new_page().insert_text((1, 100), long_line, fontsize=0.02)  # tiny, so the whole line is on the page
+    doc.save(tmp_path / "wide.pdf")
+    corpus = ingest.ingest([tmp_path / "wide.pdf"], limits=ingest.IngestLimits(max_line_chars=1000))
+    r = report_for(corpus, "wide.pdf")
+    assert (r.status, r.reason) == ("partial", "1 line longer than 1000 characters cut")
+    assert corpus.text == ("### wide.pdf\n--- page 1 ---\nfirst page\n\n--- page 2 ---\n"
+                           f"{long_line[:1000]} [... line cut: 48000 characters]\n")
+    assert corpus.locate(corpus.text.index("[... line cut")).page == 2
 
 
 def test_corrupt_empty_and_truncated_pdfs_do_not_stop_other_files(tmp_path):

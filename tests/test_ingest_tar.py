@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import tarfile
 import time
@@ -129,6 +130,33 @@ def test_damaged_and_non_tar_files(tmp_path):
     assert damage.status == "error" and damage.reason.startswith("archive is damaged or truncated after ")
     read = [r for r in corpus.reports if r.path.startswith("cut.tar.gz/") and r.status == "ingested"]
     assert read and "file 0 words\nfile 0 words\n" in corpus.text
+
+
+def test_a_damaged_header_mid_archive_is_reported_not_taken_for_the_end(tmp_path):
+    full = make_tar(tmp_path / "full.tar", [(f"proj/f{i}.txt", f"file {i}\n") for i in range(6)], "w")
+    with tarfile.open(full) as tf:
+        at = tf.getmember("proj/f2.txt").offset
+    raw = bytearray(full.read_bytes())
+    raw[at + 10] ^= 0x55  # a byte of f2's name: its header checksum no longer matches
+    (tmp_path / "bad.tar").write_bytes(raw)
+    (tmp_path / "bad.tgz").write_bytes(gzip.compress(bytes(raw)))
+    for name in ("bad.tar", "bad.tgz"):
+        corpus = ingest.ingest([tmp_path / name])
+        assert [(r.path, r.status, r.reason) for r in corpus.reports] == [
+            (f"{name}/proj/f0.txt", "ingested", ""), (f"{name}/proj/f1.txt", "ingested", ""),
+            (name, "error", f"archive is damaged or truncated after 2 files: invalid header at byte {at}")]
+    assert all(r.status == "ingested" for r in ingest.ingest([full]).reports)  # a clean end stays clean
+
+
+def test_the_last_entry_of_a_name_is_read_as_tar_extracts_it(tmp_path):
+    # 'tar -rf' appends a new copy of a file: extraction overwrites the old one with it
+    archive = make_tar(tmp_path / "upd.tar", [("config.py", "VERSION = 1  # old\n"),
+                                              ("config.py", "VERSION = 2  # current\n")], "w")
+    corpus = ingest.ingest([archive])
+    assert [(r.path, r.status, r.reason, r.bytes) for r in corpus.reports] == [
+        ("upd.tar/config.py", "ingested", "", 23),
+        ("upd.tar/config.py", "skipped", "duplicate entry name in archive (a later entry replaces it)", 19)]
+    assert corpus.text == "### upd.tar/config.py (python)\nVERSION = 2  # current\n"
 
 
 def test_out_of_order_reads_without_the_prefetch_cache(tmp_path, monkeypatch):
