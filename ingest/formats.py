@@ -257,6 +257,15 @@ class _TextExtractor(HTMLParser):
         if tag in _BLOCK:
             self.flush(blank=tag in ("p", "table", "blockquote") or _is_heading(tag))
 
+    def parse_marked_section(self, i: int, report: int = 1) -> int:
+        """``<![`` with a keyword html.parser does not know (``<![foo``) is a bogus comment up to the next '>',
+        as browsers read it; html.parser raises instead, and the rest of the page would be lost."""
+        try:
+            return super().parse_marked_section(i, report)
+        except AssertionError:
+            end = self.rawdata.find(">", i + 3)
+            return -1 if end < 0 else end + 1
+
     def finish(self) -> None:
         """End the input as browsers do: a tag, comment or declaration still open at the end runs to the end
         and shows nothing.  (close() alone reads its '<' as text and retries at every later '<', each time

@@ -144,6 +144,12 @@ def test_markup_left_open_at_the_end_shows_nothing_and_takes_linear_time():
     assert html_to_text("<p>1 < 2</p> and 3 <").text == "1 < 2\n\nand 3 <\n"  # a '<' that opens nothing is text
 
 
+def test_an_unknown_marked_section_is_skipped_and_the_page_after_it_kept():
+    # html.parser raises on '<![foo' (3.11); browsers read it as a comment up to the next '>'
+    for section in ("<![foo bar]>", "<![<!x>", "<![if !IE]>"):
+        assert html_to_text(f"<p>before</p>{section}<p>after</p>").text == "before\n\nafter\n", section
+
+
 def test_xml_is_read_as_text_and_office_documents_are_refused_with_advice(tmp_path):
     (tmp_path / "pom.xml").write_text('<?xml version="1.0"?>\n<project><name>demo</name></project>\n')
     (tmp_path / "report.docx").write_bytes(b"PK\x03\x04" + bytes(60))
