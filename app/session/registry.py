@@ -97,16 +97,23 @@ class SessionRegistry:
     def peek(self, session_hash: str) -> Session | None:
         return self._tabs.get(session_hash)
 
-    def attach(self, session_hash: str, workspace_id: str | None, owner: str | None) -> tuple[Session, str]:
+    def attach(self, session_hash: str, workspace_id: str | None, owner: str | None, *,
+               fallback_new: bool = True) -> tuple[Session | None, str]:
         """Page load: show the workspace the browser remembers, live or reopened from disk, else a new one.
 
-        Returns the session and a note for the user ("" when nothing needs saying).
+        Returns the session and a note for the user ("" when nothing needs saying). With ``fallback_new=False``
+        (the user chose to open that workspace) a workspace that cannot be opened gives (None, why) and the tab
+        keeps what it shows, its queued work included.
         """
         while True:
             with self._workspace_lock(workspace_id):  # one reopen per workspace; other page loads go on
                 session, note = self._find(workspace_id, owner)
+                if session is None:
+                    if not fallback_new:
+                        return None, note
+                    session, note = self._new(owner), (f"{note} A new one was started." if note else "")
                 with self._lock:
-                    if session.closed:  # the sweep freed it meanwhile: find it again (now on disk)
+                    if session.closed or session.retiring:  # the sweep took it meanwhile: find it again (saved)
                         continue
                     self._expired.pop(session_hash, None)
                     previous = self._tabs.get(session_hash)
@@ -125,21 +132,23 @@ class SessionRegistry:
         with self._lock:
             return self._reopening.setdefault(workspace_id, threading.Lock())
 
-    def _find(self, workspace_id: str | None, owner: str | None) -> tuple[Session, str]:
+    def _find(self, workspace_id: str | None, owner: str | None) -> tuple[Session | None, str]:
+        """The workspace live, or reopened from its file; (None, why) when there is no file or it cannot be
+        opened ("" when there is none)."""
         if not is_workspace_id(workspace_id):
             return self._new(owner), ""
         with self._lock:
             live = self._live.get(workspace_id)
-        if live is not None and not live.closed and live.owner == owner:
+        if live is not None and not (live.closed or live.retiring) and live.owner == owner:
             return live, ""
-        if live is not None and live.closed:
+        if live is not None and (live.closed or live.retiring):
             live.released.wait(timeout=600)  # its last save first: then the file is complete
-        if not self.store.exists(owner, workspace_id):
-            return self._new(owner), ""
+        if not self.store.exists(owner, workspace_id):  # never saved, or deleted: nothing to say on a page load
+            return None, ""
         return self.reopen(workspace_id, owner)
 
-    def reopen(self, workspace_id: str, owner: str | None) -> tuple[Session, str]:
-        """A saved workspace as a new live session; a file that cannot be opened gives an empty one and says why."""
+    def reopen(self, workspace_id: str, owner: str | None) -> tuple[Session | None, str]:
+        """A saved workspace as a new live session; (None, why) when its file cannot be opened."""
         session = self._new(owner, workspace_id, self.store.name(owner, workspace_id))
         started = time.perf_counter()
         try:
@@ -147,12 +156,12 @@ class SessionRegistry:
             refusal = self.budget.memory_refusal(self.cache_bytes(), tokens)
             if refusal is not None:  # it stays saved, in the list, to open when memory is free
                 session.close()
-                return self._new(owner), f"The saved workspace was not reopened: {refusal}. A new one was started."
+                return None, f"The saved workspace was not reopened: {refusal}."
             read_workspace(self.store.path(owner, workspace_id), session)
         except (WorkspaceFileError, OSError) as exc:
             log.warning("could not reopen workspace %s: %s", workspace_id, exc)
             session.close()
-            return self._new(owner), f"The saved workspace could not be opened: {exc}. A new one was started."
+            return None, f"The saved workspace could not be opened: {exc}."
         session.name = self.store.name(owner, workspace_id) or session.name
         seconds = time.perf_counter() - started
         return session, f"Reopened “{session.name}”: {session.context_tokens:,} tokens in {seconds:.1f} s."
@@ -188,8 +197,7 @@ class SessionRegistry:
             session.stop()
             session.detached_at = time.monotonic()
             retire_now = not session.in_browser or self.grace_s <= 0
-            if retire_now:
-                self._live.pop(session.workspace_id, None)
+            session.retiring = retire_now
         if retire_now:
             self._retire(session)
         else:
@@ -214,7 +222,7 @@ class SessionRegistry:
             due = [s for s in self._live.values() if self._due(s, now)]
             freed = []
             for session in due:
-                self._live.pop(session.workspace_id, None)
+                session.retiring = True  # stays in _live until saved and freed (_retire): a reload waits for it
                 for tab in list(session.tabs):
                     del self._tabs[tab]
                     self._expired[tab] = now
@@ -233,17 +241,28 @@ class SessionRegistry:
 
     def _due(self, session: Session, now: float) -> bool:
         """Idle past the time-out, or left by its last tab past the grace period; never while it works or waits."""
-        if session.busy or session.waiting():
+        if session.retiring or session.busy or session.waiting():
             return False
         left = not session.tabs and session.detached_at is not None and now - session.detached_at > self.grace_s
         return left or now - session.last_active > self.config.session_timeout_s
 
     def _retire(self, session: Session) -> None:
-        """Save (when it was in a browser and changed) and free. Work was told to stop: the save waits for it."""
-        if session.in_browser and session.unsaved:
-            session.close(before_release=self.save_now)
-        else:
-            session.close()
+        """Save (when it was in a browser and changed) and free. Work was told to stop: the save waits for it.
+
+        It stays in ``_live`` (``retiring``) until saved: a reload or a delete meanwhile finds it there (and
+        waits, or is refused) rather than the file it is about to replace."""
+        save = session.in_browser and session.unsaved
+
+        def before_release(retired: Session) -> None:
+            try:
+                if save:
+                    self.save_now(retired)
+            finally:
+                with self._lock:
+                    if self._live.get(retired.workspace_id) is retired:
+                        del self._live[retired.workspace_id]
+
+        session.close(before_release=before_release)
 
     # -- saving ----------------------------------------------------------------------------------
     def save_all(self, wait_s: float = 30.0) -> int:
@@ -257,6 +276,9 @@ class SessionRegistry:
         deadline = time.monotonic() + wait_s
         saved = 0
         for session in sessions:
+            if session.retiring:  # being saved and freed already (_retire): let that save finish
+                session.released.wait(max(0.0, deadline - time.monotonic()))
+                continue
             while session.busy and time.monotonic() < deadline:
                 time.sleep(0.05)
             if session.busy or not session.unsaved:
@@ -273,6 +295,9 @@ class SessionRegistry:
         changes = session.changes
         size = write_workspace(self.store.path(session.owner, session.workspace_id), session, session.name,
                                middle_dtype=MIDDLE_DTYPES[self.config.save_middle])
-        self.store.set_name(session.owner, session.workspace_id, session.name)
-        session.saved_changes = changes
+        session.saved_changes = changes  # the file is written: a failure below loses a display name, not the save
+        try:
+            self.store.set_name(session.owner, session.workspace_id, session.name)
+        except (OSError, ValueError) as exc:
+            log.warning("workspace %s saved, but its name was not recorded: %s", session.workspace_id, exc)
         return size

@@ -127,6 +127,7 @@ class Session:
         self.busy = 0
         self.model_step = False  # a request of this session is running its actions on the model
         self.closed = False
+        self.retiring = False  # the registry is saving and freeing it (registry._retire); set by the registry only
         self.lock = threading.RLock()
         self.tmpdir = tempfile.mkdtemp(prefix="lminfinite-session-")
         self._ids = itertools.count(1)

@@ -312,7 +312,7 @@ class Handlers(WorkspaceEvents):
         if work is not None and not work.reading:
             with session.working():
                 yield from self.reader.read(session, work)
-        yield self.view(session)
+        yield self._tab_view(request, session)
 
     # -- model queue -----------------------------------------------------------------------------
     def run(self, system_prompt, temperature, top_p, max_new_tokens, repetition_penalty, recall, topk,
@@ -335,4 +335,9 @@ class Handlers(WorkspaceEvents):
                             session.finish_work(work)
                 finally:
                     session.release_model_step()
-        yield self.view(session)
+        yield self._tab_view(request, session)
+
+    def _tab_view(self, request: gr.Request, session: Session) -> tuple:
+        """The view of what the tab shows now: a tab switched to another workspace while ``session``'s step ran
+        must not be sent the old chat."""
+        return self.view(self.registry.peek(request.session_hash) or session)

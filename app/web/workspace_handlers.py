@@ -38,8 +38,8 @@ class WorkspaceEvents:
         """Open a saved workspace in this tab; the one it leaves is saved."""
         if not choice:
             raise gr.Error("Choose a saved workspace first.")
-        session, note = self.registry.attach(request.session_hash, choice, self._user(request))
-        if session.workspace_id != choice:  # it could not be opened: the note says why
+        session, note = self.registry.attach(request.session_hash, choice, self._user(request), fallback_new=False)
+        if session is None:  # the tab keeps its workspace and its queued work; the note says why
             raise gr.Error(note or "That workspace no longer exists.")
         return self._shown(session, note)
 
@@ -57,7 +57,7 @@ class WorkspaceEvents:
 
     def rename(self, name, request: gr.Request):
         session = self._session(request)
-        name = " ".join(str(name or "").split())[:120]
+        name = " ".join(str(name or "").split())[:120].encode("utf-8", "replace").decode("utf-8")  # no lone surrogate
         if name and name != session.name:
             session.name = name
             if self.registry.store.exists(session.owner, session.workspace_id):
@@ -96,8 +96,8 @@ class WorkspaceEvents:
         except WorkspaceFileError as exc:
             raise gr.Error(f"Not imported: {exc}") from None
         workspace_id = self.registry.store.add(owner, Path(paths[0]), f"{summary.name} (imported)")
-        session, note = self.registry.attach(request.session_hash, workspace_id, owner)
-        if session.workspace_id != workspace_id:  # the header was fine, the tensors were not
+        session, note = self.registry.attach(request.session_hash, workspace_id, owner, fallback_new=False)
+        if session is None:  # the header was fine, the tensors were not: the tab keeps its workspace
             self.registry.store.delete(owner, workspace_id)
             raise gr.Error(f"Not imported: {note}")
         return None, *self._shown(session, note)
