@@ -203,6 +203,36 @@ def _check_info(info) -> None:
             raise CacheFileError(f"layer {i}: counters out of order (frame <= win_start <= seen): {layer}")
         if layer["initialized"] and (identity["dtype"] is None or info["middle_dtype"] is None):
             raise CacheFileError(f"layer {i} holds tensors but the cache info records no dtype")
+    _check_layers_agree(info["layers"], identity)
+
+
+_SHARED_COUNTERS = ("initialized", "seen", "win_start", "frame")  # every layer sees every token: equal in all
+
+
+def _check_layers_agree(layers: list, identity: dict) -> None:
+    """The counters one cache's layers share, and what they imply: each is valid alone, but layers that
+    disagree (or a middle store of another length) would be restored as a cache that answers differently."""
+    for name in _SHARED_COUNTERS:
+        values = [layer[name] for layer in layers]
+        if len(set(values)) > 1:
+            raise CacheFileError(f"the layers disagree on {name!r}: {_per_layer(values)}")
+    if not layers:
+        return
+    n_starting, window, seen = identity["n_starting"], identity["window"], layers[0]["seen"]
+    win_start = max(min(n_starting, seen), seen - (window - 1))  # the ring keeps the last window - 1 tokens
+    if layers[0]["win_start"] != win_start:
+        raise CacheFileError(f"win_start {layers[0]['win_start']} does not follow from seen={seen}, "
+                             f"n_starting={n_starting} and window={window} (expected {win_start})")
+    middle = max(0, win_start - n_starting)  # every token evicted from the window, past the start
+    for i, layer in enumerate(layers):
+        if layer["middle"] not in (None, middle):
+            raise CacheFileError(f"layer {i}: a middle store of {layer['middle']} tokens, expected {middle} "
+                                 f"(seen={seen}, n_starting={n_starting}, window={window})")
+
+
+def _per_layer(values: list) -> str:
+    """'[3829, 3829, 300, 3829]', shortened for a model of many layers."""
+    return str(values) if len(values) <= 8 else f"{values[:8]}... ({len(values)} layers)"
 
 
 def _check_fields(record, fields: dict, where: str) -> None:

@@ -284,6 +284,55 @@ def test_a_downloaded_workspace_imports_on_another_server_and_a_foreign_one_is_r
         there.runtime.name = real_name
 
 
+def rewrite_record(source, target, edit):
+    """``source`` with ``edit(record)`` applied to its workspace record; the tensors as they are (header only)."""
+    import json
+    import struct
+
+    from app.session.workspace_file import RECORD_KEY
+
+    data = source.read_bytes()
+    size = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8 : 8 + size])
+    record = json.loads(header["__metadata__"][RECORD_KEY])
+    edit(record)
+    header["__metadata__"][RECORD_KEY] = json.dumps(record)
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    target.write_bytes(struct.pack("<Q", len(encoded)) + encoded + data[8 + size :])
+    return target
+
+
+HOSTILE_IMPORTS = {  # a field of a real saved workspace, and where the refusal says it is wrong
+    "summary-tokens": (lambda r: r["summary"].update(tokens="lots"), "summary.tokens is 'lots', expected a count"),
+    "chat-text": (lambda r: r["session"]["chat"][0].update(text=123), r"session.chat\[0\].text is 123"),
+    "document-tokens": (lambda r: r["session"]["documents"][0].update(tokens="x"), r"session.documents\[0\].tokens"),
+    "span-kind": (lambda r: r["context"]["spans"][0].__setitem__(2, "poem"), r"context.spans\[0\]\[2\] is 'poem'"),
+    "history-answer": (lambda r: r["context"]["history"][-1].update(answer_ids=["x"]), r"context.history\[\d+\]"),
+    "carry": (lambda r: r["context"]["carry"].update(started="yes"), "context.carry.started is 'yes'"),
+}
+
+
+def test_an_import_with_a_field_of_the_wrong_type_is_refused_adding_nothing(runtime, tmp_path):
+    import gradio as gr
+
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    req, workspace_id, session = fed_session(handlers, "hostile", tmp_path)
+    handlers.registry.save_now(session)
+    saved = handlers.registry.store.path(None, workspace_id)
+    for name, (edit, where) in HOSTILE_IMPORTS.items():
+        hostile = rewrite_record(saved, tmp_path / f"{name}.lmiw", edit)
+        with pytest.raises(gr.Error, match=rf"Not imported: {name}.lmiw is damaged or incomplete \(record.{where}"):
+            handlers.import_workspace(str(hostile), request(f"import-{name}"))
+        assert [w.id for w in handlers.registry.store.list(None)] == [workspace_id]  # nothing added
+    # Such a file already in the folder (copied there by hand): listed as damaged, and the list still shows.
+    copied = handlers.registry.store.path(None, "0" * 32)
+    rewrite_record(saved, copied, HOSTILE_IMPORTS["summary-tokens"][0])
+    rows = handlers.workspace_panel(req)[2]
+    assert len(rows) == 2 and any(str(row[4]).startswith("cannot be opened: ") and "summary.tokens" in row[4]
+                                  for row in rows)
+
+
 def test_a_save_interrupted_by_a_crash_leaves_the_old_file_and_its_leftovers_go_at_start_up(runtime, tmp_path):
     from app.session.workspace_store import WorkspaceStore
 

@@ -228,6 +228,14 @@ def _set(key, value):
     return lambda info: info.__setitem__(key, value)
 
 
+def _shorter_middles(tensors, metadata):
+    """Middle stores one token short, their tensors and records in step: a count the layers' counters contradict."""
+    for i in (1, 2):
+        for name in (f"layers.{i}.middle_k", f"layers.{i}.middle_v"):
+            tensors[name] = tensors[name][..., 1:, :].clone()
+    edit_info(lambda info: [info["layers"][i].update(middle=133) for i in (1, 2)])(tensors, metadata)
+
+
 EDITS = {
     "tensor-removed": (lambda t, m: t.pop("layers.1.ring_v"), "missing tensor layers.1.ring_v"),
     "tensor-added": (lambda t, m: t.__setitem__("extra", torch.zeros(1)), "unexpected tensor extra"),
@@ -240,6 +248,13 @@ EDITS = {
     "bad-counter": (edit_info(lambda info: info["layers"][2].__setitem__("seen", -1)),
                     "'seen' has an invalid value -1"),
     "layers-short": (edit_info(lambda info: info["layers"].pop()), "2 layer records for num_layers=3"),
+    "layers-disagree-on-seen": (edit_info(lambda info: info["layers"][2].update(seen=100, win_start=100, frame=100)),
+                                r"the layers disagree on 'seen': \[153, 153, 100\]"),
+    "layers-disagree-on-frame": (edit_info(lambda info: info["layers"][0].update(frame=0)),
+                                 "the layers disagree on 'frame'"),
+    "win-start-off-by-one": (edit_info(lambda info: [layer.update(win_start=137) for layer in info["layers"]]),
+                             r"win_start 137 does not follow from seen=153, n_starting=4 and window=16 \(expected 138\)"),
+    "middle-shorter-than-seen": (lambda t, m: _shorter_middles(t, m), "layer 1: a middle store of 133 tokens, expected 134"),
     "bad-json": (lambda t, m: m.__setitem__(INFO_KEY, "{not json"), "not valid JSON"),
     "no-info": (lambda t, m: m.pop(INFO_KEY), "no LM-Infinite cache"),
 }
@@ -366,8 +381,10 @@ def test_a_save_killed_at_a_random_moment_leaves_a_loadable_file(tmp_path):
     model = enabled(**RECALL)
     cache, _ = filled(model)
     rows = 2**16  # bulk the middle store: each save then takes long enough to be killed in the middle
-    for layer in cache.layers[1:]:
-        layer.middle.append(torch.randn(1, 2, rows, 16), torch.randn(1, 2, rows, 16))
+    for layer in cache.layers:  # as if that many more tokens had passed the window: counters that still agree
+        if layer.middle is not None:
+            layer.middle.append(torch.randn(1, 2, rows, 16), torch.randn(1, 2, rows, 16))
+        layer.seen, layer.win_start, layer.frame = layer.seen + rows, layer.win_start + rows, layer.frame + rows
     pickled = tmp_path / "cache.pt"
     torch.save(cache, pickled)
     root = Path(lminfinite.__file__).parents[1]

@@ -3,7 +3,9 @@
 Tensors: the cache's (lminfinite.cache_state) and the token stream. Everything else (the chat with its
 citations, the documents table, and the engine's record with its history, to clear the chat or remove a
 document later) is one JSON document in the file's metadata, so listing workspaces reads headers only. One file makes a save atomic
-(written beside, then renamed over the old one) and a workspace one download.
+(written beside, then renamed over the old one) and a workspace one download. Every field of the JSON is
+checked when a file is read (workspace_record.py): a damaged or hostile file is refused, saying where, before
+any of it reaches a session or a view.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..engine.citations import Citation
 from ..engine.context_file import ContextMismatch, check_identity, context_record, reopen_context
 from .documents import DocumentRow, RowStatus
 from .state import ChatItem, ItemKind, Session
+from .workspace_record import RECORD, SUMMARY, Malformed
 
 RECORD_KEY = "lminfinite-chat.workspace"
 FORMAT = 1
@@ -93,26 +96,20 @@ def _header(path: Path) -> dict:
 
 
 def check_compatible(path: Path, runtime) -> Summary:
-    """An imported file: a workspace (header readable) made with this server's model and LM-Infinite settings.
-    Its tensors are checked when it is opened."""
-    record = _header(path)
-    try:
-        summary = Summary(**record["summary"])
-        if record["context"] is not None:
+    """An imported file: a workspace (its whole record well formed) made with this server's model and
+    LM-Infinite settings. Its tensors are checked when it is opened."""
+    record = _checked(path, _header(path), RECORD, "record")
+    if record["context"] is not None:
+        try:
             check_identity(record["context"]["identity"], runtime)
-    except (KeyError, TypeError) as exc:
-        raise WorkspaceFileError(f"{Path(path).name}: its record is incomplete") from exc
-    except ContextMismatch as exc:
-        raise WorkspaceFileError(str(exc)) from exc
-    return summary
+        except ContextMismatch as exc:
+            raise WorkspaceFileError(str(exc)) from exc
+    return Summary(**record["summary"])
 
 
 def read_summary(path: Path) -> Summary:
     """The list's line of a workspace file (header only: cheap however large the context)."""
-    try:
-        return Summary(**_header(path)["summary"])
-    except (KeyError, TypeError) as exc:
-        raise WorkspaceFileError(f"{Path(path).name}: its summary is incomplete") from exc
+    return Summary(**_checked(path, _header(path).get("summary"), SUMMARY, "summary"))
 
 
 def read_workspace(path: Path, session: Session) -> None:
@@ -120,7 +117,7 @@ def read_workspace(path: Path, session: Session) -> None:
 
     Everything is read and checked before the session changes, so a bad file leaves it empty and usable.
     """
-    record = _header(path)
+    record = _checked(path, _header(path), RECORD, "record")
     try:
         chat = [_chat_item_from(dict(c)) for c in record["session"]["chat"]]
         rows = [DocumentRow(**r) for r in record["session"]["documents"]]
@@ -140,3 +137,12 @@ def read_workspace(path: Path, session: Session) -> None:
     session.fed_digests.update(digests)
     session.engine = engine
     session.system_prompt = record["context"]["system_prompt"] if engine is not None else None
+
+
+def _checked(path: Path, value, check, where: str):
+    """``value`` once ``check`` accepts it; else the file is damaged (WorkspaceFileError saying where)."""
+    try:
+        check(value, where)
+    except Malformed as exc:
+        raise WorkspaceFileError(f"{Path(path).name} is damaged or incomplete ({exc})") from None
+    return value

@@ -28,6 +28,12 @@ SECRET = "browser-secret"
 _ID = re.compile(r"[0-9a-f]{32}")
 
 
+def clean_name(name: str) -> str:
+    """``name`` as UTF-8 can hold it: a lone surrogate (JSON from a client can carry one) becomes U+FFFD, so
+    writing the index never fails, for this name or any saved after it. Surrogate pairs are joined."""
+    return name.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def new_workspace_id() -> str:
     return secrets.token_hex(16)
 
@@ -74,7 +80,9 @@ class WorkspaceStore:
             names = json.loads((self.folder(owner) / INDEX).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return {}
-        return names if isinstance(names, dict) else {}
+        if not isinstance(names, dict):
+            return {}
+        return {key: clean_name(name) for key, name in names.items() if isinstance(name, str)}
 
     def name(self, owner: str | None, workspace_id: str, default: str = "") -> str:
         return self._names(owner).get(workspace_id, default)
@@ -86,7 +94,7 @@ class WorkspaceStore:
             if name is None:
                 names.pop(workspace_id, None)
             else:
-                names[workspace_id] = name
+                names[workspace_id] = clean_name(name)
             write_text(json.dumps(names, ensure_ascii=False, indent=1), self.folder(owner) / INDEX)
 
     # -- files ---------------------------------------------------------------------------------
