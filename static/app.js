@@ -1,7 +1,10 @@
 () => {
-  // Escape stops the running answer or ingestion, as the Stop button does.
+  // Escape stops the running answer or ingestion, as the Stop button does: from the page or the chat box, not
+  // from a field or list that Escape closes or leaves (a dropdown, a setting, a name being typed).
+  const escapeBelongsTo = (target) => target instanceof Element &&
+    target.closest("input, select, [role=listbox], [role=combobox], [role=dialog]") !== null;
   document.addEventListener("keydown", (event) => {
-    if (event.key !== "Escape") return;
+    if (event.key !== "Escape" || event.defaultPrevented || escapeBelongsTo(event.target)) return;
     const stop = document.querySelector("#stop-button");
     if (stop) stop.click();
   });

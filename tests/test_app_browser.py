@@ -142,10 +142,10 @@ _MONITOR = """() => {
   }, 20);
 }"""
 
-_TABLE = """() => {
-  // The Files table as drawn: each header's height, and each cell's text, whether it lies inside the table's
-  // visible box, and whether its content is cut off.
-  const table = document.querySelector('#documents-table');
+_TABLE = """(selector) => {
+  // A table as drawn (the Files table unless named): each header's height, and each cell's text, whether it
+  // lies inside the table's visible box, and whether its content is cut off.
+  const table = document.querySelector(selector || '#documents-table');
   const box = table.querySelector('.table-wrap').getBoundingClientRect();
   const inside = (r) => r.left >= box.left - 1 && r.right <= box.right + 1;
   const headers = [...table.querySelectorAll('th.header-cell')].map((th) => {
@@ -180,6 +180,10 @@ def test_controls_table_and_progress_follow_the_work(tmp_path):
         page.wait_for_function("() => document.querySelector('#activity').innerText.includes('Feeding')",
                                timeout=60_000)
         page.wait_for_timeout(1000)
+        page.click("#remove-choice input")  # Escape closes the dropdown: it must not stop the upload
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(1000)
+        assert "Feeding" in page.inner_text("#activity") and "cancelled" not in page.inner_text("#documents-table")
         page.click("#cancel-button")
         _table_includes(page, "■ cancelled")
         page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=30_000)
@@ -253,6 +257,13 @@ def test_a_reload_shows_the_same_workspace_and_a_new_workspace_is_empty(tmp_path
         assert page.inner_text("#context-summary") == context  # the same tokens: reopened, not re-read
 
         page.get_by_role("tab", name="Workspaces").click()
+        page.click("#save-button")
+        page.wait_for_function("() => document.querySelector('#workspaces-table').innerText.includes('●')",
+                               timeout=30_000)
+        drawn = page.evaluate(_TABLE, "#workspaces-table")  # a header once broke over five lines
+        heights = [h["height"] for h in drawn["headers"]]
+        assert all(h["inside"] for h in drawn["headers"]) and max(heights) <= min(heights) * 1.2, drawn["headers"]
+        assert all(cell["inside"] for row in drawn["rows"] for cell in row), drawn["rows"]
         page.click("#new-workspace")
         page.wait_for_function("() => !document.querySelector('#chat').innerText.includes('archive kept')",
                                timeout=30_000)

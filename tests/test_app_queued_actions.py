@@ -36,6 +36,20 @@ def started(handlers, req, text, files=(), until=lambda stats: stats.phase == "d
     raise AssertionError("the step ended before it got there")
 
 
+def follow(handlers, req):
+    """A second model step of the session (a button's, or another tab's), in a thread: it follows the running
+    one, which does its action; returns a function that waits for it and gives its last view."""
+    views = []
+    thread = threading.Thread(target=lambda: views.append(drain(handlers.run(*SETTINGS, req))))
+    thread.start()
+
+    def last_view():
+        thread.join(60)
+        assert not thread.is_alive()
+        return views[0]
+    return last_view
+
+
 def chat_of(session: Session) -> list[tuple[str, str]]:
     return [(c.kind, c.text) for c in session.chat if c.kind != ItemKind.STATUS]
 
@@ -51,10 +65,11 @@ def test_a_question_asked_after_clear_chat_stays_in_the_chat_and_the_context(run
     ask(handlers, req, "Hello?")
     step = started(handlers, req, "Tell me a long story.")
     handlers.queue_forget(req)
-    drain(handlers.run(*SETTINGS, req))  # Clear's own model step: the running one will do it
+    clears = follow(handlers, req)  # Clear's own model step follows the running one, which clears
     handlers.submit({"text": "Second question?", "files": []}, req)
     drain(step)
     session = handlers.registry.peek(req.session_hash)
+    assert clears()[0] == handlers.view(session)[0]  # it ended with the work, showing where it ended
     assert [kind for kind, _ in chat_of(session)] == [ItemKind.QUESTION, ItemKind.ANSWER]
     assert chat_of(session)[0][1] == "Second question?" and session.chat[-1].in_context
     cached = questions_in_cache(session)
@@ -144,9 +159,10 @@ def test_a_save_leaves_out_a_question_still_waiting_for_the_model(runtime, tmp_p
     ask(handlers, req, "Hello?")
     step = started(handlers, req, "Tell me a long story.")
     handlers.queue_save("mine", req)
-    drain(handlers.run(*SETTINGS, req))
+    saves = follow(handlers, req)
     handlers.submit({"text": "Second question?", "files": []}, req)  # queued after the save
     drain(step)
+    saves()
     session = handlers.registry.peek(req.session_hash)
     assert session.chat[-2].text == "Second question?" and session.chat[-1].in_context  # answered after the save
     saved = Session("saved", runtime, handlers.config, handlers.budget)

@@ -99,10 +99,10 @@ def test_an_open_that_fails_leaves_the_tab_on_its_workspace_with_its_queued_work
     req, workspace_id, session = fed(handlers, "tab", tmp_path)
     handlers.submit({"text": "A queued question", "files": []}, req)
     queued = session.pending[-1]
-    with pytest.raises(gr.Error, match="could not be opened"):
+    with pytest.warns(UserWarning, match="could not be opened"):
         handlers.open_workspace(damaged_id, req)
     assert handlers.registry.peek("tab") is session and session.tabs == {"tab"} and not queued.cancel.is_set()
-    with pytest.raises(gr.Error, match="no longer exists"):
+    with pytest.warns(UserWarning, match="no longer exists"):
         handlers.open_workspace("0" * 32, req)
     assert handlers.registry.peek("tab") is session
     drain(handlers.run(*SETTINGS, req))
@@ -135,3 +135,15 @@ def test_a_save_whose_name_index_cannot_be_written_is_still_a_save(runtime, tmp_
     drain(handlers.run(*SETTINGS, req))
     assert session.name == "Notes ?" and session.stop_note.startswith("Saved “Notes ?”") and not session.unsaved
     assert handlers.registry.store.exists(None, workspace_id)
+
+
+def test_a_refused_remove_or_open_says_why_and_leaves_the_screen_as_it_was(runtime, tmp_path):
+    """gr.Error would mark every output of the event, the chat included, as failed until dismissed."""
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    req, workspace_id, session = fed(handlers, "tab", tmp_path)
+    with pytest.warns(UserWarning, match="Choose a document that is in the context"):
+        view = handlers.queue_remove(None, req)
+    assert view[0] == handlers.view(session)[0] and not session.pending
+    with pytest.warns(UserWarning, match="Choose a saved workspace first"):
+        shown = handlers.open_workspace(None, req)
+    assert shown[0] == workspace_id and shown[1] == view[0]

@@ -274,11 +274,11 @@ def test_a_downloaded_workspace_imports_on_another_server_and_a_foreign_one_is_r
 
     not_a_workspace = tmp_path / "notes.lmiw"
     not_a_workspace.write_text("hello")
-    with pytest.raises(gr.Error, match="Not imported: notes.lmiw is not a readable workspace file"):
+    with pytest.warns(UserWarning, match="Not imported: notes.lmiw is not a readable workspace file"):
         there.import_workspace(str(not_a_workspace), request("import-2"))
     there.runtime.name, real_name = "another model", there.runtime.name
     try:
-        with pytest.raises(gr.Error, match="Not imported: this context was made with another model"):
+        with pytest.warns(UserWarning, match="Not imported: this context was made with another model"):
             there.import_workspace(downloaded, request("import-3"))
     finally:
         there.runtime.name = real_name
@@ -314,15 +314,13 @@ HOSTILE_IMPORTS = {  # a field of a real saved workspace, and where the refusal 
 
 
 def test_an_import_with_a_field_of_the_wrong_type_is_refused_adding_nothing(runtime, tmp_path):
-    import gradio as gr
-
     handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
     req, workspace_id, session = fed_session(handlers, "hostile", tmp_path)
     handlers.registry.save_now(session)
     saved = handlers.registry.store.path(None, workspace_id)
     for name, (edit, where) in HOSTILE_IMPORTS.items():
         hostile = rewrite_record(saved, tmp_path / f"{name}.lmiw", edit)
-        with pytest.raises(gr.Error, match=rf"Not imported: {name}.lmiw is damaged or incomplete \(record.{where}"):
+        with pytest.warns(UserWarning, match=rf"Not imported: {name}.lmiw is damaged or incomplete \(record.{where}"):
             handlers.import_workspace(str(hostile), request(f"import-{name}"))
         assert [w.id for w in handlers.registry.store.list(None)] == [workspace_id]  # nothing added
     # Such a file already in the folder (copied there by hand): listed as damaged, and the list still shows.

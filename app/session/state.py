@@ -86,7 +86,6 @@ class Work:
     status_item: ChatItem | None = None
     question_item: ChatItem | None = None
     created: float = field(default_factory=time.perf_counter)  # when the user acted: time to first token starts here
-    done: threading.Event = field(default_factory=threading.Event)  # finished, stopped or discarded
 
     @property
     def items(self) -> list[ChatItem]:
@@ -246,7 +245,6 @@ class Session:
             if work.kind != WorkKind.SAVE:
                 self.changes += 1
             work.stage = Stage.DONE
-            work.done.set()
             if work in self.pending:
                 self.pending.remove(work)
             if not self.pending and work.kind != WorkKind.SAVE:  # a save's outcome is its note
@@ -265,8 +263,6 @@ class Session:
     def reset(self) -> None:
         """New context: forget documents, chat and cache (settings and metrics history stay)."""
         self.stop()
-        for work in self.pending:
-            work.done.set()
         self.pending.clear()
         self.drop_engine()
         self.chat.clear()

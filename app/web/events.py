@@ -61,6 +61,8 @@ def wire(demo, c: Components, h: Handlers) -> None:
     removed.then(h.removable, c.remove_choice, c.remove_choice, api_name=False, **FAST)
     then_model(c.regenerate.click(h.queue_regenerate, None, view, api_name="regenerate", **FAST), api_name=False)
     then_model(c.clear.click(h.queue_forget, None, view, api_name="clear", **FAST), api_name=False)
+    # The chat's own trash icon empties only the browser's copy: it clears the chat as the button does.
+    then_model(c.chatbot.clear(h.queue_forget, None, view, api_name=False, **FAST), api_name=False)
     then_model(c.new_context.click(h.queue_reset, None, view, api_name="new_context", **FAST), api_name=False)
     c.export.click(h.export, None, c.export_files, api_name="export", **FAST)
 

@@ -11,6 +11,7 @@ the generator then shows the final state itself.
 from __future__ import annotations
 
 import os
+import time
 
 import gradio as gr
 
@@ -35,7 +36,7 @@ from .workspace_handlers import WorkspaceEvents
 
 
 CONFIRM_S = 20.0  # a costly action's second click counts as "yes" this long after the first
-ASK_POLL_S = 1.0  # how often /ask, waiting for another request to reach its action, checks the session is open
+FOLLOW_S = 0.25  # how often a request whose actions another request runs refreshes its view while it waits
 
 
 class Handlers(WorkspaceEvents):
@@ -203,7 +204,8 @@ class Handlers(WorkspaceEvents):
         """Remove one document: the rest of the context (documents and conversation) is read again without it."""
         session = self._session(request)
         if not source or session.engine is None or source not in self._removable(session):
-            raise gr.Error("Choose a document that is in the context.")
+            gr.Warning("Choose a document that is in the context.")  # not gr.Error: it would paint the chat red
+            return self.view(session)
         cost = replay_cost(session.engine, without_source(source))
         if self._confirm_cost(session, ("remove", source), max(cost, 1),
                               f"Removing {source} reads the rest of the context again"):
@@ -295,10 +297,7 @@ class Handlers(WorkspaceEvents):
         work = self._queue_sources(session, question or None, paths, uploads=True)
         for _ in self.read(request):
             pass
-        for _ in self.run(**self.default_settings, request=request):
-            pass
-        # Another request of this session was already running its actions: it does this one too, in order.
-        while not work.done.wait(ASK_POLL_S) and not session.closed:
+        for _ in self.run(**self.default_settings, request=request):  # or follows the request running them
             pass
         answer = session.answer_to(work.question_item) if question else None
         rows = work.rows or [r for r in session.documents if r.path in {os.path.basename(p) for p in paths}]
@@ -324,7 +323,7 @@ class Handlers(WorkspaceEvents):
         except (TypeError, ValueError) as exc:
             raise gr.Error(f"Invalid setting: {exc}") from exc
         with session.working():
-            if session.claim_model_step():
+            if (yield from self._claim_or_follow(session)):
                 try:
                     while (work := session.next_model_work()) is not None:
                         if work.stage == Stage.QUEUED:
@@ -336,6 +335,17 @@ class Handlers(WorkspaceEvents):
                 finally:
                     session.release_model_step()
         yield self._tab_view(request, session)
+
+    def _claim_or_follow(self, session: Session):
+        """Become the session's model step (True), or, while another request of it (a button, another tab) runs
+        its actions, this one's included, follow it until they are done (False): this request's chat box and
+        Stop then settle with the work, not before it."""
+        while not session.claim_model_step():
+            if not session.has_work or session.closed:
+                return False
+            time.sleep(FOLLOW_S)
+            yield self.progress_view(session)
+        return True
 
     def _tab_view(self, request: gr.Request, session: Session) -> tuple:
         """The view of what the tab shows now: a tab switched to another workspace while ``session``'s step ran

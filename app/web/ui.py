@@ -9,7 +9,7 @@ from pathlib import Path
 import gradio as gr
 
 from .views import DOCUMENT_COLUMN_WIDTHS, DOCUMENT_HEADERS
-from .workspace_views import WORKSPACE_HEADERS
+from .workspace_views import WORKSPACE_COLUMN_WIDTHS, WORKSPACE_HEADERS
 
 STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 ACCEPTED_TYPES = [  # a hint for the file picker: ingest decides what it reads, and says why it skips the rest
@@ -188,7 +188,8 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                         save = gr.Button("Save", variant="primary", scale=1, min_width=90, elem_id="save-button")
                     workspace_note = gr.Markdown(elem_id="workspace-note")
                     workspaces = gr.Dataframe(headers=WORKSPACE_HEADERS, value=[], interactive=False, wrap=True,
-                                              label="Saved workspaces", elem_id="workspaces-table")
+                                              column_widths=WORKSPACE_COLUMN_WIDTHS, label="Saved workspaces",
+                                              elem_id="workspaces-table")
                     workspace_choice = gr.Dropdown(label="Workspace", choices=[], elem_id="workspace-choice")
                     with gr.Row():
                         open_workspace = gr.Button("Open", size="sm", min_width=70, elem_id="open-workspace")

@@ -34,13 +34,19 @@ class WorkspaceEvents:
         session, note = self.registry.attach(request.session_hash, workspace_id, self._user(request))
         return self._shown(session, note)
 
+    def _refused(self, why: str, request: gr.Request) -> tuple:
+        """A switch that cannot be made: say why and show the tab's workspace as it was (a gr.Error would mark
+        every output, the chat included, as failed)."""
+        gr.Warning(why)
+        return self._shown(self._session(request))
+
     def open_workspace(self, choice, request: gr.Request):
         """Open a saved workspace in this tab; the one it leaves is saved."""
         if not choice:
-            raise gr.Error("Choose a saved workspace first.")
+            return self._refused("Choose a saved workspace first.", request)
         session, note = self.registry.attach(request.session_hash, choice, self._user(request), fallback_new=False)
         if session is None:  # the tab keeps its workspace and its queued work; the note says why
-            raise gr.Error(note or "That workspace no longer exists.")
+            return self._refused(note or "That workspace no longer exists.", request)
         return self._shown(session, note)
 
     def new_workspace(self, request: gr.Request):
@@ -89,17 +95,17 @@ class WorkspaceEvents:
         workspaces, and opened in this tab."""
         paths = upload_paths([upload] if upload and not isinstance(upload, list) else upload)
         if not paths:
-            raise gr.Error("Choose a workspace file (.lmiw) to import.")
+            return None, *self._refused("Choose a workspace file (.lmiw) to import.", request)
         owner = self._user(request)
         try:
             summary = check_compatible(Path(paths[0]), self.runtime)
         except WorkspaceFileError as exc:
-            raise gr.Error(f"Not imported: {exc}") from None
+            return None, *self._refused(f"Not imported: {exc}", request)
         workspace_id = self.registry.store.add(owner, Path(paths[0]), f"{summary.name} (imported)")
         session, note = self.registry.attach(request.session_hash, workspace_id, owner, fallback_new=False)
         if session is None:  # the header was fine, the tensors were not: the tab keeps its workspace
             self.registry.store.delete(owner, workspace_id)
-            raise gr.Error(f"Not imported: {note}")
+            return None, *self._refused(f"Not imported: {note}", request)
         return None, *self._shown(session, note)
 
     def workspace_panel(self, request: gr.Request):

@@ -9,7 +9,8 @@ from ingest.units import human_bytes
 from ..session.state import Session
 from ..session.workspace_store import SavedWorkspace
 
-WORKSPACE_HEADERS = ["Name", "Documents", "Tokens", "Size", "Saved"]
+WORKSPACE_HEADERS = ["Name", "Files", "Tokens", "Size", "Saved"]  # short headers: the panel is narrow
+WORKSPACE_COLUMN_WIDTHS = ["34%", "12%", "16%", "14%", "24%"]
 
 
 def when(timestamp: float) -> str:
