@@ -301,3 +301,20 @@ def test_a_workspace_survives_a_server_restart(tmp_path):
             assert page.inner_text("#context-summary") == context
     finally:
         server.stop()
+
+
+@pytest.mark.browser
+def test_the_chats_own_clear_icon_clears_the_context_too():
+    """Gradio's trash icon on the chat once emptied only the browser's copy; the next answer brought it back."""
+    server = shared_server()
+    with chromium() as browser:
+        page = _open(browser, server)
+        page.fill("#chat-input textarea", "Remember the word pineapple.")
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => document.querySelector('#stop-button').disabled && "
+                               "document.querySelector('#chat').innerText.includes('first token')", timeout=60_000)
+        assert not page.inner_text("#context-summary").startswith("0 tokens")
+        page.click("#chat button[aria-label='Clear']")
+        page.wait_for_function("() => document.querySelector('#context-summary').innerText.startsWith('0 tokens')",
+                               timeout=30_000)
+        assert "pineapple" not in page.inner_text("#chat")
