@@ -7,6 +7,7 @@ shared by several sessions thus serves each with its own k, set on the session's
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
 
 from transformers.cache_utils import Cache
@@ -49,9 +50,21 @@ class InfiniteCache(Cache):
             for i in range(state.num_layers)
         ]
         super().__init__(layers=layers)
+        self._model = weakref.ref(model)  # to refuse clearly a forward after lminfinite.disable(model)
         self.topk = topk
         self._rollbacks: list[int] = []
         self._recall_config: tuple | None = None  # (model config, topk, that config with this k)
+
+    def __getstate__(self) -> dict:
+        """A pickled cache (torch.save) leaves its model behind: a weak reference does not pickle."""
+        return {**self.__dict__, "_model": None}
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        model = self._model() if self._model is not None else None
+        if model is not None and get_state(model) is None:
+            raise RuntimeError("this InfiniteCache's model is no longer LM-Infinite (lminfinite.disable): enable it "
+                               "again to go on, or use a new cache of the plain model")
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     @property
     def topk(self) -> int | None:

@@ -102,6 +102,10 @@ class InfiniteLayer(CacheLayerMixin):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise NotImplementedError("InfiniteCache does not support beam search")
 
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("InfiniteCache cannot crop (assisted or prompt-lookup decoding): tokens evicted "
+                                  "from the window are not kept in order to go back; use snapshot() and rollback()")
+
     # -- the two phases ---------------------------------------------------------------------------
     def _decode_step(self, rotated, value_states) -> KeyContext:
         """One token once the window is full: write it into the free slot, evict the oldest afterwards."""
@@ -109,8 +113,8 @@ class InfiniteLayer(CacheLayerMixin):
         position = self.seen
         self._writable()
         slot = self._slot(position)
-        self.ring_k[..., slot, :] = rotated[..., 0, :]
-        self.ring_v[..., slot, :] = value_states[..., 0, :]
+        self.ring_k[..., slot, :] = rotated[..., 0, :].detach()
+        self.ring_v[..., slot, :] = value_states[..., 0, :].detach()
         # Start keys at exactly distance `window` from this query: the distance ceiling.
         self.ring_k[..., :n_starting, :] = self.rope.rotate_uniform(self.start_k, position - self.frame - window)
         self.ring_v[..., :n_starting, :] = self.start_v
@@ -159,18 +163,20 @@ class InfiniteLayer(CacheLayerMixin):
         first = self.seen
         if ctx.recent_start == 0 and self.start_k.shape[-2] < n_starting:  # the start keys were still filling
             with outside_inference_mode():
-                self.start_k, self.start_v = ctx.start_k.clone(), ctx.start_v.clone()
+                self.start_k, self.start_v = ctx.start_k.detach().clone(), ctx.start_v.detach().clone()
         keep_from = max(min(n_starting, end), end - (window - 1))
         evict_from = max(ctx.recent_start, n_starting)
         if self.middle is not None and keep_from > evict_from:
             lo, hi = evict_from - ctx.recent_start, keep_from - ctx.recent_start
-            self.middle.append(self._unrotate(ctx.recent_k[..., lo:hi, :], evict_from), ctx.recent_v[..., lo:hi, :])
+            self.middle.append(self._unrotate(ctx.recent_k[..., lo:hi, :], evict_from).detach(),
+                               ctx.recent_v[..., lo:hi, :].detach())
         new_from = max(keep_from, first)
         if end > new_from:
             self._writable()
             new_slots = self._slot(torch.arange(new_from, end, device=rotated.device))
-            self.ring_k.index_copy_(-2, new_slots, rotated[..., new_from - first :, :])
-            self.ring_v.index_copy_(-2, new_slots, value_states[..., new_from - first :, :])
+            # Detached: under autograd the ring would chain every chunk's graph to the next, memory unbounded.
+            self.ring_k.index_copy_(-2, new_slots, rotated[..., new_from - first :, :].detach())
+            self.ring_v.index_copy_(-2, new_slots, value_states[..., new_from - first :, :].detach())
         self.win_start, self.seen = keep_from, end
 
     # -- helpers ----------------------------------------------------------------------------------

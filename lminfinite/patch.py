@@ -39,7 +39,7 @@ def enable(model: nn.Module, config: LMInfiniteConfig | None = None, *, attentio
     config = config or LMInfiniteConfig()
     text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     rope = rope_from_model(model)  # refuses non-RoPE models and unsupported scalings with a clear error
-    resolved = config.resolved(text_config.max_position_embeddings)
+    resolved = config.resolved(trained_span(text_config))
     previous = get_state(model)
     rope = _sized_rope(rope, resolved.window_, previous)
     if previous is not None:
@@ -53,6 +53,7 @@ def enable(model: nn.Module, config: LMInfiniteConfig | None = None, *, attentio
     )
     if previous is not None:
         state.observers, state.block_size = previous.observers, previous.block_size
+        state.dynamic_caches = previous.dynamic_caches
     state.hooks.append(find_rotary_embedding(model).register_forward_hook(_identity_rotation, with_kwargs=True))
     for module in attention_modules:
         state.hooks.append(module.register_forward_pre_hook(partial(_pass_state, state), with_kwargs=True))
@@ -73,16 +74,35 @@ def disable(model: nn.Module) -> nn.Module:
     return model
 
 
+def trained_span(text_config) -> int:
+    """L: the longest distance the model attended over in training. Its ``sliding_window`` where every layer slides
+    (Mistral), else ``max_position_embeddings``."""
+    span = int(text_config.max_position_embeddings)
+    sliding = getattr(text_config, "sliding_window", None)
+    layer_types = getattr(text_config, "layer_types", None)
+    if sliding and (layer_types is None or all(kind == "sliding_attention" for kind in layer_types)):
+        span = min(span, int(sliding))
+    return span
+
+
 def call_config(state: InfiniteState, cache, layer_idx: int) -> LMInfiniteConfig:
     """The config one layer attends with in a forward given ``cache``; refuses caches it cannot attend over."""
     if isinstance(cache, InfiniteCache):
         return cache.attention_config(state.config, layer_idx)
-    if cache is not None and not (
-        isinstance(cache, DynamicCache) and all(type(layer) is DynamicLayer for layer in cache.layers)
-    ):
+    if cache is None:
+        return state.config
+    if not isinstance(cache, DynamicCache) or not all(type(layer) is DynamicLayer for layer in cache.layers):
+        slides = any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", ()))
         raise TypeError(
-            f"LM-Infinite attention works with no cache, a DynamicCache or an InfiniteCache, not {type(cache).__name__}"
-        )
+            "LM-Infinite attention works with no cache, a DynamicCache of full layers or an InfiniteCache, not "
+            + (f"a {type(cache).__name__} whose layers slide (the model's sliding_window): they drop the starting "
+               "tokens LM-Infinite keeps; pass past_key_values=lminfinite.InfiniteCache(model)" if slides
+               else type(cache).__name__))
+    if cache not in state.dynamic_caches:  # its keys are kept as projected, not rotated as the plain model's are
+        if cache.get_seq_length():
+            raise ValueError("this DynamicCache was filled without LM-Infinite (before enable, or by another model): "
+                             "its keys are stored rotated; start a new cache")
+        state.dynamic_caches.add(cache)
     return state.config
 
 

@@ -7,6 +7,7 @@ registered, they see every forward of the model, whoever's cache it runs on.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -28,6 +29,7 @@ class InfiniteState:
     hooks: list = field(default_factory=list)
     observers: list = field(default_factory=list)
     block_size: int | None = None  # None: kernel.default_block_size(window)
+    dynamic_caches: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # DynamicCaches filled by LM-Infinite
 
     def notify(self, layer_idx, query_pos, positions, weights) -> None:
         for observer in list(self.observers):
