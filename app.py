@@ -16,16 +16,18 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)  # --help exits here, before the heavy imports
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from app.engine.model_loading import choose_model, load_runtime
+    signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop ends the app as Ctrl-C does, cleaning up
+    from app.startup import check_before_loading, load_or_explain
     from app.web.server import build_app, launch
 
-    choice = choose_model(config)
-    print(f"[lminfinite-chat] model: {choice.name_or_path} ({choice.reason})", file=sys.stderr, flush=True)
-    runtime = load_runtime(config, choice)
+    try:
+        check_before_loading(config)  # the port, the workspaces folder, the device: before minutes of loading
+        runtime = load_or_explain(config)
+    except KeyboardInterrupt:
+        raise SystemExit("[lminfinite-chat] stopped while loading the model") from None
     demo, handlers = build_app(config, runtime)
     print(f"[lminfinite-chat] {runtime.notice}; context budget {handlers.budget.tokens:,} tokens "
           f"({handlers.budget.why})", file=sys.stderr, flush=True)
-    signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop ends the server as Ctrl-C does
     launch(config, demo)  # returns when the server is stopped
     saved = handlers.registry.save_all()
     print(f"[lminfinite-chat] stopped; saved {saved} workspace{'' if saved == 1 else 's'} changed since its last save",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ def parse_auth(text: str) -> tuple[str, str]:
 
 
 MODEL, LM_INFINITE, SERVER = "model", "LM-Infinite", "server"  # the --help sections
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 @dataclass
@@ -59,16 +61,19 @@ class AppConfig:
                        "cuda:N", group=MODEL)
     dtype: str = flag("auto", "weights/activations dtype; auto: bfloat16 on CUDA, float32 on CPU", group=MODEL,
                       choices=["auto", "float32", "bfloat16", "float16"])
-    cpu_threads: int | None = flag(None, "torch CPU threads (default: torch's choice)", group=MODEL, type=int)
+    cpu_threads: int | None = flag(None, "torch CPU threads (default: torch's choice)", group=MODEL, type=int,
+                                   at_least=1)
 
-    n_starting: int = flag(10, "starting tokens every query attends to (default: 10)", group=LM_INFINITE, type=int)
+    n_starting: int = flag(10, "starting tokens every query attends to (default: 10)", group=LM_INFINITE, type=int,
+                           at_least=0)
     window: int | None = flag(None, "attention window and distance ceiling (default: 1024 for SmolLM2, chosen by "
-                              "measurement; otherwise the model's pre-training length)", group=LM_INFINITE, type=int)
+                              "measurement; otherwise the model's pre-training length)", group=LM_INFINITE, type=int,
+                              at_least=1)
     topk: int = flag(5, "middle tokens recalled per head while answering; 0 turns recall off by default "
                      "(default: 5)", group=LM_INFINITE, type=int, at_least=0)
     # None: lminfinite.suggested_topk_from_layer (5 for Llama-2, 1 for the demo)
     topk_from_layer: int | None = flag(None, "first layer that recalls middle tokens (default: 5 for 30+ layers as "
-                                       "in the paper, 1 for the demo model)", group=LM_INFINITE, type=int)
+                                       "in the paper, 1 for the demo model)", group=LM_INFINITE, type=int, at_least=0)
     offload_middle: bool = flag(False, "keep the evicted middle tokens in CPU memory (GPU memory stays bounded)",
                                 group=LM_INFINITE, action="store_true")
     prefill_chunk: int = flag(512, "tokens per prefill forward; Stop acts between chunks (default: 512)",
@@ -83,7 +88,7 @@ class AppConfig:
                                      at_least=1)
 
     host: str = flag("127.0.0.1", "address to bind; 0.0.0.0 for every interface (default: 127.0.0.1)", group=SERVER)
-    port: int = flag(7860, "(default: 7860)", group=SERVER, type=int)
+    port: int = flag(7860, "1-65535 (default: 7860)", group=SERVER, type=int, at_least=1)
     share: bool = flag(False, "create a public Gradio share link", group=SERVER, action="store_true")
     auth: list[tuple[str, str]] = flag([], "require a login (repeatable)", group=SERVER, action="append",
                                        type=parse_auth, metavar="USER:PASS")
@@ -95,7 +100,8 @@ class AppConfig:
                                         "(symlinks are resolved first; nothing outside is read), and https git URLs "
                                         "(off by default)", group=SERVER, nargs="+", metavar="DIR")
     session_timeout_s: float = flag(3600.0, "minutes of inactivity after which a session's context is freed "
-                                    "(default: 60)", group=SERVER, name="--session-timeout", type=float, scale=60)
+                                    "(default: 60)", group=SERVER, name="--session-timeout", type=float, scale=60,
+                                    at_least=1)
     # None: $LMINFINITE_WORKSPACES, else $XDG_CACHE_HOME/lminfinite-chat/workspaces (~/.cache/... without it)
     workspaces: str | None = flag(None, "folder where workspaces (context, chat and documents) are saved, one "
                                   "subfolder per user (default: $LMINFINITE_WORKSPACES, else ~/.cache/lminfinite-chat/workspaces)", group=SERVER,
@@ -140,8 +146,12 @@ class AppConfig:
 
 def read_auth_file(path: str) -> list[tuple[str, str]]:
     """One USER:PASS per line; blank lines and '#' comments are ignored."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"--auth-file {path}: cannot be read ({exc})") from None
     pairs = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -165,6 +175,10 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
     if config.auth_file:
         config.auth = config.auth + read_auth_file(config.auth_file)
     flags.check_bounds(config)
+    if config.port > 65535:
+        raise SystemExit("--port must be <= 65535")
+    if not DEVICE.fullmatch(config.device):
+        raise SystemExit(f"--device {config.device}: use auto, cpu, cuda or cuda:N")
     for root in config.allow_local_paths:
         if not Path(root).expanduser().is_dir():
             raise SystemExit(f"--allow-local-paths: {root} is not a folder")

@@ -89,8 +89,9 @@ def from_args(config_class: type, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_bounds(config: Any) -> None:
-    """SystemExit('--flag must be >= N') for the first field below its `at_least` bound."""
+    """SystemExit('--flag must be >= N') for the first field below its `at_least` bound (in the flag's own
+    units, before `scale`; NaN is below every bound)."""
     for f, spec in _flag_fields(type(config)):
         value = getattr(config, f.name)
-        if spec.at_least is not None and value is not None and value < spec.at_least:
-            raise SystemExit(f"{spec.option(f.name)} must be >= {spec.at_least}")
+        if spec.at_least is not None and value is not None and not value / spec.scale >= spec.at_least:
+            raise SystemExit(f"{spec.option(f.name)} must be >= {spec.at_least:g}")

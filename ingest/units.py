@@ -15,7 +15,8 @@ GiB = 1024 * MiB
 TiB = 1024 * GiB
 
 _FACTORS = {"": 1, "K": KiB, "M": MiB, "G": GiB, "T": TiB}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*", re.IGNORECASE)
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*((?:[KMGT]i?)?B?)\s*", re.IGNORECASE)  # an 'i' only after K, M, G, T
+_LARGEST = 2**62  # past any real budget, and within the 64-bit integers sizes are passed on as
 
 
 def human_bytes(n: int | float) -> str:
@@ -34,7 +35,10 @@ def parse_size(text: str) -> int:
     if not match:
         raise ValueError(f"not a size: {text!r} (use e.g. 200MB)")
     number, unit = float(match.group(1)), (match.group(2) or "").upper().replace("I", "").rstrip("B")
-    return int(number * _FACTORS[unit])
+    size = number * _FACTORS[unit]
+    if size > _LARGEST:
+        raise ValueError(f"too large a size: {text!r}")
+    return int(size)
 
 
 def mib(n_bytes: float) -> str:

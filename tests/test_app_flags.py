@@ -53,3 +53,45 @@ def test_switches_exclude_each_other():
 def test_app_session_timeout_is_minutes_on_the_command_line():
     assert cli.parse_args([]).session_timeout_s == 3600.0
     assert cli.parse_args(["--session-timeout", "2"]).session_timeout_s == 120.0
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--port", "0"], "--port must be >= 1"), (["--port", "70000"], "--port must be <= 65535"),
+    (["--n-starting", "-1"], "--n-starting must be >= 0"), (["--window", "0"], "--window must be >= 1"),
+    (["--topk-from-layer", "-1"], "--topk-from-layer must be >= 0"), (["--cpu-threads", "0"], "--cpu-threads must be >= 1"),
+    (["--session-timeout", "nan"], "--session-timeout must be >= 1"),
+    (["--session-timeout", "-1"], "--session-timeout must be >= 1"),
+    (["--device", "foo"], "--device foo: use auto, cpu, cuda or cuda:N"),
+    (["--auth-file", "/nonexistent/users"], "--auth-file /nonexistent/users: cannot be read"),
+])
+def test_app_flags_out_of_range_are_refused_naming_the_flag(argv, said):
+    with pytest.raises(SystemExit, match=said.replace("(", r"\(")):
+        cli.parse_args(argv)
+
+
+@pytest.mark.parametrize("size", ["5iB", "99999999TB"])
+def test_app_sizes_with_a_stray_i_or_past_64_bits_are_usage_errors(size, capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--max-file-size", size])
+    assert "--max-file-size" in capsys.readouterr().err
+
+
+def test_app_startup_refuses_a_busy_port_an_unwritable_folder_and_a_missing_model_before_loading(tmp_path):
+    import socket
+
+    from app.startup import check_before_loading, load_or_explain
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit, match=f"--port {port}: cannot listen there"):
+            check_before_loading(cli.parse_args(["--port", str(port), "--workspaces", str(tmp_path)]))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    with pytest.raises(SystemExit, match="--workspaces .*a_file: workspaces cannot be saved there"):
+        check_before_loading(cli.parse_args(["--port", str(port), "--workspaces", str(a_file)]))
+    with pytest.raises(SystemExit, match="--model .*nope: no such file or folder"):
+        load_or_explain(cli.parse_args(["--model", str(tmp_path / "nope")]))
+    with pytest.raises(SystemExit, match="--model .*a_file: cannot be loaded"):
+        load_or_explain(cli.parse_args(["--model", str(a_file)]))
