@@ -24,6 +24,8 @@ def check_before_loading(config: AppConfig) -> None:
 
 def _check_port(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As the server will bind: a port left in TIME_WAIT by a server just stopped is free, a listening one not.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except (OSError, OverflowError) as exc:
