@@ -60,7 +60,7 @@ class InfiniteCache(Cache):
         return {**self.__dict__, "_model": None}
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        model = self._model() if self._model is not None else None
+        model = self._model() if self._model is not None and layer_idx == 0 else None  # once per forward
         if model is not None and get_state(model) is None:
             raise RuntimeError("this InfiniteCache's model is no longer LM-Infinite (lminfinite.disable): enable it "
                                "again to go on, or use a new cache of the plain model")

@@ -49,9 +49,10 @@ class LMInfiniteConfig:
         if self.window_kernel not in WINDOW_KERNELS:
             raise ValueError(f"window_kernel must be one of {', '.join(WINDOW_KERNELS)}, got {self.window_kernel!r}")
 
-    def resolved(self, max_position_embeddings: int) -> "LMInfiniteConfig":
-        """A copy with ``window`` and ``topk_distance`` filled in from the model."""
-        window = self.window if self.window is not None else int(max_position_embeddings)
+    def resolved(self, trained_span: int) -> "LMInfiniteConfig":
+        """A copy with ``window`` (default: the model's ``trained_span``, patch.trained_span) and ``topk_distance``
+        filled in."""
+        window = self.window if self.window is not None else int(trained_span)
         distance = self.topk_distance if self.topk_distance is not None else window // 2
         return LMInfiniteConfig(
             n_starting=self.n_starting,
@@ -67,7 +68,7 @@ class LMInfiniteConfig:
     def window_(self) -> int:
         """The window, for code that runs only after :meth:`resolved`."""
         if self.window is None:
-            raise ValueError("window is unresolved; call LMInfiniteConfig.resolved(max_position_embeddings) first")
+            raise ValueError("window is unresolved; call LMInfiniteConfig.resolved(trained_span) first")
         return self.window
 
     def uses_topk(self, layer_idx: int) -> bool:

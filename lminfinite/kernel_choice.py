@@ -29,7 +29,9 @@ class Kernels(NamedTuple):
     band: str  # spans attended through fused.attend_with_lse (bands, and decoding with top-k)
 
 
+@functools.lru_cache(maxsize=None)
 def kernels_for(requested: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> Kernels:
+    """Resolved once per request, device, dtype and head size: every layer of every forward asks."""
     if requested == "auto":
         return Kernels(_auto(AUTO_WINDOW, device, dtype, head_dim), _auto(AUTO_BAND, device, dtype, head_dim))
     if not supports(requested, device, dtype):

@@ -42,6 +42,12 @@ def rebase_interval(window: int) -> int:
     return 2 * window
 
 
+def window_start(seen: int, n_starting: int, window: int) -> int:
+    """The oldest position the ring holds after ``seen`` tokens: the last window - 1 (the next token completes
+    the window), never the starting tokens; those before it, past the start, are in the middle store."""
+    return max(min(n_starting, seen), seen - (window - 1))
+
+
 class InfiniteLayer(CacheLayerMixin):
     """One layer's bounded cache; ``update`` stores the call's keys and returns its KeyContext (see above)."""
 
@@ -164,7 +170,7 @@ class InfiniteLayer(CacheLayerMixin):
         if ctx.recent_start == 0 and self.start_k.shape[-2] < n_starting:  # the start keys were still filling
             with outside_inference_mode():
                 self.start_k, self.start_v = ctx.start_k.detach().clone(), ctx.start_v.detach().clone()
-        keep_from = max(min(n_starting, end), end - (window - 1))
+        keep_from = window_start(end, n_starting, window)
         evict_from = max(ctx.recent_start, n_starting)
         if self.middle is not None and keep_from > evict_from:
             lo, hi = evict_from - ctx.recent_start, keep_from - ctx.recent_start

@@ -19,6 +19,7 @@ import safetensors
 import torch
 
 from .cache import InfiniteCache
+from .layer import window_start
 from .tensor_file import TensorFile, write_tensors
 from .kv_bytes import KVShape
 from .modes import outside_inference_mode
@@ -219,7 +220,7 @@ def _check_layers_agree(layers: list, identity: dict) -> None:
     if not layers:
         return
     n_starting, window, seen = identity["n_starting"], identity["window"], layers[0]["seen"]
-    win_start = max(min(n_starting, seen), seen - (window - 1))  # the ring keeps the last window - 1 tokens
+    win_start = window_start(seen, n_starting, window)
     if layers[0]["win_start"] != win_start:
         raise CacheFileError(f"win_start {layers[0]['win_start']} does not follow from seen={seen}, "
                              f"n_starting={n_starting} and window={window} (expected {win_start})")

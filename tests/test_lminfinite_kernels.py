@@ -78,6 +78,12 @@ def test_auto_skips_a_kernel_that_disagrees_with_float64(monkeypatch):
         assert kernel_choice.agrees_with_float64("cpu-flash", torch.device("cpu"), torch.bfloat16, 128)
 
 
+def forget_choices():
+    """Drop auto's remembered checks and choices (a test changed the candidates or a kernel)."""
+    kernel_choice._checked.cache_clear()
+    kernel_choice.kernels_for.cache_clear()
+
+
 @pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
 def test_auto_checks_a_whole_span_kernel_on_a_clipped_grouped_window_and_prefers_it_when_listed_first(monkeypatch):
     cpu = torch.device("cpu")
@@ -85,17 +91,17 @@ def test_auto_checks_a_whole_span_kernel_on_a_clipped_grouped_window_and_prefers
         warnings.simplefilter("error", UserWarning)
         assert kernel_choice.agrees_with_float64("flex", cpu, torch.float32, 64)
     monkeypatch.setattr(kernel_choice, "AUTO_WINDOW", {"cpu": ("flex", "cpu-flash", "float32")})
-    kernel_choice._checked.cache_clear()
+    forget_choices()
     assert kernel_choice.kernels_for("auto", cpu, torch.float32, 64) == ("flex", "cpu-flash")
 
     def shifted_by_one_key(query, keys, values, window_size, scale):  # a window one key too far back
         return window.flex_window_span(query, keys[..., :-1, :], values[..., :-1, :], window_size, scale)
 
     monkeypatch.setitem(window.WHOLE_SPAN_KERNELS, "flex", shifted_by_one_key)
-    kernel_choice._checked.cache_clear()
+    forget_choices()
     with pytest.warns(UserWarning, match="'flex' window kernel is off by"):
         assert kernel_choice.kernels_for("auto", cpu, torch.float32, 64) == ("cpu-flash", "cpu-flash")
-    kernel_choice._checked.cache_clear()
+    forget_choices()
 
 
 def test_the_flash_window_call_binds_this_pytorch_builds_operator_and_returns_float32_spans():
