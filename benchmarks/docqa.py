@@ -8,10 +8,12 @@ every question is then answered from a snapshot of that cache, rolled back after
   tokens, shared by the document's questions, then the question).
 
 Scoring: the answer is correct when any of the question's regular expressions matches it (case-insensitive).
-Citations: while the top-k answer is decoded, ``lminfinite.observe_topk`` reports the recalled absolute token
-positions and their softmax weights; weights are summed per position, positions mapped through the prompt's
-token offsets to characters of the document text, and those to ``(source, page)`` with ``Corpus.locate``.
-The top-1 citation hits when it is one of the question's pages; top-3 when any of the first three is.
+Citations: ``lminfinite.observe_topk`` reports the recalled absolute token positions and their softmax weights,
+while the question is read and while the answer is decoded; weights are summed per position, positions mapped
+through the prompt's token offsets to characters of the document text, and those to ``(source, page)`` with
+``Corpus.locate``. Four ways of ranking pages are compared (``CITATIONS``); the app's is the question's recall
+on content tokens minus that of ``NEUTRAL_QUESTION`` read at the same point (``app.engine.citations``, the
+same code). The top-1 citation hits when it is one of the question's pages; top-3 when any of the first three is.
 Recall only ever picks *middle* tokens (evicted from the window), so a page that is still inside the last W
 tokens can never be cited: hit rates are also given for the questions whose page lies wholly outside it.
 """
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from app.engine.citations import NEUTRAL_QUESTION, RecallTally, content_token_ids, relevance
 from benchmarks import real_common as rc
 
 MAX_NEW_TOKENS = 32
@@ -34,22 +37,6 @@ TRUNCATE_ROOM = 96  # tokens left for the question in the truncation baseline's 
 # -- scoring and citation mapping (pure logic, tested without a model) ------------------------------------
 def is_correct(answer: str, patterns) -> bool:
     return any(re.search(p, answer, flags=re.IGNORECASE) for p in patterns)
-
-
-class Tally:
-    """A TopKSelection callback summing recall weight per absolute position (weight-0 slots are padding)."""
-
-    def __init__(self) -> None:
-        self.weights: dict[int, float] = defaultdict(float)
-        self.calls = 0
-
-    def __call__(self, selection) -> None:
-        self.calls += 1
-        positions = selection.positions.reshape(-1)
-        weights = selection.weights.reshape(-1).double()
-        keep = weights > 0
-        for p, w in zip(positions[keep].tolist(), weights[keep].tolist()):
-            self.weights[p] += w
 
 
 @dataclass
@@ -74,37 +61,22 @@ class PositionMap:
         return self.locate(char)
 
 
-def rank_passages(weights: dict[int, float], positions: PositionMap) -> list[tuple[tuple, float]]:
-    """(source, page) passages by summed recall weight, best first; share of the weight on documents."""
+def rank_passages(scores: dict[int, float], positions: PositionMap) -> list[tuple[tuple, float]]:
+    """(source, page) passages by summed score, best first, those above 0 only, as shares of their sum."""
     by_passage: dict[tuple, float] = defaultdict(float)
-    for position, weight in weights.items():
+    for position, score in scores.items():
         passage = positions.passage(position)
         if passage is not None:
-            by_passage[passage] += weight
-    total = sum(by_passage.values())
-    return [(p, w / total) for p, w in sorted(by_passage.items(), key=lambda kv: -kv[1])] if total > 0 else []
+            by_passage[passage] += score
+    ranked = sorted(((p, s) for p, s in by_passage.items() if s > 0), key=lambda kv: -kv[1])
+    total = sum(s for _, s in ranked)
+    return [(p, s / total) for p, s in ranked]
 
 
 def citation_hits(ranked: list[tuple[tuple, float]], pages) -> tuple[bool, bool]:
     """(top-1 hit, top-3 hit) for a question whose answer is on any of ``pages``."""
     cited = [page for (_, page), _ in ranked]
     return (bool(cited) and cited[0] in pages, any(p in pages for p in cited[:3]))
-
-
-def contrastive(record: dict, records: list[dict], key: str) -> list[list]:
-    """Pages ranked by their share for this question minus their mean share over the document's other
-    questions: recall weight that every question puts on the same pages (a first page, a repetitive table)
-    says nothing about this answer. Needs at least two questions per document."""
-    others = [r for r in records if r is not record and r["document"] == record["document"] and r.get(key)]
-    mine = {page: share for page, share in record.get(key, [])}
-    if not others or not mine:
-        return [[page, share] for page, share in record.get(key, [])]
-    prior: dict = defaultdict(float)
-    for r in others:
-        for page, share in r[key]:
-            prior[page] += share / len(others)
-    scored = {page: mine.get(page, 0.0) - prior.get(page, 0.0) for page in set(mine) | set(prior)}
-    return [[page, round(score, 5)] for page, score in sorted(scored.items(), key=lambda kv: -kv[1])]
 
 
 def corpus_locator(corpus):
@@ -147,6 +119,14 @@ def run_document(model, tokenizer, path: str, questions, settings: rc.Settings, 
     log(f"{path}: {len(context)} context tokens prefilled in {prefill_s:.0f} s")
     snap = cache.snapshot()
     eos = tokenizer.eos_token_id
+    content = content_token_ids(tokenizer)
+    every = lambda p: positions.passage(p) is not None  # noqa: E731
+    is_content = lambda p: every(p) and context[p] in content  # noqa: E731
+    rc.set_topk(model, settings, settings.topk)
+    neutral = RecallTally()  # what any question recalls here, read once per document (the snapshot is shared)
+    with lminfinite.observe_topk(model, neutral):
+        rc.feed(model, cache, rc.question_ids(tokenizer, document, NEUTRAL_QUESTION), settings.prefill_chunk)
+    cache.rollback(snap)
     records = []
     for q in questions:
         q_ids = rc.question_ids(tokenizer, document, q.question)
@@ -161,9 +141,9 @@ def run_document(model, tokenizer, path: str, questions, settings: rc.Settings, 
         record["lminfinite"] = tokenizer.decode(rc.greedy(model, cache, logits, eos, MAX_NEW_TOKENS),
                                                 skip_special_tokens=True)
         cache.rollback(snap)
-        # recall on, watched: the question's prefill and the answer's decode separately (the app cites decode)
+        # recall on, watched: the question's prefill and the answer's decode separately
         rc.set_topk(model, settings, settings.topk)
-        on_question, on_decode = Tally(), Tally()
+        on_question, on_decode = RecallTally(), RecallTally()
         with lminfinite.observe_topk(model, on_question):
             logits = rc.feed(model, cache, q_ids, settings.prefill_chunk)
         with lminfinite.observe_topk(model, on_decode):
@@ -171,17 +151,16 @@ def run_document(model, tokenizer, path: str, questions, settings: rc.Settings, 
         record["lminfinite_topk"] = tokenizer.decode(ids, skip_special_tokens=True)
         cache.rollback(snap)
         rc.set_topk(model, settings, 0)
-        both = defaultdict(float, on_decode.weights)
-        for p, w in on_question.weights.items():
-            both[p] += w
-        for name, tally in (("cite_decode", on_decode.weights), ("cite_question_decode", both)):
-            ranked = rank_passages(tally, positions)
+        for name, scores in (("cite_decode", relevance(on_decode, None, every)),
+                             ("cite_decode_content", relevance(on_decode, None, is_content)),
+                             ("cite_question", relevance(on_question, None, is_content)),
+                             ("cite_app", relevance(on_question, neutral, is_content))):
+            ranked = rank_passages(scores, positions)
             record[name] = [[page, round(share, 4)] for (_, page), share in ranked[:5]]
-            record[name + "_all"] = [[page, round(share, 5)] for (_, page), share in ranked]
             record[name + "_hits"] = citation_hits(ranked, q.pages)
         records.append(record)
         log(f"  p.{q.pages} {q.question[:50]!r}: topk={record['lminfinite_topk'][:60]!r} "
-            f"cites {record['cite_decode'][:3]}")
+            f"cites {record['cite_app'][:3]}")
     # truncation: the last W - TRUNCATE_ROOM document tokens, shared by the questions (cropped back)
     lminfinite.disable(model)
     kept = context[-(settings.window - TRUNCATE_ROOM):]
@@ -194,10 +173,6 @@ def run_document(model, tokenizer, path: str, questions, settings: rc.Settings, 
         record["truncate"] = tokenizer.decode(rc.greedy(model, cache, logits, eos, MAX_NEW_TOKENS),
                                               skip_special_tokens=True)
         cache.crop(mark - cache.get_seq_length())
-    for q, record in zip(questions, records):
-        record["cite_contrastive"] = contrastive(record, records, "cite_decode_all")
-        record["cite_contrastive_hits"] = citation_hits([((None, p), s) for p, s in record["cite_contrastive"]],
-                                                        q.pages)
     for q, record in zip(questions, records):
         for method in ("truncate", "lminfinite", "lminfinite_topk"):
             record[method + "_correct"] = is_correct(record[method], q.answers)
@@ -233,14 +208,14 @@ def section_for(records: list[dict]) -> str | None:
     groups = [[r for r in records if r["document"] == d] for d in docs] + [records]  # each document, then all
     rows = [["questions", *[str(len(g)) for g in groups]],
             ["context tokens", *[f"{g[0]['context_tokens']:,}" for g in groups[:-1]], "–"]]
-    rows += _correct_rows(groups, window) + _citation_rows(groups) + _contrastive_rows(records, groups)
-    rows += _question_decode_rows(groups)
+    rows += _correct_rows(groups, window) + _citation_rows(records, groups)
     detail_header = ["document", "question", "page", "truncate", "top-k off", "top-k", "cited pages (share)"]
     detail = [_detail_row(r) for r in records]
     return (f"**Document QA with citations** ({len(records)} questions with short known answers, W = {window:,}, "
             f"top-k = 5 from layer 5, answers of at most {MAX_NEW_TOKENS} tokens; questions in "
-            "`benchmarks/docqa_set.py`; correct = an expected regex matches the answer; cited page = the page "
-            "with the most top-k recall weight during the answer's decode, as the app cites):\n\n"
+            "`benchmarks/docqa_set.py`; correct = an expected regex matches the answer; cited page: the page "
+            "ranked first (or among the first three) by each way of citing, `app.engine.citations` for the "
+            "app's):\n\n"
             + markdown_table(header, rows)
             + "\n\n<details><summary>Per question</summary>\n\n" + markdown_table(detail_header, detail)
             + "\n\n</details>")
@@ -262,31 +237,31 @@ def _correct_rows(groups: list[list[dict]], window: int) -> list[list[str]]:
     return rows
 
 
-def _citation_rows(groups: list[list[dict]]) -> list[list[str]]:
-    """Decode-attention citation hits (top-1, top-3), over all questions and over those whose page lies
-    beyond the window."""
+# Ways of ranking cited pages, as saved per record: (key, label). Older saved runs hold other keys; a row is
+# shown when every record of the table has its key.
+CITATIONS = (
+    ("cite_decode", "the answer's recall, every token (first release)"),
+    ("cite_decode_content", "the answer's recall, content tokens"),
+    ("cite_question", "the question's recall, content tokens"),
+    ("cite_app", "the question's recall minus a neutral question's, content tokens (app)"),
+    ("cite_contrastive", "the answer's recall minus the document's other questions' average"),
+    ("cite_question_decode", "question + answer recall, every token"),
+)
+
+
+def _citation_rows(records: list[dict], groups: list[list[dict]]) -> list[list[str]]:
+    """Top-1 and top-3 page hits of each way of citing the records have, and of the app's (or the first
+    release's, in older runs) over the questions whose page lies beyond the window."""
     rows = []
-    for key, idx, label in (("cite_decode", 0, "cited page, top-1"), ("cite_decode", 1, "cited page, in top-3")):
-        rows.append([label, *[_pct(r[key + "_hits"][idx] for r in g) for g in groups]])
-        rows.append([label + ", page beyond the window",
+    kept = [(key, label) for key, label in CITATIONS if all(key + "_hits" in r for r in records)]
+    for key, label in kept:
+        for idx, rank in ((0, "top-1"), (1, "in top-3")):
+            rows.append([f"cited page {rank}: {label}", *[_pct(r[key + "_hits"][idx] for r in g) for g in groups]])
+    key = "cite_app" if ("cite_app", CITATIONS[3][1]) in kept else "cite_decode"
+    for idx, rank in ((0, "top-1"), (1, "in top-3")):
+        rows.append([f"cited page {rank}, page beyond the window ({'app' if key == 'cite_app' else 'first release'})",
                      *[_pct(r[key + "_hits"][idx] for r in g if r["answer_outside_window"]) for g in groups]])
     return rows
-
-
-def _contrastive_rows(records: list[dict], groups: list[list[dict]]) -> list[list[str]]:
-    """Contrastive citation hits, only when every record has them (older saved runs do not)."""
-    if not all("cite_contrastive_hits" in r for r in records):
-        return []
-    return [[label, *[_pct(r["cite_contrastive_hits"][idx] for r in g) for g in groups]]
-            for idx, label in ((0, "cited page, top-1, minus the document's average (contrastive)"),
-                               (1, "cited page, in top-3, contrastive"))]
-
-
-def _question_decode_rows(groups: list[list[dict]]) -> list[list[str]]:
-    """Citation hits when the question's prefill attention is added to the answer's decode attention."""
-    return [[label, *[_pct(r["cite_question_decode_hits"][idx] for r in g) for g in groups]]
-            for idx, label in ((0, "cited page, top-1, question + decode attention"),
-                               (1, "cited page, in top-3, question + decode attention"))]
 
 
 def _mark(ok) -> str:
@@ -298,7 +273,7 @@ def _detail_row(r: dict) -> list[str]:
     return [r["document"].split("-")[0].split(".")[0], r["question"].replace("|", "\\|"),
             ",".join(map(str, r["pages"])), _mark(r["truncate_correct"]), _mark(r["lminfinite_correct"]),
             _mark(r["lminfinite_topk_correct"]) + " " + _short(r["lminfinite_topk"]),
-            ", ".join(f"{p} ({s:.0%})" for p, s in r["cite_decode"][:3])]
+            ", ".join(f"{p} ({s:.0%})" for p, s in r.get("cite_app", r["cite_decode"])[:3])]
 
 
 def _short(text: str, n: int = 50) -> str:

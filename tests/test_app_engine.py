@@ -12,6 +12,7 @@ import torch
 from app.engine.chat_format import TurnState
 from app.cli import AppConfig
 from app.engine.context import AnswerDelta, AnswerResult, ContextEngine, ContextFull, ContextOutOfMemory, EngineError, Stopped
+from app.engine.citations import NEUTRAL_QUESTION
 from app.engine.generation import GenerationSettings
 from app.engine.model_loading import ModelChoice, load_runtime
 from ingest import Provenance
@@ -107,11 +108,13 @@ def test_feeding_is_append_only(runtime):
     forwarded = runtime.tokens_forwarded
     run(engine.feed_documents(pdf_like()))
     after_docs = engine.length
+    neutral = sum(len(p.ids) for p in engine._question_pieces(NEUTRAL_QUESTION))  # read and undone (citations)
     first = answer(engine, "What is the pass key?")
     run(engine.feed_documents(code_file()))
+    neutral += sum(len(p.ids) for p in engine._question_pieces(NEUTRAL_QUESTION))
     second = answer(engine, "Which file defines function_3?")
     # Every token reached the model exactly once, in order: nothing was re-encoded.
-    assert runtime.tokens_forwarded - forwarded == engine.length == engine.tokens_fed
+    assert runtime.tokens_forwarded - forwarded == engine.length + neutral == engine.tokens_fed
     assert engine.cache.get_seq_length() == engine.length
     fmt = engine.format
     ids = list(engine.token_ids)
@@ -288,6 +291,28 @@ def test_sources_come_from_recalled_document_tokens(runtime):
 
     no_recall = answer(engine, "And again?", GenerationSettings(max_new_tokens=8, recall=False))
     assert not no_recall.citations.recalled and no_recall.citations.citations == ()
+
+
+def test_the_neutral_question_is_read_and_undone_without_a_trace(runtime, monkeypatch):
+    """Sources are ranked against a neutral question read first (citations.py); the answer, the context and
+    the next answer are those of an engine that never read it."""
+    def ask_twice(engine):
+        run(engine.feed_documents(pdf_like(pages=10)))
+        fed = engine.tokens_fed
+        neutral = sum(len(p.ids) for p in engine._question_pieces(NEUTRAL_QUESTION))
+        first = answer(engine, "What is the pass key?")
+        then = answer(engine, "Say it again.")
+        return first, then, engine.tokens_fed - fed, neutral
+
+    never = new_engine(runtime)
+    monkeypatch.setattr(never, "_recalls", lambda *args: False)
+    expected, expected_then, fed_without, _ = ask_twice(never)
+    engine = new_engine(runtime)
+    first, then, fed, neutral = ask_twice(engine)
+    assert (first.text, then.text) == (expected.text, expected_then.text)
+    assert list(engine.token_ids) == list(never.token_ids) and len(engine.spans) == len(never.spans)
+    assert neutral > 0 and fed > fed_without + neutral  # read before each question, with recall on
+    assert first.citations.citations and first.citations.citations != expected.citations.citations
 
 
 def test_context_inside_the_window_has_nothing_to_recall(runtime):

@@ -228,6 +228,34 @@ def test_citations_group_recall_weight_by_page_and_line_range():
     assert cite(RecallTally(), spans).recalled is False
 
 
+def test_citations_rank_what_the_question_recalls_beyond_a_neutral_question():
+    """Measured shape (app/engine/citations.py): every question pulls recall to a title page and a table (p. 13);
+    the question's own page is where its recall exceeds the neutral question's."""
+    spans = SpanIndex()
+    for start, page in ((0, 1), (100, 4), (200, 13)):
+        spans.append(Span(start, start + 100, "document", where=Provenance("spec.pdf", page=page)))
+    spans.append(Span(300, 320, "question"))
+
+    def tally_of(weights: dict[int, float]) -> RecallTally:
+        tally = RecallTally()
+        tally(TopKSelection(6, torch.tensor([310]), torch.tensor([[[list(weights)]]]),
+                            torch.tensor([[[list(weights.values())]]])))
+        return tally
+
+    question = tally_of({5: 0.30, 250: 0.40, 120: 0.20, 121: 0.05, 305: 0.05})  # 305: the question itself
+    neutral = tally_of({10: 0.50, 260: 0.50})
+    plain = cite(question, spans)
+    assert [c.where.page for c in plain.citations] == [13, 1, 4]  # what every question recalls wins
+    report = cite(question, spans, baseline=neutral)
+    # shares over document tokens: question 1: .3158, 4: .2632, 13: .4211; neutral 1: .5, 13: .5
+    # relevance 4: +.2632, 13: -.0789, 1: -.1842: only p. 4 is above the baseline
+    assert [(c.where.page, round(c.share, 3)) for c in report.citations] == [(4, 1.0)]
+    assert report.document_share == pytest.approx(0.95)
+    snippets = cite(question, spans, baseline=neutral, snippet=lambda position, span: str(position))
+    assert snippets.citations[0].snippet == "120"  # the page's most relevant token
+    assert cite(neutral, spans, baseline=neutral).citations == ()  # nothing stands out: no sources
+
+
 def test_citations_count_content_tokens_not_attention_sinks():
     """Measured shape (app/engine/citations.py): one " the" on page 13 draws more recall than the answer's words."""
     from app.engine.citations import content_token_ids, is_content_token
@@ -336,8 +364,9 @@ def test_chat_messages_render_answers_sources_and_stops():
     messages = views.chat_messages(items)
     assert messages[0] == {"role": "user", "content": "*Attached: r.pdf*\n\nWhat is the key?"}
     assert messages[1]["metadata"] == {"title": "Added 1 file", "status": "done"}
-    assert ("It is 42.\n\n**Sources**, ranked by the share of top-k recall attention that fell on each passage:\n"
-            "- `r.pdf p. 3` · 60% of recall · “the key is 42”") in messages[2]["content"]
+    assert ("It is 42.\n\n**Sources**, ranked by the top-k recall attention the question drew to each passage "
+            "beyond what a neutral question draws (shares of that excess):\n"
+            "- `r.pdf p. 3` · 60% · “the key is 42”") in messages[2]["content"]
     assert "first token 250 ms · 31 tok/s · 5 tokens</sub>" in messages[2]["content"]
     assert "not in the context" in messages[3]["content"]
     assert "Stopped: this exchange was not kept" in messages[4]["content"]
@@ -364,7 +393,7 @@ def test_exports_hold_documents_sources_and_flags(tmp_path):
                              ChatItem("assistant", "answer", "Par", stopped=True, in_context=False)])
     markdown = to_markdown(data)
     assert "| r.pdf | ingested | 3 | 90 |" in markdown and "binary \\| file" in markdown
-    assert "**You**:\n\nQ?" in markdown and "Sources (share of top-k recall attention): r.pdf p. 2 (100%)" in markdown
+    assert "**You**:\n\nQ?" in markdown and "Sources (share of the question's recall beyond a neutral question's): r.pdf p. 2 (100%)" in markdown
     assert "*Stopped; not kept in the context.*" in markdown
     md_path, json_path = write_exports(data, str(tmp_path))
     loaded = json.loads(Path(json_path).read_text())

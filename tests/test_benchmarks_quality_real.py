@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
-
-import torch
 
 from benchmarks import docqa, real_passkey
 from benchmarks.docqa_set import QUESTIONS
-
-
-def selection(positions, weights):
-    return SimpleNamespace(positions=torch.tensor(positions), weights=torch.tensor(weights))
 
 
 def test_passkey_scoring_reads_the_first_integer():
@@ -29,15 +22,6 @@ def test_docqa_answers_match_case_insensitively_any_pattern():
     assert docqa.is_correct("use the --benchmark flag", [r"-b\b", r"--benchmark"])
 
 
-def test_tally_sums_weights_per_position_and_skips_padding():
-    tally = docqa.Tally()
-    # (batch, heads, queries, k): two heads recall position 7; a weight-0 slot (fewer than k candidates) is padding
-    tally(selection([[[[7, 3]], [[7, 0]]]], [[[[0.5, 0.25]], [[0.125, 0.0]]]]))
-    tally(selection([[[[3, 9]]]], [[[[0.25, 0.5]]]]))
-    assert dict(tally.weights) == {7: 0.625, 3: 0.5, 9: 0.5}
-    assert tally.calls == 2
-
-
 def test_positions_map_through_token_offsets_to_pages():
     # prompt: "SYS" (3 chars) then the document "aaaa|bbbb" (page 1: chars 0-3, page 2: chars 4-7 of the document)
     token_chars = [0, 3, 5, 7, 9, 11]  # token 0 is the system prompt; tokens 1-4 document; token 5 after it
@@ -51,6 +35,7 @@ def test_positions_map_through_token_offsets_to_pages():
     assert docqa.citation_hits(ranked, (2,)) == (True, True)
     assert docqa.citation_hits(ranked, (1,)) == (False, True)
     assert docqa.citation_hits([], (1,)) == (False, False)
+    assert docqa.rank_passages({1: -0.2, 2: 0.1, 3: 0.3, 4: -0.1}, positions) == [(("doc.pdf", 2), 1.0)]  # > 0 only
     assert docqa.page_token_ranges(positions, 6) == {1: (1, 3), 2: (3, 5)}
 
 
@@ -95,19 +80,13 @@ def test_docqa_section_renders_from_saved_records(tmp_path):
     record = dict(document="spec.pdf", question="Q?", pages=[3], window=2048, context_tokens=9000,
                   answer_outside_window=True, truncate="x", lminfinite="x", lminfinite_topk="0.21",
                   truncate_correct=False, lminfinite_correct=False, lminfinite_topk_correct=True,
-                  cite_decode=[[3, 0.6], [2, 0.4]], cite_decode_hits=[True, True],
-                  cite_question_decode=[[3, 1.0]], cite_question_decode_hits=[True, True])
+                  cite_decode=[[2, 0.6], [3, 0.4]], cite_decode_hits=[False, True],
+                  cite_app=[[3, 1.0]], cite_app_hits=[True, True])
     (tmp_path / "real_docqa_w2048.json").write_text(json.dumps([record]))
     text = docqa.section(tmp_path)
-    assert "100% (1/1)" in text and "0% (0/1)" in text and "3 (60%)" in text
-
-
-def test_contrastive_citation_subtracts_the_documents_average_page_profile():
-    common = {"document": "d.pdf"}
-    records = [dict(common, cite_decode_all=[[13, 0.5], [1, 0.3], [4, 0.2]]),  # page 4 stands out for this one
-               dict(common, cite_decode_all=[[13, 0.6], [1, 0.35], [4, 0.05]]),
-               dict(common, cite_decode_all=[[13, 0.55], [1, 0.4], [7, 0.05]]),
-               dict(document="other.pdf", cite_decode_all=[[4, 1.0]])]  # another document: not part of the prior
-    ranked = docqa.contrastive(records[0], records, "cite_decode_all")
-    assert ranked[0][0] == 4
-    assert docqa.citation_hits([((None, p), s) for p, s in ranked], (4,)) == (True, True)
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in text.splitlines() if " | " in line}
+    assert rows["cited page top-1: the answer's recall, every token (first release)"] == "0% (0/1)"
+    assert rows["cited page top-1: the question's recall minus a neutral question's, content tokens (app)"] == "100% (1/1)"
+    assert rows["cited page top-1, page beyond the window (app)"] == "100% (1/1)"
+    assert not any("content tokens" in row and "answer" in row for row in rows)  # a way this run did not save
+    assert "3 (100%)" in text  # the per-question table shows the app's citations

@@ -21,7 +21,7 @@ from typing import Iterator, Protocol, Sequence
 from ingest import Provenance
 
 from .chat_format import Carry, ChatFormat, TurnState
-from .citations import CitationReport, RecallTally, cite
+from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, cite
 from .generation import GenerationSettings, LoopGuard, next_token
 from .history import DocumentsFed, Exchange
 from .metrics import LiveStats, RateMeter
@@ -30,7 +30,7 @@ from .spans import Span, SpanIndex, SpanKind
 
 # Shorter prefills (a question) measure latency, not throughput: they do not overwrite the panel's rate.
 MEASURED_PREFILL = 128
-SNIPPET_BEFORE, SNIPPET_AFTER = 16, 24  # tokens of context shown around a cited passage's most-recalled token
+SNIPPET_BEFORE, SNIPPET_AFTER = 16, 24  # tokens of context shown around a cited passage's most relevant token
 
 
 class EngineError(Exception):
@@ -110,10 +110,12 @@ class Saved:
 
 @dataclass
 class Turn:
-    """An answered question: states before the question and between question and answer (regenerate)."""
+    """An answered question: states before the question and between question and answer (regenerate), and
+    the sources its question's recall found (an answer drawn again cites the same question)."""
 
     before: Saved
     after_question: Saved
+    citations: CitationReport
     end: int  # context length after the answer's </s>
 
 
@@ -313,45 +315,43 @@ class ContextEngine:
         return self.length, self.tokens_fed
 
     # -- decode --------------------------------------------------------------------------------
-    def _decode(self, logits, settings: GenerationSettings, cancel, started: float,
-                prefill_tps: float, question_tokens: int) -> Iterator[AnswerDelta | AnswerResult]:
+    def _decode(self, logits, settings: GenerationSettings, cancel, started: float, prefill_tps: float,
+                question_tokens: int, citations: CitationReport) -> Iterator[AnswerDelta | AnswerResult]:
         """Sample until </s> or max tokens, feeding each token back; then close the answer with </s>."""
         topk = settings.answer_topk
         max_new = min(settings.max_new_tokens, self.budget - self.length - 2)
         if max_new < 1:
             raise ContextFull("The context budget is full: no room left for an answer. Start a new context.")
         answer: list[int] = []
-        tally = RecallTally()
         start = self.length
         finish = "length"
         loop = LoopGuard()
         ttft = None
         self.stats.phase, self.stats.detail, self.stats.done, self.stats.total = "decode", "answer", 0, max_new
         self.stats.eta_s = None
-        with self.runtime.observe_recall(tally):
-            decode_meter = None
-            while True:
-                token = next_token(logits, answer, settings)
-                if ttft is None:
-                    ttft = time.perf_counter() - started
-                    self.stats.ttft_s = ttft
-                    decode_meter = RateMeter()  # times the forwards that follow the first token
-                else:
-                    decode_meter.add(1)
-                if token in self.format.stop_ids:
-                    finish = "eos"
-                    break
-                answer.append(token)
-                self.stats.done, self.stats.decode_tps = len(answer), decode_meter.rate
-                yield AnswerDelta(self.format.decode_answer(answer), len(answer), ttft)
-                if loop.repeats(answer):
-                    finish = "repetition"
-                    break
-                if len(answer) >= max_new:
-                    break
-                if cancel is not None and cancel.is_set():
-                    raise Stopped("the answer")
-                logits = self._forward([token], topk=topk)
+        decode_meter = None
+        while True:
+            token = next_token(logits, answer, settings)
+            if ttft is None:
+                ttft = time.perf_counter() - started
+                self.stats.ttft_s = ttft
+                decode_meter = RateMeter()  # times the forwards that follow the first token
+            else:
+                decode_meter.add(1)
+            if token in self.format.stop_ids:
+                finish = "eos"
+                break
+            answer.append(token)
+            self.stats.done, self.stats.decode_tps = len(answer), decode_meter.rate
+            yield AnswerDelta(self.format.decode_answer(answer), len(answer), ttft)
+            if loop.repeats(answer):
+                finish = "repetition"
+                break
+            if len(answer) >= max_new:
+                break
+            if cancel is not None and cancel.is_set():
+                raise Stopped("the answer")
+            logits = self._forward([token], topk=topk)
         closing, carry = self.format.close_answer(answer, self.carry)
         if finish != "eos":  # the last sampled token was never fed: it closes the answer with the end-of-turn
             closing = [answer[-1], *closing]
@@ -362,7 +362,7 @@ class ContextEngine:
         self.stats.decode_tps = decode_tps
         yield AnswerResult(
             text=self.format.decode_answer(answer), tokens=len(answer), finish=finish,
-            citations=cite(tally, self.spans, snippet=self._snippet, counts=self._is_content), ttft_s=ttft or 0.0, prefill_tps=prefill_tps,
+            citations=citations, ttft_s=ttft or 0.0, prefill_tps=prefill_tps,
             decode_tps=decode_tps, question_tokens=question_tokens, answer_ids=tuple(answer),
         )
 
@@ -382,26 +382,45 @@ class ContextEngine:
         ``started`` (a ``time.perf_counter`` time) is when the user asked: time to first token includes the wait.
         """
         started = time.perf_counter() if started is None else started
-        opening = self._opening()
-        carry = opening[-1].carry if opening else self.carry
-        ids, carry = self.format.question(question, carry)
-        pieces = [*opening, Piece(ids, SpanKind.QUESTION, TurnState.IN_TURN, carry)]
+        pieces = self._question_pieces(question)
         planned = sum(len(p.ids) for p in pieces)
-        self._check_budget(planned + 2, "This question")
+        baseline = self._question_pieces(NEUTRAL_QUESTION) if self._recalls(settings, planned) else []
+        self._check_budget(max(planned, sum(len(p.ids) for p in baseline)) + 2, "This question")
         result = None
         with self._answering(), self._operation() as before:
+            neutral = RecallTally()
+            if baseline:  # read, then undone: what any question recalls here (citations.py says why)
+                with self.runtime.observe_recall(neutral):
+                    yield from self._prefill(baseline, cancel, topk=settings.answer_topk, phase="question")
+                self._restore(before)
+            recalled = RecallTally()
             meter_start = time.perf_counter()
-            yield from self._prefill(pieces, cancel, topk=settings.answer_topk, phase="question")
+            with self.runtime.observe_recall(recalled):
+                yield from self._prefill(pieces, cancel, topk=settings.answer_topk, phase="question")
             prefill_tps = planned / max(time.perf_counter() - meter_start, 1e-9)
+            citations = cite(recalled, self.spans, baseline=neutral if baseline else None, snippet=self._snippet,
+                             counts=self._is_content)
             after_question = self._save(self._logits)
-            for item in self._decode(self._logits, settings, cancel, started, prefill_tps, planned):
+            for item in self._decode(self._logits, settings, cancel, started, prefill_tps, planned, citations):
                 if isinstance(item, AnswerResult):
-                    self.turns.append(Turn(before, after_question, self.length))
+                    self.turns.append(Turn(before, after_question, citations, self.length))
                     self.history.append(Exchange(question, item.answer_ids))
                     result = item
                 else:
                     yield item
         yield result  # after the commit: a consumer that stops here cannot roll the answer back
+
+    def _question_pieces(self, question: str) -> list[Piece]:
+        """The opening a turn needs, then the question and the answer's header."""
+        opening = self._opening()
+        carry = opening[-1].carry if opening else self.carry
+        ids, carry = self.format.question(question, carry)
+        return [*opening, Piece(ids, SpanKind.QUESTION, TurnState.IN_TURN, carry)]
+
+    def _recalls(self, settings: GenerationSettings, question_tokens: int) -> bool:
+        """Whether recall can pick anything for the question: it is on, and tokens will have left the window."""
+        middle_from = self.runtime.lm_config.n_starting + self.runtime.window
+        return settings.answer_topk > 0 and self.length + question_tokens > middle_from
 
     @property
     def can_regenerate(self) -> bool:
@@ -423,9 +442,10 @@ class ContextEngine:
         with self._answering(), self._operation(restore_to=turn.before):
             self._restore(turn.after_question)
             question_tokens = turn.after_question.n_tokens - turn.before.n_tokens
-            for item in self._decode(turn.after_question.logits, settings, cancel, started, 0.0, question_tokens):
+            for item in self._decode(turn.after_question.logits, settings, cancel, started, 0.0, question_tokens,
+                                     turn.citations):
                 if isinstance(item, AnswerResult):
-                    self.turns.append(Turn(turn.before, turn.after_question, self.length))
+                    self.turns.append(Turn(turn.before, turn.after_question, turn.citations, self.length))
                     self.history.append(Exchange(question, item.answer_ids))
                     result = item
                 else:

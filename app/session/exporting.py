@@ -52,7 +52,7 @@ def message_markdown(m: dict) -> list[str]:
     if m["kind"] == "answer":
         lines = ["", "**Assistant:**", "", m["text"]]
         if m["citations"]:
-            lines += ["", "Sources (share of top-k recall attention): " + "; ".join(
+            lines += ["", "Sources (share of the question's recall beyond a neutral question's): " + "; ".join(
                 f"{c['label']} ({c['share']:.0%})" for c in m["citations"])]
         if m["stopped"]:
             lines += ["", "*Stopped; not kept in the context.*"]

@@ -349,8 +349,10 @@ class ModelWork:
         elif not result.citations.recalled:
             item.recall_note = ("No sources: the whole context is inside the attention window, so recall had "
                                 "nothing to pick from the middle.")
-        elif not item.citations:
+        elif not item.citations and result.citations.document_share == 0:
             item.recall_note = "Recall attended to the conversation rather than to documents."
+        elif not item.citations:
+            item.recall_note = "No passage drew more of the question's recall than any question draws: no sources."
         item.stats = {"ttft_s": round(result.ttft_s, 4), "decode_tps": round(result.decode_tps, 2),
                       "prefill_tps": round(result.prefill_tps, 2), "tokens": result.tokens, "finish": result.finish,
                       "question_tokens": result.question_tokens}

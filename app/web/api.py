@@ -1,7 +1,7 @@
 """The one-call API: ``/ask`` adds files to the caller's session context, asks, and answers in JSON.
 
 Each gradio_client ``Client`` is its own session, so a script can add a PDF once and ask several
-questions of it; the answer's sources are the passages top-k recall attended to while answering.
+questions of it; the answer's sources are the passages top-k recall attended to while reading the question.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ..session.state import ChatItem
 
 
 def source_json(citation: Citation) -> dict:
-    """One cited passage: where it is, what it says, and its share of the recall weight on documents."""
+    """One cited passage: where it is, what it says, and its share of the relevance of the passages cited."""
     where = citation.where
     found: dict = {"file": where.source, "label": where.label()}
     if where.page is not None:

@@ -47,9 +47,10 @@ def _fmt_rate(rate: float) -> str:
 def answer_markdown(item: ChatItem) -> str:
     parts = [item.text or ("…" if item.pending else "(empty answer)")]
     if item.citations:
-        lines = [f"- `{c.where.label()}` · {c.share:.0%} of recall" + (f" · “{c.snippet}”" if c.snippet else "")
+        lines = [f"- `{c.where.label()}` · {c.share:.0%}" + (f" · “{c.snippet}”" if c.snippet else "")
                  for c in item.citations]
-        parts.append("**Sources**, ranked by the share of top-k recall attention that fell on each passage:\n"
+        parts.append("**Sources**, ranked by the top-k recall attention the question drew to each passage beyond "
+                     "what a neutral question draws (shares of that excess):\n"
                      + "\n".join(lines))
     elif item.recall_note:
         parts.append(f"*{item.recall_note}*")
