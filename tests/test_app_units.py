@@ -256,6 +256,24 @@ def test_citations_rank_what_the_question_recalls_beyond_a_neutral_question():
     assert cite(neutral, spans, baseline=neutral).citations == ()  # nothing stands out: no sources
 
 
+def test_an_answer_without_sources_says_why():
+    from app.engine.citations import CitationReport
+    from app.engine.context import AnswerResult
+    from app.session.model_work import ModelWork
+
+    def note(report: CitationReport, settings=GenerationSettings()) -> str:
+        item = ChatItem("assistant", "answer", "", pending=True)
+        result = AnswerResult("A.", 1, "eos", report, 0.1, 10.0, 5.0, 3)
+        ModelWork._finish_answer(item, result, settings)
+        return item.recall_note
+
+    assert "recall is off" in note(CitationReport((), 0.0, recalled=False), GenerationSettings(recall=False))
+    assert "inside the attention window" in note(CitationReport((), 0.0, recalled=False))
+    assert "conversation rather than to documents" in note(CitationReport((), 0.0, recalled=True))
+    assert "than any question draws" in note(CitationReport((), 0.6, recalled=True))  # none above the neutral
+    assert note(CitationReport((Citation(Provenance("r.pdf", 2), 1.0),), 0.6, recalled=True)) == ""
+
+
 def test_citations_count_content_tokens_not_attention_sinks():
     """Measured shape (app/engine/citations.py): one " the" on page 13 draws more recall than the answer's words."""
     from app.engine.citations import content_token_ids, is_content_token
