@@ -10,12 +10,13 @@ every question is then answered from a snapshot of that cache, rolled back after
 Scoring: the answer is correct when any of the question's regular expressions matches it (case-insensitive).
 Citations: ``lminfinite.observe_topk`` reports the recalled absolute token positions and their softmax weights,
 while the question is read and while the answer is decoded; weights are summed per position, positions mapped
-through the prompt's token offsets to characters of the document text, and those to ``(source, page)`` with
-``Corpus.locate``. Four ways of ranking pages are compared (``CITATIONS``); the app's is the question's recall
-on content tokens minus that of ``NEUTRAL_QUESTION`` read at the same point (``app.engine.citations``, the
-same code). The top-1 citation hits when it is one of the question's pages; top-3 when any of the first three is.
-Recall only ever picks *middle* tokens (evicted from the window), so a page that is still inside the last W
-tokens can never be cited: hit rates are also given for the questions whose page lies wholly outside it.
+through the prompt's token offsets to characters of the document text, and those to passages with
+``Corpus.locate``: a PDF's page, or a text or code chunk's line range, as the app cites them. Four ways of
+ranking passages are compared (``CITATIONS``); the app's is the question's recall on content tokens minus that
+of ``NEUTRAL_QUESTION`` read at the same point (``app.engine.citations``, the same code). The top-1 citation
+hits when it holds the answer (``Question.holds``); top-3 when any of the first three does. Recall only ever
+picks *middle* tokens (evicted from the window), so a passage that is still inside the last W tokens can never
+be cited: hit rates are also given for the questions whose passages lie wholly outside it.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ def is_correct(answer: str, patterns) -> bool:
 
 @dataclass
 class PositionMap:
-    """Token position -> (source, page) for the document part of a prompt.
+    """Token position -> (source, passage) for the document part of a prompt (passage: ``corpus_locator``).
 
     ``token_chars``: each context token's character start in the rendered prompt; ``doc_char``/``doc_len``:
-    the document text's span in it; ``locate(char_offset_in_document) -> (source, page)``."""
+    the document text's span in it; ``locate(char_offset_in_document) -> (source, passage)``."""
 
     token_chars: list[int]
     doc_char: int
@@ -62,7 +63,7 @@ class PositionMap:
 
 
 def rank_passages(scores: dict[int, float], positions: PositionMap) -> list[tuple[tuple, float]]:
-    """(source, page) passages by summed score, best first, those above 0 only, as shares of their sum."""
+    """(source, passage) by summed score, best first, those above 0 only, as shares of their sum."""
     by_passage: dict[tuple, float] = defaultdict(float)
     for position, score in scores.items():
         passage = positions.passage(position)
@@ -73,21 +74,25 @@ def rank_passages(scores: dict[int, float], positions: PositionMap) -> list[tupl
     return [(p, s / total) for p, s in ranked]
 
 
-def citation_hits(ranked: list[tuple[tuple, float]], pages) -> tuple[bool, bool]:
-    """(top-1 hit, top-3 hit) for a question whose answer is on any of ``pages``."""
-    cited = [page for (_, page), _ in ranked]
-    return (bool(cited) and cited[0] in pages, any(p in pages for p in cited[:3]))
+def citation_hits(ranked: list[tuple[tuple, float]], holds) -> tuple[bool, bool]:
+    """(top-1 hit, top-3 hit): whether the first passage, and any of the first three, ``holds`` the answer."""
+    cited = [passage for (_, passage), _ in ranked]
+    return (bool(cited) and holds(cited[0]), any(holds(p) for p in cited[:3]))
 
 
 def corpus_locator(corpus):
+    """char offset -> (source, page) in a PDF, (source, (first, last line)) of its chunk in text and code."""
     def locate(char_offset: int):
-        prov = corpus.locate(char_offset)
-        return (prov.source, prov.page)
+        found = corpus.locate(char_offset)
+        if found.page is not None:
+            return (found.source, found.page)
+        chunk = corpus.chunks[found.chunk]
+        return (found.source, (chunk.line_start, chunk.line_end))
     return locate
 
 
-def page_token_ranges(positions: PositionMap, n_context: int) -> dict[int, tuple[int, int]]:
-    """page -> (first, last + 1) token position of its text in the context."""
+def page_token_ranges(positions: PositionMap, n_context: int) -> dict[object, tuple[int, int]]:
+    """passage (page, or chunk's lines) -> (first, last + 1) token position of its text in the context."""
     ranges: dict[int, list[int]] = {}
     for p in range(n_context):
         passage = positions.passage(p)
@@ -132,8 +137,8 @@ def run_document(model, tokenizer, path: str, questions, settings: rc.Settings, 
         q_ids = rc.question_ids(tokenizer, document, q.question)
         total = len(context) + len(q_ids)
         in_window = total - settings.window  # tokens before this are out of the window at the question
-        middle_only = all(pages[p][1] <= in_window for p in q.pages if p in pages)
-        record = dict(document=path.rsplit("/", 1)[-1], question=q.question, pages=list(q.pages),
+        middle_only = all(end <= in_window for passage, (_, end) in pages.items() if q.holds(passage))
+        record = dict(document=path.rsplit("/", 1)[-1], question=q.question, pages=list(q.pages), lines=list(q.lines),
                       window=settings.window, context_tokens=total, answer_outside_window=middle_only)
         # recall off
         rc.set_topk(model, settings, 0)
@@ -157,9 +162,9 @@ def run_document(model, tokenizer, path: str, questions, settings: rc.Settings, 
                              ("cite_app", relevance(on_question, neutral, is_content))):
             ranked = rank_passages(scores, positions)
             record[name] = [[page, round(share, 4)] for (_, page), share in ranked[:5]]
-            record[name + "_hits"] = citation_hits(ranked, q.pages)
+            record[name + "_hits"] = citation_hits(ranked, q.holds)
         records.append(record)
-        log(f"  p.{q.pages} {q.question[:50]!r}: topk={record['lminfinite_topk'][:60]!r} "
+        log(f"  p.{q.pages or q.lines} {q.question[:50]!r}: topk={record['lminfinite_topk'][:60]!r} "
             f"cites {record['cite_app'][:3]}")
     # truncation: the last W - TRUNCATE_ROOM document tokens, shared by the questions (cropped back)
     lminfinite.disable(model)
@@ -209,13 +214,13 @@ def section_for(records: list[dict]) -> str | None:
     rows = [["questions", *[str(len(g)) for g in groups]],
             ["context tokens", *[f"{g[0]['context_tokens']:,}" for g in groups[:-1]], "–"]]
     rows += _correct_rows(groups, window) + _citation_rows(records, groups)
-    detail_header = ["document", "question", "page", "truncate", "top-k off", "top-k", "cited pages (share)"]
+    detail_header = ["document", "question", "answer at", "truncate", "top-k off", "top-k", "cited (share)"]
     detail = [_detail_row(r) for r in records]
     return (f"**Document QA with citations** ({len(records)} questions with short known answers, W = {window:,}, "
             f"top-k = 5 from layer 5, answers of at most {MAX_NEW_TOKENS} tokens; questions in "
-            "`benchmarks/docqa_set.py`; correct = an expected regex matches the answer; cited page: the page "
-            "ranked first (or among the first three) by each way of citing, `app.engine.citations` for the "
-            "app's):\n\n"
+            "`benchmarks/docqa_set.py`; correct = an expected regex matches the answer; cited passage: the PDF "
+            "page, or the chunk of source lines, ranked first (or among the first three) by each way of citing, "
+            "`app.engine.citations` for the app's):\n\n"
             + markdown_table(header, rows)
             + "\n\n<details><summary>Per question</summary>\n\n" + markdown_table(detail_header, detail)
             + "\n\n</details>")
@@ -237,7 +242,7 @@ def _correct_rows(groups: list[list[dict]], window: int) -> list[list[str]]:
     return rows
 
 
-# Ways of ranking cited pages, as saved per record: (key, label). Older saved runs hold other keys; a row is
+# Ways of ranking cited passages, as saved per record: (key, label). Older saved runs hold other keys; a row is
 # shown when every record of the table has its key.
 CITATIONS = (
     ("cite_decode", "the answer's recall, every token (first release)"),
@@ -250,16 +255,16 @@ CITATIONS = (
 
 
 def _citation_rows(records: list[dict], groups: list[list[dict]]) -> list[list[str]]:
-    """Top-1 and top-3 page hits of each way of citing the records have, and of the app's (or the first
-    release's, in older runs) over the questions whose page lies beyond the window."""
+    """Top-1 and top-3 hits of each way of citing the records have, and of the app's (or the first
+    release's, in older runs) over the questions whose passages lie beyond the window."""
     rows = []
     kept = [(key, label) for key, label in CITATIONS if all(key + "_hits" in r for r in records)]
     for key, label in kept:
         for idx, rank in ((0, "top-1"), (1, "in top-3")):
-            rows.append([f"cited page {rank}: {label}", *[_pct(r[key + "_hits"][idx] for r in g) for g in groups]])
+            rows.append([f"cited passage {rank}: {label}", *[_pct(r[key + "_hits"][idx] for r in g) for g in groups]])
     key = "cite_app" if ("cite_app", CITATIONS[3][1]) in kept else "cite_decode"
     for idx, rank in ((0, "top-1"), (1, "in top-3")):
-        rows.append([f"cited page {rank}, page beyond the window ({'app' if key == 'cite_app' else 'first release'})",
+        rows.append([f"cited passage {rank}, beyond the window ({'app' if key == 'cite_app' else 'first release'})",
                      *[_pct(r[key + "_hits"][idx] for r in g if r["answer_outside_window"]) for g in groups]])
     return rows
 
@@ -269,11 +274,17 @@ def _mark(ok) -> str:
 
 
 def _detail_row(r: dict) -> list[str]:
-    """One question of the per-question table: its answers marked right or wrong, and its top cited pages."""
-    return [r["document"].split("-")[0].split(".")[0], r["question"].replace("|", "\\|"),
-            ",".join(map(str, r["pages"])), _mark(r["truncate_correct"]), _mark(r["lminfinite_correct"]),
+    """One question of the per-question table: its answers marked right or wrong, and its top cited passages."""
+    where = ", ".join(map(str, r["pages"])) or "l. " + ", ".join(map(str, r.get("lines", [])))
+    return [r["document"].split("-")[0].split(".")[0], r["question"].replace("|", "\\|"), where,
+            _mark(r["truncate_correct"]), _mark(r["lminfinite_correct"]),
             _mark(r["lminfinite_topk_correct"]) + " " + _short(r["lminfinite_topk"]),
-            ", ".join(f"{p} ({s:.0%})" for p, s in r.get("cite_app", r["cite_decode"])[:3])]
+            ", ".join(f"{_passage(p)} ({s:.0%})" for p, s in r.get("cite_app", r["cite_decode"])[:3])]
+
+
+def _passage(passage) -> str:
+    """A page number as it is; a chunk's lines as "l. first-last"."""
+    return f"l. {passage[0]}-{passage[1]}" if isinstance(passage, list) else str(passage)
 
 
 def _short(text: str, n: int = 50) -> str:

@@ -1,9 +1,11 @@
 """Questions with short known answers about real documents shipped by Debian packages (not by this project).
 
-Each question is answerable from one page. ``answers``: regular expressions, any of which (case-insensitive)
-in the answer counts as correct. ``pages``: 1-based PDF page indices as ``ingest`` numbers them (the
-``--- page N ---`` headers; libtasn1's printed labels differ: physical page = label + 3 in the body), checked
-against the ingested text; where the fact is stated on more than one page, all of them are listed.
+Each question is answerable from one page or line. ``answers``: regular expressions, any of which
+(case-insensitive) in the answer counts as correct. ``pages``: 1-based PDF page indices as ``ingest`` numbers
+them (the ``--- page N ---`` headers; libtasn1's printed labels differ: physical page = label + 3 in the body),
+checked against the ingested text; where the fact is stated on more than one page, all of them are listed.
+``lines``: for source code, the 1-based lines that state the fact (a cited chunk holds it when its line range
+does).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 MIME_SPEC = "/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf"  # 17 pages, ~9.7K tokens
 LIBTASN1 = "/usr/share/doc/libtasn1-doc/libtasn1.pdf"  # 36 pages, ~21.6K tokens
+ARGPARSE = "/usr/lib/python3.11/argparse.py"  # Debian's python3.11: 2,633 lines, ~22K tokens
 
 
 @dataclass(frozen=True)
@@ -20,10 +23,21 @@ class Question:
     question: str
     answers: tuple[str, ...]
     pages: tuple[int, ...]
+    lines: tuple[int, ...] = ()
+
+    def holds(self, passage) -> bool:
+        """Whether a cited passage (a PDF page, or a text chunk's ``[first, last]`` lines) states the answer."""
+        if isinstance(passage, (tuple, list)):
+            return any(passage[0] <= line <= passage[1] for line in self.lines)
+        return passage in self.pages
 
 
 def _q(document, question, answers, pages) -> Question:
     return Question(document, question, tuple(answers), tuple(pages))
+
+
+def _code(document, question, answers, lines) -> Question:
+    return Question(document, question, tuple(answers), (), tuple(lines))
 
 
 QUESTIONS: tuple[Question, ...] = (
@@ -73,4 +87,18 @@ QUESTIONS: tuple[Question, ...] = (
        [r"asn1_parser2tree", r"parser2tree"], [11]),
     _q(LIBTASN1, "What does asn1_get_length_der return on indefinite length?", [r"-1\b", r"minus one"], [21]),
     _q(LIBTASN1, "Since which version does asn1_strerror exist?", [r"1\.6"], [26]),
+    # -- argparse.py (source code: cited by line range) ---------------------------------------------------
+    _code(ARGPARSE, "Which help formatter class retains any formatting in descriptions?",
+          [r"RawDescriptionHelpFormatter"], [681, 682]),
+    _code(ARGPARSE, "Which help formatter retains formatting of all help text?", [r"RawTextHelpFormatter"], [692, 693]),
+    _code(ARGPARSE, "What is the default max_help_position of HelpFormatter?", [r"\b24\b"], [176]),
+    _code(ARGPARSE, "With which exit status does ArgumentParser.error exit?", [r"\b2\b"], [2633]),
+    _code(ARGPARSE, "Which exception is an error from trying to convert a command line string to a type?",
+          [r"ArgumentTypeError"], [786, 787]),
+    _code(ARGPARSE, "What is the value of the SUPPRESS constant?", [r"==SUPPRESS=="], [105]),
+    _code(ARGPARSE, "Which class is a factory for creating file object types?", [r"FileType"], [1265, 1266]),
+    _code(ARGPARSE, "Which function gives HelpFormatter its default width?", [r"get_terminal_size"], [183]),
+    _code(ARGPARSE, "What is the default value of prefix_chars in ArgumentParser?",
+          [r"'-'", r'"-"', r"\bhyphen", r"\bdash"], [1749]),
+    _code(ARGPARSE, "Which method expands arguments that reference files?", [r"_read_args_from_files"], [2168, 2169]),
 )

@@ -32,9 +32,9 @@ def test_positions_map_through_token_offsets_to_pages():
     ranked = docqa.rank_passages({0: 5.0, 1: 0.1, 2: 0.1, 3: 0.3, 4: 0.3}, positions)  # system weight ignored
     assert [p for p, _ in ranked] == [("doc.pdf", 2), ("doc.pdf", 1)]
     assert abs(sum(s for _, s in ranked) - 1) < 1e-9 and abs(ranked[0][1] - 0.75) < 1e-9
-    assert docqa.citation_hits(ranked, (2,)) == (True, True)
-    assert docqa.citation_hits(ranked, (1,)) == (False, True)
-    assert docqa.citation_hits([], (1,)) == (False, False)
+    assert docqa.citation_hits(ranked, lambda passage: passage == 2) == (True, True)
+    assert docqa.citation_hits(ranked, lambda passage: passage == 1) == (False, True)
+    assert docqa.citation_hits([], lambda passage: True) == (False, False)
     assert docqa.rank_passages({1: -0.2, 2: 0.1, 3: 0.3, 4: -0.1}, positions) == [(("doc.pdf", 2), 1.0)]  # > 0 only
     assert docqa.page_token_ranges(positions, 6) == {1: (1, 3), 2: (3, 5)}
 
@@ -66,14 +66,25 @@ def test_position_map_with_a_real_ingested_corpus(tmp_path):
                                   docqa.corpus_locator(corpus))
     words = prompt.text[: prompt.doc_char + prompt.doc_len].split()
     gamma = words.index("gamma")
-    assert positions.passage(gamma) == (corpus.chunks[0].source, None)
+    assert positions.passage(gamma) == (corpus.chunks[0].source, (1, 2))  # text is cited by its chunk's lines
     assert positions.passage(0) is None  # the system turn
 
 
 def test_question_set_is_well_formed():
     assert len(QUESTIONS) >= 20
     for q in QUESTIONS:
-        assert q.answers and q.pages and all(isinstance(p, int) and p >= 1 for p in q.pages)
+        assert q.answers and bool(q.pages) != bool(q.lines)
+        assert all(isinstance(n, int) and n >= 1 for n in q.pages + q.lines)
+
+
+def test_a_passage_holds_the_answer_by_page_or_by_line_range():
+    from benchmarks.docqa_set import Question
+
+    pdf = Question("d.pdf", "Q?", ("x",), (3, 17))
+    code = Question("m.py", "Q?", ("x",), (), (681, 682))
+    assert pdf.holds(3) and pdf.holds(17) and not pdf.holds(4) and not pdf.holds([1, 40])
+    assert code.holds([650, 681]) and code.holds([682, 700]) and code.holds((600, 700))
+    assert not code.holds([683, 700]) and not code.holds(681)  # a page number is not a line
 
 
 def test_docqa_section_renders_from_saved_records(tmp_path):
@@ -85,8 +96,8 @@ def test_docqa_section_renders_from_saved_records(tmp_path):
     (tmp_path / "real_docqa_w2048.json").write_text(json.dumps([record]))
     text = docqa.section(tmp_path)
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in text.splitlines() if " | " in line}
-    assert rows["cited page top-1: the answer's recall, every token (first release)"] == "0% (0/1)"
-    assert rows["cited page top-1: the question's recall minus a neutral question's, content tokens (app)"] == "100% (1/1)"
-    assert rows["cited page top-1, page beyond the window (app)"] == "100% (1/1)"
+    assert rows["cited passage top-1: the answer's recall, every token (first release)"] == "0% (0/1)"
+    assert rows["cited passage top-1: the question's recall minus a neutral question's, content tokens (app)"] == "100% (1/1)"
+    assert rows["cited passage top-1, beyond the window (app)"] == "100% (1/1)"
     assert not any("content tokens" in row and "answer" in row for row in rows)  # a way this run did not save
     assert "3 (100%)" in text  # the per-question table shows the app's citations
