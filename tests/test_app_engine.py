@@ -315,6 +315,52 @@ def test_the_neutral_question_is_read_and_undone_without_a_trace(runtime, monkey
     assert first.citations.citations and first.citations.citations != expected.citations.citations
 
 
+def test_an_answer_drawn_again_keeps_the_sources_its_question_was_read_with(runtime):
+    """Regenerate takes the Settings panel as it is now; the sources belong to the question's reading."""
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like(pages=10)))
+    off = answer(engine, "What is the pass key?", GenerationSettings(max_new_tokens=8, recall=False))
+    assert not off.citations.recall_on and not off.citations.citations
+    again = run(engine.regenerate(GREEDY))
+    assert not again.citations.recall_on and not again.citations.citations  # the question was read without recall
+    run(engine.regenerate(GREEDY))
+    engine.forget_conversation()
+    on = answer(engine, "What is the pass key?")
+    assert on.citations.recall_on and on.citations.citations
+    assert run(engine.regenerate(GenerationSettings(max_new_tokens=8, recall=False))).citations == on.citations
+
+
+def test_a_question_that_fits_the_budget_is_answered_when_the_neutral_one_would_not(runtime):
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like(pages=10)))
+    question = sum(len(p.ids) for p in engine._question_pieces("Key?"))
+    neutral = sum(len(p.ids) for p in engine._question_pieces(NEUTRAL_QUESTION))
+    assert neutral > question + 6
+    engine.budget = engine.length + question + 2 + 4  # room for the question and a 4-token answer only
+    length, fed = engine.length, engine.tokens_fed
+    result = answer(engine, "Key?")
+    assert result.tokens >= 1 and engine.tokens_fed - fed == engine.length - length  # no neutral read
+    assert result.citations.recall_on  # ranked by the question's recall alone
+
+
+def test_an_operation_abandoned_without_closing_does_not_shape_the_next(runtime):
+    """A generator dropped mid-question (not closed) is rolled back before the next operation plans its tokens:
+    after a closed turn, the next question still opens a turn of its own."""
+    def context():
+        engine = new_engine(runtime)
+        run(engine.feed_documents(pdf_like(pages=10)))
+        answer(engine, "What is the pass key?")
+        return engine
+
+    abandoned, never = context(), context()
+    pending = abandoned.ask("What colour is the grass?", GREEDY)
+    next(pending)  # the first progress item, mid-read; the generator is kept alive, not closed
+    answer(abandoned, "Say it again.")
+    answer(never, "Say it again.")
+    assert list(abandoned.token_ids) == list(never.token_ids)
+    pending.close()
+
+
 def test_context_inside_the_window_has_nothing_to_recall(runtime):
     engine = new_engine(runtime)
     run(engine.feed_documents([Chunk("### a.txt\nShort.\n", "a.txt", line_start=1, line_end=1)]))

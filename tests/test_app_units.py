@@ -267,7 +267,10 @@ def test_an_answer_without_sources_says_why():
         ModelWork._finish_answer(item, result, settings)
         return item.recall_note
 
-    assert "recall is off" in note(CitationReport((), 0.0, recalled=False), GenerationSettings(recall=False))
+    # how the question was read decides, not the settings of an answer drawn again (it keeps its sources)
+    assert "recall was off when the question was read" in note(CitationReport.recall_off(), GenerationSettings())
+    assert note(CitationReport((Citation(Provenance("r.pdf", 2), 1.0),), 0.6, recalled=True),
+                GenerationSettings(recall=False)) == ""
     assert "inside the attention window" in note(CitationReport((), 0.0, recalled=False))
     assert "conversation rather than to documents" in note(CitationReport((), 0.0, recalled=True))
     assert "than any question draws" in note(CitationReport((), 0.6, recalled=True))  # none above the neutral

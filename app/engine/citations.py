@@ -32,7 +32,8 @@ from .spans import Span, SpanIndex, SpanKind
 
 @dataclass(frozen=True)
 class Citation:
-    """One cited passage, its share of the cited passages' relevance (``cite``), and the text it peaked on."""
+    """One cited passage, its share of the relevance of every passage above the baseline (``cite``; the
+    shares of those cited can add up to less than 1), and the text it peaked on."""
 
     where: Provenance  # a PDF page, or a text chunk's line range
     share: float
@@ -49,6 +50,11 @@ class CitationReport:
     citations: tuple[Citation, ...]
     document_share: float
     recalled: bool  # False when recall never picked a token (off, or the context fits the window)
+    recall_on: bool = True  # whether the question was read with recall (an answer drawn again keeps its sources)
+
+    @classmethod
+    def recall_off(cls) -> "CitationReport":
+        return cls((), 0.0, recalled=False, recall_on=False)
 
 
 class RecallTally:

@@ -188,12 +188,17 @@ class ContextEngine:
         self.stats.context_tokens = self.length
         self.stats.set_kv(self.memory())
 
-    @contextmanager
-    def _operation(self, restore_to: Saved | None = None):
-        """Run an operation as a transaction; an abandoned earlier one is rolled back first."""
+    def _settle(self) -> None:
+        """Roll back an operation abandoned mid-way (its generator never closed). Every operation calls this
+        before it plans anything: the abandoned one's tokens and turn state must not shape the next one's."""
         if self._open is not None:
             self._restore(self._open[1])
             self._open = None
+
+    @contextmanager
+    def _operation(self, restore_to: Saved | None = None):
+        """Run an operation as a transaction; an abandoned earlier one is rolled back first."""
+        self._settle()
         saved = restore_to or self._save(self._logits)
         token = object()
         self._open = (token, saved)
@@ -301,6 +306,7 @@ class ContextEngine:
         ``documents``: chunks, or their plan from ``plan_documents`` (fed as planned while the context has not
         changed since, so every token is encoded once).
         """
+        self._settle()
         plan = documents if isinstance(documents, DocumentPlan) else None
         if plan is None or plan.version != self._version():
             plan = self.plan_documents(documents.chunks if plan is not None else documents)
@@ -381,11 +387,14 @@ class ContextEngine:
 
         ``started`` (a ``time.perf_counter`` time) is when the user asked: time to first token includes the wait.
         """
+        self._settle()
         started = time.perf_counter() if started is None else started
         pieces = self._question_pieces(question)
         planned = sum(len(p.ids) for p in pieces)
+        self._check_budget(planned + 2, "This question")
         baseline = self._question_pieces(NEUTRAL_QUESTION) if self._recalls(settings, planned) else []
-        self._check_budget(max(planned, sum(len(p.ids) for p in baseline)) + 2, "This question")
+        if self.length + sum(len(p.ids) for p in baseline) > self.budget:
+            baseline = []  # no room to read it: the sources are the question's recall alone
         result = None
         with self._answering(), self._operation() as before:
             neutral = RecallTally()
@@ -399,7 +408,7 @@ class ContextEngine:
                 yield from self._prefill(pieces, cancel, topk=settings.answer_topk, phase="question")
             prefill_tps = planned / max(time.perf_counter() - meter_start, 1e-9)
             citations = cite(recalled, self.spans, baseline=neutral if baseline else None, snippet=self._snippet,
-                             counts=self._is_content)
+                             counts=self._is_content) if settings.answer_topk else CitationReport.recall_off()
             after_question = self._save(self._logits)
             for item in self._decode(self._logits, settings, cancel, started, prefill_tps, planned, citations):
                 if isinstance(item, AnswerResult):
@@ -434,6 +443,7 @@ class ContextEngine:
         Stopping a regeneration removes the whole turn, as stopping an answer does: the old answer's
         state cannot be restored once the context went back before it. ``started`` is as for ``ask``.
         """
+        self._settle()
         if not self.can_regenerate:
             raise EngineError("Nothing to regenerate: the last answer is no longer the end of the context.")
         turn, question = self.turns[-1], self.history[-1].question
@@ -455,6 +465,7 @@ class ContextEngine:
     def append_exchange(self, exchange: Exchange, cancel=None) -> Iterator[LiveStats]:
         """A question and the answer it got, fed as text (no decoding): a context built again from its history
         (replay.py) holds the conversation it had. All or nothing, like every operation."""
+        self._settle()
         opening = self._opening()
         carry = opening[-1].carry if opening else self.carry
         ids, carry = self.format.question(exchange.question, carry)
@@ -492,6 +503,7 @@ class ContextEngine:
 
         Returns False otherwise: the caller then rebuilds a context of the documents alone.
         """
+        self._settle()
         possible, first = self._forget_point()
         if not possible:
             return False

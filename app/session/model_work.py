@@ -344,8 +344,8 @@ class ModelWork:
     def _finish_answer(item: ChatItem, result: AnswerResult, settings: GenerationSettings) -> None:
         item.text, item.pending = result.text, False
         item.citations = list(result.citations.citations)
-        if not settings.recall:
-            item.recall_note = "Top-k recall is off: no attention-grounded sources."
+        if not result.citations.recall_on:  # how the question was read: an answer drawn again keeps its sources
+            item.recall_note = "Top-k recall was off when the question was read: no attention-grounded sources."
         elif not result.citations.recalled:
             item.recall_note = ("No sources: the whole context is inside the attention window, so recall had "
                                 "nothing to pick from the middle.")

@@ -12,7 +12,7 @@ from ..session.state import ChatItem
 
 
 def source_json(citation: Citation) -> dict:
-    """One cited passage: where it is, what it says, and its share of the relevance of the passages cited."""
+    """One cited passage: where it is, what it says, and its share of the relevance above the neutral question."""
     where = citation.where
     found: dict = {"file": where.source, "label": where.label()}
     if where.page is not None:

@@ -132,7 +132,7 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                     buttons=["copy", "copy_all"],
                     avatar_images=(str(STATIC_DIR / "user.svg"), str(STATIC_DIR / "assistant.svg")),
                     placeholder="Drop PDFs, code files or a zipped repository here or in the box below, "
-                                "then ask about them. Answers cite the pages their recall attended to.",
+                                "then ask about them. Answers cite the pages each question drew the model's recall to.",
                     feedback_options=None,
                 )
                 chat_input = gr.MultimodalTextbox(
