@@ -16,7 +16,7 @@ from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Iterator, Protocol, Sequence
+from typing import Generator, Iterator, Protocol, Sequence
 
 from ingest import Provenance
 
@@ -397,18 +397,8 @@ class ContextEngine:
             baseline = []  # no room to read it: the sources are the question's recall alone
         result = None
         with self._answering(), self._operation() as before:
-            neutral = RecallTally()
-            if baseline:  # read, then undone: what any question recalls here (citations.py says why)
-                with self.runtime.observe_recall(neutral):
-                    yield from self._prefill(baseline, cancel, topk=settings.answer_topk, phase="question")
-                self._restore(before)
-            recalled = RecallTally()
-            meter_start = time.perf_counter()
-            with self.runtime.observe_recall(recalled):
-                yield from self._prefill(pieces, cancel, topk=settings.answer_topk, phase="question")
-            prefill_tps = planned / max(time.perf_counter() - meter_start, 1e-9)
-            citations = cite(recalled, self.spans, baseline=neutral if baseline else None, snippet=self._snippet,
-                             counts=self._is_content) if settings.answer_topk else CitationReport.recall_off()
+            citations, seconds = yield from self._read_question(pieces, baseline, settings.answer_topk, cancel, before)
+            prefill_tps = planned / max(seconds, 1e-9)
             after_question = self._save(self._logits)
             for item in self._decode(self._logits, settings, cancel, started, prefill_tps, planned, citations):
                 if isinstance(item, AnswerResult):
@@ -418,6 +408,28 @@ class ContextEngine:
                 else:
                     yield item
         yield result  # after the commit: a consumer that stops here cannot roll the answer back
+
+    def _read_question(self, pieces: list[Piece], baseline: list[Piece], topk: int, cancel,
+                       before: Saved) -> Generator[LiveStats, None, tuple[CitationReport, float]]:
+        """Feed the question with recall ``topk``; return its sources, ranked against what ``baseline`` (the
+        neutral question, read first and undone back to ``before``) recalls here (citations.py says why), and
+        the seconds the question's own prefill took."""
+        if not topk:
+            started = time.perf_counter()
+            yield from self._prefill(pieces, cancel, topk=0, phase="question")
+            return CitationReport.recall_off(), time.perf_counter() - started
+        neutral = RecallTally()
+        if baseline:
+            with self.runtime.observe_recall(neutral):
+                yield from self._prefill(baseline, cancel, topk=topk, phase="question")
+            self._restore(before)
+        recalled = RecallTally()
+        started = time.perf_counter()
+        with self.runtime.observe_recall(recalled):
+            yield from self._prefill(pieces, cancel, topk=topk, phase="question")
+        seconds = time.perf_counter() - started
+        return cite(recalled, self.spans, baseline=neutral if baseline else None, snippet=self._snippet,
+                    counts=self._is_content), seconds
 
     def _question_pieces(self, question: str) -> list[Piece]:
         """The opening a turn needs, then the question and the answer's header."""
@@ -466,12 +478,9 @@ class ContextEngine:
         """A question and the answer it got, fed as text (no decoding): a context built again from its history
         (replay.py) holds the conversation it had. All or nothing, like every operation."""
         self._settle()
-        opening = self._opening()
-        carry = opening[-1].carry if opening else self.carry
-        ids, carry = self.format.question(exchange.question, carry)
-        closing, closed = self.format.close_answer(list(exchange.answer_ids), carry)
-        pieces = [*opening, Piece(ids, SpanKind.QUESTION, TurnState.IN_TURN, carry),
-                  Piece([*exchange.answer_ids, *closing], SpanKind.ANSWER, TurnState.CLOSED, closed)]
+        pieces = self._question_pieces(exchange.question)
+        closing, closed = self.format.close_answer(list(exchange.answer_ids), pieces[-1].carry)
+        pieces.append(Piece([*exchange.answer_ids, *closing], SpanKind.ANSWER, TurnState.CLOSED, closed))
         self._check_budget(sum(len(p.ids) for p in pieces), "This conversation")
         with self._operation():
             yield from self._prefill(pieces, cancel, topk=0, phase="conversation")
