@@ -262,7 +262,7 @@ def _citation_rows(records: list[dict], groups: list[list[dict]]) -> list[list[s
     for key, label in kept:
         for idx, rank in ((0, "top-1"), (1, "in top-3")):
             rows.append([f"cited passage {rank}: {label}", *[_pct(r[key + "_hits"][idx] for r in g) for g in groups]])
-    key = "cite_app" if ("cite_app", CITATIONS[3][1]) in kept else "cite_decode"
+    key = "cite_app" if any(k == "cite_app" for k, _ in kept) else "cite_decode"
     for idx, rank in ((0, "top-1"), (1, "in top-3")):
         rows.append([f"cited passage {rank}, beyond the window ({'app' if key == 'cite_app' else 'first release'})",
                      *[_pct(r[key + "_hits"][idx] for r in g if r["answer_outside_window"]) for g in groups]])

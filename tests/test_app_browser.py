@@ -101,6 +101,21 @@ def _open(browser, server):
     return page
 
 
+def _reload(page, url: str, attempts: int = 3) -> None:
+    """Load ``url`` again in ``page``. A page whose server went away may be navigating on its own when asked
+    (Chromium then aborts one of the two: net::ERR_ABORTED); that is a race of the test, not of the app."""
+    from playwright.sync_api import Error
+
+    for attempt in range(attempts):
+        try:
+            page.goto(url)
+            return
+        except Error as exc:
+            if "ERR_ABORTED" not in str(exc) or attempt == attempts - 1:
+                raise
+            page.wait_for_timeout(500)
+
+
 def _table_includes(page, text: str, timeout: int = 60_000) -> None:
     page.wait_for_function("(text) => document.querySelector('#documents-table').innerText.includes(text)",
                            arg=text, timeout=timeout)
@@ -294,7 +309,7 @@ def test_a_workspace_survives_a_server_restart(tmp_path):
             assert "saved 1 workspace changed since its last save" in server.log(), server.log()[-2000:]
 
             server = start_server("--workspaces", str(folder), port=port)
-            page.reload()
+            _reload(page, server.url)
             page.wait_for_selector("#chat-input textarea", timeout=60_000)
             _table_includes(page, "restart_notes.txt")
             assert "Where are the spare keys?" in page.inner_text("#chat")
