@@ -76,6 +76,26 @@ def test_a_question_asked_after_clear_chat_stays_in_the_chat_and_the_context(run
     assert len(cached) == 1 and "Second question?" in cached[0]
 
 
+def test_a_question_asked_while_clear_chat_reads_the_documents_again_stays_in_the_chat(runtime, tmp_path):
+    handlers, req = make_handlers(runtime, prefill_chunk=64), request("clear-rebuild-ask")
+    ask(handlers, req, "Hello?")
+    ask(handlers, req, "", [make_long_text(tmp_path / "notes.txt", 100)])  # after a question: Clear re-reads
+    session = handlers.registry.peek(req.session_hash)
+    handlers.queue_forget(req)
+    handlers.queue_forget(req)  # asked (it costs a re-read), then confirmed
+    step = handlers.run(*SETTINGS, req)
+    for _ in step:
+        if session.stats.phase == "prefill" and session.stats.done > 0:
+            break
+    handlers.submit({"text": "Second question?", "files": []}, req)  # asked while the documents are re-read
+    drain(step)
+    assert [(kind, text) for kind, text in chat_of(session) if text] == [(ItemKind.QUESTION, "Second question?"),
+                                                                         (ItemKind.ANSWER, session.chat[-1].text)]
+    assert session.chat[-1].kind == ItemKind.ANSWER and session.chat[-1].in_context
+    cached = questions_in_cache(session)
+    assert len(cached) == 1 and "Second question?" in cached[0]
+
+
 def test_a_question_queued_behind_a_feed_shows_after_the_answer_before_it(runtime, tmp_path):
     handlers, req = make_handlers(runtime, prefill_chunk=64), request("order")
     long = make_long_text(tmp_path / "long.txt", 200)

@@ -207,8 +207,7 @@ class ModelWork:
                      f"stopped while feeding the model; none of its {row.tokens:,} tokens were added")
         item.title, item.pending, item.text = "■ Stopped: nothing from this upload was added", False, ""
 
-    def _stream_answer(self, session: Session, item: ChatItem, events, settings: GenerationSettings,
-                       question_item: ChatItem | None):
+    def _stream_answer(self, session: Session, item: ChatItem, events, question_item: ChatItem | None):
         throttle = Throttle()
         finished = False
         try:
@@ -218,7 +217,7 @@ class ModelWork:
                     if throttle():
                         yield self.view(session)
                 elif isinstance(event, AnswerResult):
-                    self._finish_answer(item, event, settings)
+                    self._finish_answer(item, event)
                     finished = True
         except GeneratorExit:  # the request ended mid-answer (API cancel, closed tab): what Stop leaves
             if not finished:
@@ -249,7 +248,7 @@ class ModelWork:
             self._mark_stopped(item, work.question_item)
             raise
         events = engine.ask(work.question, settings, work.cancel, started=work.created)
-        yield from self._stream_answer(session, item, events, settings, work.question_item)
+        yield from self._stream_answer(session, item, events, work.question_item)
 
     def _regenerate(self, session: Session, work: Work, engine: ContextEngine, settings: GenerationSettings):
         # The newest answer still in the context (a stopped or cancelled one is not: its turn was rolled back).
@@ -271,24 +270,28 @@ class ModelWork:
             item.text, item.citations, item.stats, item.recall_note, item.pending = old
             raise
         events = engine.regenerate(settings, work.cancel, started=work.created)
-        yield from self._stream_answer(session, item, events, settings, question)
+        yield from self._stream_answer(session, item, events, question)
         if item.stats and sampling:
             item.stats["sampling"] = sampling
 
     def _forget(self, session: Session, work: Work):
         """Clear chat: drop questions and answers from the context, keep the documents."""
         engine = session.engine
-        later = session.queued_items(after=work)  # questions asked after Clear stay: they come after it
-        keep = [c for c in session.chat if c.kind == ItemKind.STATUS or id(c) in later]
+        statuses = {id(c) for c in session.chat if c.kind == ItemKind.STATUS}  # notes from before Clear stay
+
+        def clear() -> None:  # questions asked after Clear stay, even while it re-reads: they come after it
+            later = session.queued_items(after=work)
+            session.chat[:] = [c for c in session.chat if id(c) in statuses or id(c) in later]
+
         if engine is None or engine.forget_conversation():
-            session.chat[:] = keep
+            clear()
             return
         # Documents came after a question (or the context was reopened): build it again without the chat.
         rebuilt = yield from self._rebuild(session, work, DOCUMENTS_ONLY, (
             "Re-reading the documents without the conversation", "Re-read the documents without the conversation",
             "⚠ Chat not cleared; the context is unchanged"))
         if rebuilt:
-            session.chat[:] = keep
+            clear()
 
     def _remove(self, session: Session, work: Work):
         """Remove a document: the context is built again from its history without the file's chunks."""
@@ -341,7 +344,7 @@ class ModelWork:
         return True
 
     @staticmethod
-    def _finish_answer(item: ChatItem, result: AnswerResult, settings: GenerationSettings) -> None:
+    def _finish_answer(item: ChatItem, result: AnswerResult) -> None:
         item.text, item.pending = result.text, False
         item.citations = list(result.citations.citations)
         if not result.citations.recall_on:  # how the question was read: an answer drawn again keeps its sources
