@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from .cli import AppConfig
+from .session.workspace_store import make_private_folder
 
 
 def check_before_loading(config: AppConfig) -> None:
@@ -36,7 +37,7 @@ def _check_port(host: str, port: int) -> None:
 def _check_folder(config: AppConfig) -> None:
     root = config.workspace_root
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        make_private_folder(root)
         tempfile.TemporaryFile(dir=root).close()
     except OSError as exc:
         raise SystemExit(f"--workspaces {root}: workspaces cannot be saved there ({exc.strerror or exc}); "

@@ -95,3 +95,16 @@ def test_app_startup_refuses_a_busy_port_an_unwritable_folder_and_a_missing_mode
         load_or_explain(cli.parse_args(["--model", str(tmp_path / "nope")]))
     with pytest.raises(SystemExit, match="--model .*a_file: cannot be loaded"):
         load_or_explain(cli.parse_args(["--model", str(a_file)]))
+
+
+def test_app_startup_makes_the_workspaces_folder_private_as_the_store_does(tmp_path):
+    """The start-up check creates the folder first; it must not leave it readable by other users."""
+    import stat
+
+    from app.startup import check_before_loading
+
+    from benchmarks.launched_app import free_port
+
+    folder = tmp_path / "new" / "workspaces"
+    check_before_loading(cli.parse_args(["--port", str(free_port()), "--workspaces", str(folder)]))
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700

@@ -54,6 +54,11 @@ class SavedWorkspace:
     problem: str = ""
 
 
+def make_private_folder(folder: Path) -> None:
+    """Create ``folder`` (and its parents) readable by this user only: workspaces hold people's documents."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
 class WorkspaceStore:
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser()
@@ -63,7 +68,7 @@ class WorkspaceStore:
     def folder(self, owner: str | None) -> Path:
         name = "shared" if owner is None else "user-" + hashlib.sha256(owner.encode()).hexdigest()[:24]
         folder = self.root / name
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_folder(folder)
         return folder
 
     def path(self, owner: str | None, workspace_id: str) -> Path:
@@ -163,7 +168,7 @@ class WorkspaceStore:
 
     def browser_secret(self) -> str:
         """The key the browser's copy of the workspace id is encrypted with, kept so a restart can read it."""
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_folder(self.root)
         path = self.root / SECRET
         try:
             return path.read_text(encoding="ascii").strip()
