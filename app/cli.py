@@ -88,7 +88,8 @@ class AppConfig:
                                      at_least=1)
 
     host: str = flag("127.0.0.1", "address to bind; 0.0.0.0 for every interface (default: 127.0.0.1)", group=SERVER)
-    port: int = flag(7860, "1-65535 (default: 7860)", group=SERVER, type=int, at_least=1)
+    port: int = flag(7860, "1-65535 (default: 7860)", group=SERVER, type=int, at_least=1,
+                     at_most=65535)
     share: bool = flag(False, "create a public Gradio share link", group=SERVER, action="store_true")
     auth: list[tuple[str, str]] = flag([], "require a login (repeatable)", group=SERVER, action="append",
                                        type=parse_auth, metavar="USER:PASS")
@@ -175,8 +176,6 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
     if config.auth_file:
         config.auth = config.auth + read_auth_file(config.auth_file)
     flags.check_bounds(config)
-    if config.port > 65535:
-        raise SystemExit("--port must be <= 65535")
     if not DEVICE.fullmatch(config.device):
         raise SystemExit(f"--device {config.device}: use auto, cpu, cuda or cuda:N")
     for root in config.allow_local_paths:

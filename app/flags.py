@@ -26,6 +26,7 @@ class FlagSpec:
     name: str | None = None  # '--session-timeout'; None: '--' + the field name with dashes
     scale: float = 1  # field value = flag value * scale (a flag in minutes for a field in seconds)
     at_least: float | None = None  # smaller values (None excepted) are refused after parsing
+    at_most: float | None = None  # and larger ones
     switches: dict[str, tuple[Any, str]] | None = None  # '--load-in-4bit': (stored value, help), one of them
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # passed on to add_argument
 
@@ -34,11 +35,11 @@ class FlagSpec:
 
 
 def flag(default: Any, help: str | None = None, *, group: str, name: str | None = None, scale: float = 1,
-         at_least: float | None = None, switches: dict[str, tuple[Any, str]] | None = None,
-         **options: Any) -> Any:
+         at_least: float | None = None, at_most: float | None = None,
+         switches: dict[str, tuple[Any, str]] | None = None, **options: Any) -> Any:
     """A dataclass field that is also a flag; `options` go to argparse (type, choices, nargs, action, metavar)."""
-    spec = FlagSpec(help=help, group=group, name=name, scale=scale, at_least=at_least, switches=switches,
-                    options=options)
+    spec = FlagSpec(help=help, group=group, name=name, scale=scale, at_least=at_least, at_most=at_most,
+                    switches=switches, options=options)
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={_KEY: spec})
     return field(default=default, metadata={_KEY: spec})
@@ -89,9 +90,13 @@ def from_args(config_class: type, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_bounds(config: Any) -> None:
-    """SystemExit('--flag must be >= N') for the first field below its `at_least` bound (in the flag's own
-    units, before `scale`; NaN is below every bound)."""
+    """SystemExit('--flag must be >= N' or '<= N') for the first field outside its `at_least` / `at_most`
+    bounds (in the flag's own units, before `scale`; NaN is outside every bound)."""
     for f, spec in _flag_fields(type(config)):
         value = getattr(config, f.name)
-        if spec.at_least is not None and value is not None and not value / spec.scale >= spec.at_least:
+        if value is None:
+            continue
+        if spec.at_least is not None and not value / spec.scale >= spec.at_least:
             raise SystemExit(f"{spec.option(f.name)} must be >= {spec.at_least:g}")
+        if spec.at_most is not None and not value / spec.scale <= spec.at_most:
+            raise SystemExit(f"{spec.option(f.name)} must be <= {spec.at_most:g}")

@@ -89,7 +89,7 @@ def call_config(state: InfiniteState, cache, layer_idx: int) -> LMInfiniteConfig
     """The config one layer attends with in a forward given ``cache``; refuses caches it cannot attend over."""
     if isinstance(cache, InfiniteCache):
         return cache.attention_config(state.config, layer_idx)
-    if cache is None:
+    if cache is None or layer_idx > 0:  # a DynamicCache is checked once per forward, at its first layer
         return state.config
     if not isinstance(cache, DynamicCache) or not all(type(layer) is DynamicLayer for layer in cache.layers):
         slides = any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", ()))

@@ -261,16 +261,14 @@ def test_an_answer_without_sources_says_why():
     from app.engine.context import AnswerResult
     from app.session.model_work import ModelWork
 
-    def note(report: CitationReport, settings=GenerationSettings()) -> str:
+    def note(report: CitationReport) -> str:
         item = ChatItem("assistant", "answer", "", pending=True)
         result = AnswerResult("A.", 1, "eos", report, 0.1, 10.0, 5.0, 3)
-        ModelWork._finish_answer(item, result, settings)
+        ModelWork._finish_answer(item, result)
         return item.recall_note
 
     # how the question was read decides, not the settings of an answer drawn again (it keeps its sources)
-    assert "recall was off when the question was read" in note(CitationReport.recall_off(), GenerationSettings())
-    assert note(CitationReport((Citation(Provenance("r.pdf", 2), 1.0),), 0.6, recalled=True),
-                GenerationSettings(recall=False)) == ""
+    assert "recall was off when the question was read" in note(CitationReport.recall_off())
     assert "inside the attention window" in note(CitationReport((), 0.0, recalled=False))
     assert "conversation rather than to documents" in note(CitationReport((), 0.0, recalled=True))
     assert "than any question draws" in note(CitationReport((), 0.6, recalled=True))  # none above the neutral

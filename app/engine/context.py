@@ -392,9 +392,7 @@ class ContextEngine:
         pieces = self._question_pieces(question)
         planned = sum(len(p.ids) for p in pieces)
         self._check_budget(planned + 2, "This question")
-        baseline = self._question_pieces(NEUTRAL_QUESTION) if self._recalls(settings, planned) else []
-        if self.length + sum(len(p.ids) for p in baseline) > self.budget:
-            baseline = []  # no room to read it: the sources are the question's recall alone
+        baseline = self._neutral_pieces(settings, planned)
         result = None
         with self._answering(), self._operation() as before:
             citations, seconds = yield from self._read_question(pieces, baseline, settings.answer_topk, cancel, before)
@@ -437,6 +435,15 @@ class ContextEngine:
         carry = opening[-1].carry if opening else self.carry
         ids, carry = self.format.question(question, carry)
         return [*opening, Piece(ids, SpanKind.QUESTION, TurnState.IN_TURN, carry)]
+
+    def _neutral_pieces(self, settings: GenerationSettings, question_tokens: int) -> list[Piece]:
+        """The neutral question to read before this one, or none: when recall cannot pick anything (it is off,
+        or no token will have left the window) or the budget has no room for it (the question's recall alone
+        then ranks the sources)."""
+        if not self._recalls(settings, question_tokens):
+            return []
+        pieces = self._question_pieces(NEUTRAL_QUESTION)
+        return pieces if self.length + sum(len(p.ids) for p in pieces) <= self.budget else []
 
     def _recalls(self, settings: GenerationSettings, question_tokens: int) -> bool:
         """Whether recall can pick anything for the question: it is on, and tokens will have left the window."""
