@@ -38,6 +38,8 @@ class Measurement:
     # Chunked prefills: seconds to the first half of the context within the fastest run, so that
     # scaling (t(n) / t(n/2)) is read from one prefill, free of process-to-process noise.
     half_prefill_s: float = 0.0
+    # lminfinite on CUDA: the same decode through lminfinite.GraphedDecoder (one CUDA graph per token).
+    graph_decode_ms: float = 0.0
 
 
 def run(job: dict) -> dict:
@@ -118,9 +120,30 @@ def _measure(method, context, model_spec, window, device, dtype, load_in_4bit, d
             token = out.logits[:, -1:].argmax(-1)
             _sync(device)
             steps.append(time.perf_counter() - t0)
+        graph_ms = _graph_decode_ms(model, cache, token, decode_tokens) if method == "lminfinite" and \
+            device.startswith("cuda") else 0.0
     kv = sum(cache.memory().values()) if hasattr(cache, "memory") else _dynamic_bytes(cache)
     return Measurement(method, context, prefill_s, context / prefill_s, 1000 * statistics.median(steps),
-                       _peak(device) - baseline, kv, half_prefill_s=half_prefill_s)
+                       _peak(device) - baseline, kv, half_prefill_s=half_prefill_s, graph_decode_ms=graph_ms)
+
+
+def _graph_decode_ms(model, cache, token, decode_tokens: int) -> float:
+    """Median ms per token through a GraphedDecoder, after the step that records its graph."""
+    import lminfinite
+
+    decoder = lminfinite.GraphedDecoder(model, cache)
+    steps = []
+    for _ in range(decode_tokens + 2):  # the first runs the model and records; the second is the first replay
+        t0 = time.perf_counter()
+        token = decoder(token).argmax(-1)
+        torch.cuda.synchronize()
+        steps.append(time.perf_counter() - t0)
+    if decoder.unrecordable:
+        print(f"no CUDA-graph decode: {decoder.unrecordable}", flush=True)
+        return 0.0
+    if decoder.recordings != 1:
+        raise RuntimeError(f"{decoder.recordings} CUDA graph recordings for {decode_tokens} steady steps (expected 1)")
+    return 1000 * statistics.median(steps[2:])
 
 
 def _warm_up(model, device, vocab):

@@ -180,6 +180,8 @@ def best_of_rounds(rounds: list[list[dict]]) -> list[dict]:
             best.update(prefill_s=row["prefill_s"], prefill_tok_s=row["prefill_tok_s"],
                         half_prefill_s=row.get("half_prefill_s", 0.0))
         best["decode_ms"] = min(best["decode_ms"], row["decode_ms"])
+        if row.get("graph_decode_ms"):
+            best["graph_decode_ms"] = min(best.get("graph_decode_ms") or row["graph_decode_ms"], row["graph_decode_ms"])
         best["peak_bytes"] = max(best["peak_bytes"], row["peak_bytes"])
     return list(merged.values())
 
@@ -196,7 +198,8 @@ def write_results(args, results, dtype, n_rounds: int) -> None:
               f"Top-k recall {'while reading and ' if recall_prefill(args) else 'only '}while decoding"
               f"{' (middle store offloaded to CPU memory)' if args.device.startswith('cuda') else ''}. "
               f"{n_rounds} round(s), each cell's best. Decode: median of {args.decode_tokens} tokens; vanilla@L is the median decode of vanilla at L and of "
-              f"every truncation run (transformers with the last L tokens cached). Peak: "
+              f"every truncation run (transformers with the last L tokens cached)"
+              f"{'; CUDA graph: the same decode through lminfinite.GraphedDecoder, after the step that records it' if args.device.startswith('cuda') else ''}. Peak: "
               f"{'CUDA max allocated' if args.device.startswith('cuda') else 'process RSS'} above the loaded model.")
     (args.out / f"{stem}.md").write_text(header + "\n\n" + table + "\n")
     plot(results, args.out / f"{stem}.png", args.window)
@@ -206,21 +209,31 @@ def write_results(args, results, dtype, n_rounds: int) -> None:
 
 
 def summary_table(results, window) -> str:
+    """One row per cell. Speed-ups are vanilla's time at the same context over the row's; with CUDA-graph decodes
+    (lminfinite on CUDA, lminfinite.GraphedDecoder), two more columns give theirs."""
     by = {(r["method"], r["context"]): r for r in results}
     base_decode = vanilla_decode_at_window(results, window)
+    graphs = any(r.get("graph_decode_ms") for r in results)
     rows = []
     for r in results:
         if r["error"]:
-            rows.append([r["method"], f"{r['context']:,}", r["error"], "", "", "", "", ""])
+            rows.append([r["method"], f"{r['context']:,}", r["error"]] + [""] * (8 if graphs else 6))
             continue
         vanilla = by.get(("vanilla", r["context"]))
-        speedup = f"{vanilla['prefill_s'] / r['prefill_s']:.2f}×" if vanilla and not vanilla["error"] else "–"
+        vanilla = vanilla if vanilla and not vanilla["error"] else None
+        faster = lambda key: f"{vanilla[key] / r[key]:.2f}×" if vanilla else "–"  # noqa: E731
         decode_ratio = f"{r['decode_ms'] / base_decode:.2f}" if base_decode else "–"
-        rows.append([r["method"], f"{r['context']:,}", f"{r['prefill_tok_s']:,.0f}", speedup,
-                     f"{r['decode_ms']:.2f}", decode_ratio, mib(r["peak_bytes"]), mib(r["kv_bytes"])])
+        row = [r["method"], f"{r['context']:,}", f"{r['prefill_tok_s']:,.0f}", faster("prefill_s"),
+               f"{r['decode_ms']:.2f}", decode_ratio, faster("decode_ms")]
+        if graphs:
+            graph_ms = r.get("graph_decode_ms") or 0.0
+            row += [f"{graph_ms:.2f}", f"{vanilla['decode_ms'] / graph_ms:.2f}×" if vanilla else "–"] if graph_ms \
+                else ["", ""]
+        rows.append(row + [mib(r["peak_bytes"]), mib(r["kv_bytes"])])
     header = ["method", "context", "prefill tok/s", "prefill speed-up vs vanilla", "decode ms/token",
-              "decode ÷ vanilla@L", "peak MiB", "KV-cache MiB"]
-    return markdown_table(header, rows)
+              "decode ÷ vanilla@L", "decode speed-up vs vanilla"]
+    header += ["decode ms/token, CUDA graph", "CUDA-graph decode speed-up vs vanilla"] if graphs else []
+    return markdown_table(header + ["peak MiB", "KV-cache MiB"], rows)
 
 
 def scaling_note(results, window) -> str:

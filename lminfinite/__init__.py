@@ -22,6 +22,7 @@ from .kv_bytes import KVShape, SpanBytes, span_bytes
 
 if TYPE_CHECKING:
     from .cache import CacheSnapshot, InfiniteCache
+    from .graphed import GraphedDecoder
     from .observe import TopKObserver, TopKSelection, observe_topk
     from .patch import disable, enable
     from .persist import CacheFileError, CacheMismatch, cache_state, load_cache, restore_cache, save_cache
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "CacheSnapshot": "cache",
     "InfiniteCache": "cache",
+    "GraphedDecoder": "graphed",
     "TopKObserver": "observe",
     "TopKSelection": "observe",
     "observe_topk": "observe",

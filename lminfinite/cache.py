@@ -8,11 +8,14 @@ shared by several sessions thus serves each with its own k, set on the session's
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
+import torch
 from transformers.cache_utils import Cache
 
 from .config import LMInfiniteConfig, require_int
+from .decode_step import DecodeStep
 from .layer import InfiniteLayer
 from .state import get_state
 
@@ -54,17 +57,64 @@ class InfiniteCache(Cache):
         self.topk = topk
         self._rollbacks: list[int] = []
         self._recall_config: tuple | None = None  # (model config, topk, that config with this k)
+        self._step: DecodeStep | None = None  # the next steady decode step's slot and rotations (decode_step.py)
+        self._recording = False
 
     def __getstate__(self) -> dict:
         """A pickled cache (torch.save) leaves its model behind: a weak reference does not pickle."""
-        return {**self.__dict__, "_model": None}
+        return {**self.__dict__, "_model": None, "_step": None}
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        model = self._model() if self._model is not None and layer_idx == 0 else None  # once per forward
-        if model is not None and get_state(model) is None:
-            raise RuntimeError("this InfiniteCache's model is no longer LM-Infinite (lminfinite.disable): enable it "
-                               "again to go on, or use a new cache of the plain model")
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        """Every layer of a forward: its keys and values in, its KeyContext out (layer.py). Before the first
+        layer, what the whole forward needs: a model still LM-Infinite, the frames re-based when due, and for a
+        decode step its DecodeStep, unless the forward is being recorded (``recording``)."""
+        if layer_idx == 0:
+            model = self._model() if self._model is not None else None
+            if model is not None and get_state(model) is None:
+                raise RuntimeError("this InfiniteCache's model is no longer LM-Infinite (lminfinite.disable): enable "
+                                   "it again to go on, or use a new cache of the plain model")
+            if not self._recording:
+                self.prepare_forward(key_states.shape[-2])
+        return self.layers[layer_idx].update(key_states, value_states, self._step, advance=not self._recording)
+
+    def prepare_forward(self, tokens: int) -> None:
+        """Before a forward of ``tokens`` tokens: re-base the frames that are due, and load the DecodeStep if it is
+        one steady decode step. A forward does this itself; a recorded one is prepared by whoever replays it."""
+        for layer in self.layers:
+            layer.rebase_if_due()
+        first = self.layers[0]
+        if tokens == 1 and first.is_initialized and first.steady:
+            ring = first.ring_k
+            if self._step is None or not self._step.fits(ring.dtype, ring.device):
+                self._step = DecodeStep.allocate(ring.shape[-1], ring.dtype, ring.device)
+            first.load_step(self._step)
+
+    def replay_buffers(self, model_config: LMInfiniteConfig) -> tuple[torch.Tensor, ...] | None:
+        """The tensors a recorded steady decode step of this cache reads and writes, or None when its next step
+        cannot be replayed from a recording: the window is not full yet, a layer recalls or keeps middle tokens
+        (the store grows), or a snapshot holds a ring (the step must copy it before writing)."""
+        config, first = self._with_topk(model_config), self.layers[0]
+        if self._step is None or not (first.is_initialized and first.steady) or self.keeps_middle:
+            return None
+        if any(config.uses_topk(i) or layer.shared for i, layer in enumerate(self.layers)):
+            return None
+        rings = (t for layer in self.layers for t in (layer.ring_k, layer.ring_v, layer.start_k, layer.start_v))
+        return (*self._step.tensors, *rings)
+
+    @contextmanager
+    def recording(self):
+        """The forwards inside are recorded to be replayed, not run (a CUDA graph, graphed.py): they neither
+        prepare their step nor count it; the replayer calls ``prepare_forward`` before and ``advance`` after."""
+        self._recording = True
+        try:
+            yield
+        finally:
+            self._recording = False
+
+    def advance(self) -> None:
+        """Count one replayed steady decode step in every layer, as the step itself does when it runs."""
+        for layer in self.layers:
+            layer.advance()
 
     @property
     def topk(self) -> int | None:
@@ -135,12 +185,12 @@ class InfiniteCache(Cache):
 
         starting / window / middle (rows in use), as the app shows them; middle_reserved: the middle store's
         capacity beyond its rows (it grows by doubling; appends fill it first); rotation: the model's rotary
-        tables, bounded by rotary.lookup_rows(window) and shared by every cache of the model. Per token, these
-        are kv_bytes.span_bytes.
+        tables, bounded by rotary.lookup_rows(window) and shared by every cache of the model, and this cache's
+        DecodeStep. Per token, these are kv_bytes.span_bytes.
         """
         total = {"starting": 0, "window": 0, "middle": 0, "middle_reserved": 0}
         for layer in self.layers:
             for key, value in layer.memory().items():
                 total[key] += value
-        total["rotation"] = self.layers[0].rope.nbytes
+        total["rotation"] = self.layers[0].rope.nbytes + (0 if self._step is None else self._step.nbytes)
         return total

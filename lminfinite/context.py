@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .rotary import Rope
+from .rotary import Rope, apply_rotation
 
 
 @dataclass
@@ -28,6 +28,7 @@ class KeyContext:
         may live on the CPU (offload) while the rest is on the accelerator.
     decode_keys/values: steady-state decoding of one query: the n_starting start keys rotated to
         distance ``window`` from it, then the last ``window`` keys in the frame, all valid, in any order.
+    decode_rotation: with them, (cos, sin) of the query's rotation into the frame, as its key got it.
     """
 
     recent_k: torch.Tensor
@@ -40,6 +41,7 @@ class KeyContext:
     middle_v: torch.Tensor | None = None
     decode_keys: torch.Tensor | None = None
     decode_values: torch.Tensor | None = None
+    decode_rotation: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def end(self) -> int:
@@ -57,6 +59,8 @@ class KeyContext:
 
     def rotate_queries(self, query: torch.Tensor, rope: Rope) -> torch.Tensor:
         """The call's queries, as projected: the last c tokens of recent, rotated into the frame, R(i - frame)·q_i."""
+        if self.decode_rotation is not None:
+            return apply_rotation(query, *self.decode_rotation)
         return rope.rotate_from(query, self.end - query.shape[-2] - self.frame)
 
     @classmethod

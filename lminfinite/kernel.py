@@ -51,13 +51,13 @@ def lm_infinite_attention(
     groups = heads // kv_heads
     # HF's rotary scale multiplies cos and sin for both q and k, hence appears squared in the logit.
     scale = scaling * rope.attention_scaling**2
-    query_pos = torch.arange(ctx.end - c, ctx.end, device=query.device)
-
     if ctx.decode_keys is not None and not config.uses_topk(layer_idx):
         # Steady-state decoding: every cached key is visible, so one unmasked fused call does it all.
         return F.scaled_dot_product_attention(
             query, ctx.decode_keys, ctx.decode_values, scale=scale, enable_gqa=groups > 1
         )
+
+    query_pos = torch.arange(ctx.end - c, ctx.end, device=query.device)
 
     # Query head h reads key/value head h // groups, as HF's repeat_kv lays them out.
     q_frame = query.view(batch, kv_heads, groups, c, dim)

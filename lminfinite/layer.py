@@ -12,11 +12,13 @@ computed completes the window) in a ring buffer, rotated into the layer's *frame
 R(j - frame)·k_j. ``update`` receives keys as projected (the model's rotary embedding is the identity, see
 patch.py) and rotates the new ones into the frame itself; the attention rotates queries by i - frame
 (KeyContext.rotate_queries), so scores depend on i - j only. The frame moves forward when it falls
-``rebase_interval`` behind (a re-base rotates the ring once), which bounds every rotation offset and with it
-the model's rotation tables (rotary.lookup_rows). Steady decoding writes one row and reads the buffer as it
-is: no per-token rotation or copy of the window. Layers that do top-k recall also keep every evicted token
-once, unrotated, in a MiddleStore. Everything kept across calls is allocated outside inference mode, so a
-cache filled under ``torch.inference_mode`` goes on under ``no_grad`` (``generate``) and back.
+``rebase_interval`` behind (``rebase_if_due``, before a forward; a re-base rotates the ring once, in place),
+which bounds every rotation offset and with it the model's rotation tables (rotary.lookup_rows). Steady
+decoding writes one row and reads the buffer as it is: no per-token rotation or copy of the window; what
+depends on its position comes in a DecodeStep (decode_step.py), so every step runs the same kernels. Layers
+that do top-k recall also keep every evicted token once, unrotated, in a MiddleStore. Everything kept across
+calls is allocated outside inference mode, so a cache filled under ``torch.inference_mode`` goes on under
+``no_grad`` (``generate``) and back.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from transformers.cache_utils import CacheLayerMixin
 
 from .config import LMInfiniteConfig
 from .context import KeyContext
+from .decode_step import DecodeStep
 from .kv_bytes import row_bytes
 from .middle_store import MiddleStore
 from .modes import outside_inference_mode
-from .rotary import Rope
+from .rotary import Rope, apply_rotation
 
 
 def rebase_interval(window: int) -> int:
@@ -79,18 +82,21 @@ class InfiniteLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+        self, key_states: torch.Tensor, value_states: torch.Tensor, step: DecodeStep | None = None,
+        advance: bool = True,
     ) -> tuple[KeyContext, KeyContext]:
-        """Keep what later calls need of the new keys (as projected) and values; return what this call attends to."""
+        """Keep what later calls need of the new keys (as projected) and values; return what this call attends to.
+
+        A steady decode step reads ``step``, loaded for its position; ``advance=False`` leaves the counters to
+        whoever replays a recorded step (graphed.py)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if self.seen - self.frame > rebase_interval(self.config.window_):
-            self._rebase(self.win_start)
-        rotated = self.rope.rotate_from(key_states, self.seen - self.frame)  # R(p - frame)·k_p
-        if key_states.shape[-2] == 1 and self.seen >= self.config.n_starting + self.config.window_ - 1:
-            ctx = self._decode_step(rotated, value_states)
+        if key_states.shape[-2] == 1 and self.steady:
+            ctx = self._decode_step(key_states, value_states, step)
+            if advance:
+                self.advance()
         else:
-            ctx = self._prefill(rotated, value_states)
+            ctx = self._prefill(self.rope.rotate_from(key_states, self.seen - self.frame), value_states)
         return ctx, ctx
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -112,28 +118,45 @@ class InfiniteLayer(CacheLayerMixin):
         raise NotImplementedError("InfiniteCache cannot crop (assisted or prompt-lookup decoding): tokens evicted "
                                   "from the window are not kept in order to go back; use snapshot() and rollback()")
 
+    @property
+    def steady(self) -> bool:
+        """The window is full: a one-token call is a steady decode step."""
+        return self.seen >= self.config.n_starting + self.config.window_ - 1
+
+    def load_step(self, step: DecodeStep) -> None:
+        """Fill ``step`` for this layer's next token (every layer of a cache is at the same position and frame)."""
+        step.load(self.rope, position=self.seen, frame=self.frame, slot=self._slot(self.seen),
+                  window=self.config.window_)
+
+    def rebase_if_due(self) -> None:
+        if self.seen - self.frame > rebase_interval(self.config.window_):
+            self._rebase(self.win_start)
+
+    def advance(self) -> None:
+        """Count a steady decode step: one more token seen, the oldest out of the window."""
+        self.win_start += 1
+        self.seen += 1
+
     # -- the two phases ---------------------------------------------------------------------------
-    def _decode_step(self, rotated, value_states) -> KeyContext:
-        """One token once the window is full: write it into the free slot, evict the oldest afterwards."""
-        n_starting, window = self.config.n_starting, self.config.window_
-        position = self.seen
+    def _decode_step(self, key_states, value_states, step: DecodeStep) -> KeyContext:
+        """One token once the window is full: write it into the free slot, evict the oldest afterwards. Its slot
+        and rotations come from ``step``, so these are the same operations at every position."""
+        n_starting = self.config.n_starting
         self._writable()
-        slot = self._slot(position)
-        self.ring_k[..., slot, :] = rotated[..., 0, :].detach()
-        self.ring_v[..., slot, :] = value_states[..., 0, :].detach()
+        rotated = apply_rotation(key_states, step.cos, step.sin)  # R(p - frame)·k_p
+        self.ring_k.index_copy_(-2, step.slot, rotated.detach())
+        self.ring_v.index_copy_(-2, step.slot, value_states.detach())
         # Start keys at exactly distance `window` from this query: the distance ceiling.
-        self.ring_k[..., :n_starting, :] = self.rope.rotate_uniform(self.start_k, position - self.frame - window)
+        self.ring_k[..., :n_starting, :] = apply_rotation(self.start_k, step.start_cos, step.start_sin)
         self.ring_v[..., :n_starting, :] = self.start_v
         ctx = KeyContext(
-            rotated, value_states, position, self.frame, self.start_k, self.start_v, *self._middle_view(),
-            decode_keys=self.ring_k, decode_values=self.ring_v,
+            rotated, value_states, self.seen, self.frame, self.start_k, self.start_v, *self._middle_view(),
+            decode_keys=self.ring_k, decode_values=self.ring_v, decode_rotation=(step.cos, step.sin),
         )
         oldest = self.win_start  # at distance window - 1 now, beyond the window from the next token on
         if self.middle is not None:
             old = self._slot(oldest)
             self.middle.append(self._unrotate(self.ring_k[..., old : old + 1, :], oldest), self.ring_v[..., old : old + 1, :])
-        self.win_start += 1
-        self.seen += 1
         return ctx
 
     def _prefill(self, rotated, value_states) -> KeyContext:
@@ -203,12 +226,16 @@ class InfiniteLayer(CacheLayerMixin):
             self.shared = False
 
     def _rebase(self, new_frame: int) -> None:
-        """Move the frame forward: R(j - new) k = R(old - new) R(j - old) k, one rotation of the ring."""
+        """Move the frame forward: R(j - new) k = R(old - new) R(j - old) k, one rotation of the ring, in place
+        (a recorded decode step keeps writing the same buffers) unless a snapshot holds it."""
         offsets = torch.full((self.ring_k.shape[-2],), self.frame - new_frame, device=self.ring_k.device)
-        with outside_inference_mode():
-            self.ring_k = self.rope.rotate(self.ring_k, offsets)  # a new tensor: snapshots keep the old one
-            self.ring_v = self.ring_v.clone() if self.shared else self.ring_v
-        self.shared = False
+        rotated = self.rope.rotate(self.ring_k, offsets)
+        if self.shared:
+            with outside_inference_mode():
+                self.ring_k, self.ring_v = rotated, self.ring_v.clone()
+            self.shared = False
+        else:
+            self.ring_k.copy_(rotated)
         self.frame = new_frame
 
     def memory(self) -> dict[str, int]:

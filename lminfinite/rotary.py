@@ -81,8 +81,17 @@ class Rope:
 
     def rotate_uniform(self, x: torch.Tensor, offset: int) -> torch.Tensor:
         """``rotate`` with one offset for every row: a decode step's start keys or query."""
-        work = torch.promote_types(x.dtype, torch.float32)
-        return _apply(x, *self._row("uniform", offset, x.device, work))
+        return apply_rotation(x, *self._row("uniform", offset, x.device, rotation_dtype(x.dtype)))
+
+    def row(self, offset: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos_sin`` of one offset (1, head_dim), either sign, read without a device sync: a table row (sin
+        negated below zero) when it lies inside, else computed the same way."""
+        size = abs(offset)
+        if size >= self.table_rows:
+            return self.cos_sin(torch.tensor([offset], device=device), dtype)
+        cos_table, sin_table = self._table(torch.device(device), dtype)
+        sin = sin_table[size : size + 1]
+        return _full(cos_table[size : size + 1]), _full(sin if offset >= 0 else -sin)
 
     def _row(self, purpose: str, offset: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin (1, head_dim) of one offset. Every layer of a decode step asks for the same one, so the last
@@ -91,7 +100,7 @@ class Rope:
         kept = self._rows.get(purpose)
         if kept is None or kept[0] != key:
             with outside_inference_mode():  # kept across calls
-                kept = self._rows[purpose] = (key, self.span(offset, offset + 1, dtype, device))
+                kept = self._rows[purpose] = (key, self.row(offset, dtype, device))
         return kept[1]
 
     def _table(self, device: torch.device, dtype: torch.dtype):
@@ -107,7 +116,7 @@ class Rope:
 
         The scalar ``attention_scaling`` is not applied here; callers fold its square into the logit scale.
         """
-        return _apply(x, *self.cos_sin(offsets, torch.promote_types(x.dtype, torch.float32)))
+        return apply_rotation(x, *self.cos_sin(offsets, rotation_dtype(x.dtype)))
 
     @property
     def nbytes(self) -> int:
@@ -128,8 +137,14 @@ def _full(half: torch.Tensor) -> torch.Tensor:
     return torch.cat((half, half), dim=-1)
 
 
-def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x·cos + rotate_half(x)·sin in the dtype of cos/sin, returned in x's dtype."""
+def rotation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Where ``rotate`` and ``rotate_uniform`` compute: float32 at least."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x·cos + rotate_half(x)·sin in the dtype of cos/sin, returned in x's dtype: with rows in x's dtype, exactly
+    ``rotate_from``'s numbers."""
     xw = x.to(cos.dtype)
     return (xw * cos + _rotate_half(xw) * sin).to(x.dtype)
 

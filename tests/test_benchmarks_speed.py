@@ -99,3 +99,22 @@ def test_a_deadline_leaves_later_cells_out_and_a_later_round_fills_them(monkeypa
     merged = {r["context"]: r for r in best_of_rounds([past, later])}
     assert ran == [WINDOW, 2 * WINDOW] and all(not r["error"] for r in merged.values())
     assert best_of_rounds([past])[0]["error"] == speed.NO_TIME
+
+
+def test_cuda_graph_decodes_get_their_own_columns_and_speed_ups():
+    def row(method, context, decode_ms, graph_ms=0.0, error=""):
+        return dict(method=method, context=context, prefill_s=1.0, prefill_tok_s=context, decode_ms=decode_ms,
+                    peak_bytes=1, kv_bytes=1, error=error, half_prefill_s=0.5, graph_decode_ms=graph_ms)
+
+    rounds = [[row("vanilla", 4096, 30.0), row("vanilla", 32768, 60.0), row("lminfinite", 32768, 24.0, 8.0)],
+              [row("vanilla", 4096, 31.0), row("vanilla", 32768, 66.0), row("lminfinite", 32768, 25.0, 7.5),
+               row("vanilla", 131072, 0, error="OOM")]]
+    merged = best_of_rounds(rounds)
+    assert {(r["method"], r["context"]): r["graph_decode_ms"] for r in merged}[("lminfinite", 32768)] == 7.5
+    header, _, *lines = summary_table(merged, 4096).splitlines()
+    assert header.count("|") == 12 and "decode ms/token, CUDA graph" in header
+    cells = {line.split(" | ")[0].strip("| ") + line.split(" | ")[1]: line.split(" | ") for line in lines}
+    assert cells["lminfinite32,768"][6:9] == ["2.50×", "7.50", "8.00×"]  # 60 / 24, and 60 / 7.5
+    assert cells["vanilla32,768"][6:9] == ["1.00×", "", ""]
+    assert cells["vanilla131,072"][2] == "OOM" and len(cells["vanilla131,072"]) == len(header.split(" | "))
+    assert "CUDA graph" not in summary_table(best_of_rounds([[row("vanilla", 4096, 30.0)]]), 4096)

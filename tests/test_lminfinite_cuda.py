@@ -5,6 +5,8 @@
 - bitsandbytes NF4 on a Llama-2-7B-shaped layer stack (4 of its 32 layers, random weights): chunked prefill,
   generate, snapshot and rollback;
 - ``offload_middle=True``: GPU memory stays flat while the middle store grows in CPU memory;
+- GraphedDecoder through real CUDA graphs, on the tiny model and the 4-bit Llama-2-7B shape, against the model's
+  own forward (test_lminfinite_graphed.py checks the same on the CPU, replaying recorded operations);
 - each window-span kernel (efficient, flash, flex, float32) through the model against the reference, and on its
   own at a scale where the whole-span kernels skip whole blocks; ``auto`` picks FlashAttention's sliding window in
   half precision and the memory-efficient kernel otherwise (test_lminfinite_kernels.py has the CPU side).
@@ -75,6 +77,41 @@ def test_4bit_llama2_shape_prefills_generates_and_rolls_back():
         again = model.generate(ids[:, -1:], past_key_values=cache, max_new_tokens=8, do_sample=False)
     assert cache.get_seq_length() == 9000 + 8 and torch.equal(first, again)
     assert torch.isfinite(model(input_ids=ids[:, :1], past_key_values=cache).logits).all()
+
+
+def _graphed_against_plain(model, ids, steps: int, chunk: int, snapshot_at: int | None = None):
+    """Greedy decoding after ``ids`` through the model's own forward and through a GraphedDecoder (real CUDA graphs)
+    on a cache fed the same; the largest logit difference over the steps, and the decoder."""
+    plain, graphed = lminfinite.InfiniteCache(model), lminfinite.InfiniteCache(model)
+    token = feed_in_chunks(model, ids, chunk, plain)[:, -1:].argmax(-1)
+    feed_in_chunks(model, ids, chunk, graphed)
+    decoder, worst = lminfinite.GraphedDecoder(model, graphed), 0.0
+    with torch.no_grad():
+        for i in range(steps):
+            if i == snapshot_at:
+                plain.snapshot(), graphed.snapshot()
+            expected = model(input_ids=token, past_key_values=plain, use_cache=True).logits
+            worst = max(worst, (decoder(token).float() - expected.float()).abs().max().item())
+            token = expected[:, -1:].argmax(-1)
+    assert graphed.get_seq_length() == plain.get_seq_length()
+    return worst, decoder
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_graph_decoding_follows_the_models_own_forward(dtype):
+    """One recording replayed for 6·L steps across re-based frames; a snapshot makes the next write copy the rings,
+    so the step after it is recorded again. Logits within half-precision rounding of the model's own."""
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=dtype).cuda(), CONFIGS["lambda"])
+    worst, decoder = _graphed_against_plain(model, random_ids(3 * WINDOW + 5).cuda(), 6 * WINDOW, 7,
+                                            snapshot_at=3 * WINDOW)
+    assert worst < 0.02 and decoder.recordings == 2, (worst, decoder.recordings)
+
+
+def test_cuda_graph_decoding_of_the_4bit_llama2_shape():
+    model = lminfinite.enable(_llama2_shaped_4bit(), lminfinite.LMInfiniteConfig(n_starting=10))
+    ids = torch.randint(0, 32000, (1, 4200), generator=torch.Generator().manual_seed(2)).cuda()
+    worst, decoder = _graphed_against_plain(model, ids, 24, 2100)
+    assert worst < 0.05 and decoder.recordings == 1, (worst, decoder.recordings)
 
 
 def test_offloaded_middle_keeps_gpu_memory_flat():

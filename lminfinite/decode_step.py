@@ -1,0 +1,60 @@
+"""DecodeStep: what changes from one steady decode step to the next, held in tensors on the cache's device.
+
+A steady decode step (one token, window full) writes the token's key and value into one ring slot, rotates the
+token's key and query into the frame, and places the start keys at distance ``window`` from it (layer.py). Only
+the slot and the two rotations depend on the position. The cache loads them here before the step, and every
+layer reads them as tensors, not as Python numbers. So every step runs the same kernels on the same buffers,
+and a CUDA graph recorded at one step replays any later one (graphed.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .modes import outside_inference_mode
+from .rotary import Rope, rotation_dtype
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeStep:
+    """slot (1,) int64: the ring row the token goes to. cos, sin (1, head_dim), keys' dtype: the token's key and
+    query into the frame (offset position - frame). start_cos, start_sin, float32 at least: the start keys to
+    distance ``window`` from the token (offset position - frame - window)."""
+
+    slot: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    start_cos: torch.Tensor
+    start_sin: torch.Tensor
+
+    @classmethod
+    def allocate(cls, head_dim: int, dtype: torch.dtype, device) -> "DecodeStep":
+        with outside_inference_mode():  # written in place at every step, whatever the caller's mode
+            rows = [torch.zeros(1, head_dim, dtype=kind, device=device)
+                    for kind in (dtype, dtype, rotation_dtype(dtype), rotation_dtype(dtype))]
+            return cls(torch.zeros(1, dtype=torch.long, device=device), *rows)
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.slot, self.cos, self.sin, self.start_cos, self.start_sin
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    def fits(self, dtype: torch.dtype, device) -> bool:
+        return self.cos.dtype == dtype and self.cos.device == torch.device(device)
+
+    def load(self, rope: Rope, *, position: int, frame: int, slot: int, window: int) -> None:
+        """Fill in place for the token at ``position``: device copies only, no sync."""
+        self.slot.fill_(slot)
+        _fill(self.cos, self.sin, rope.row(position - frame, self.cos.dtype, self.cos.device))
+        start = rope.row(position - frame - window, self.start_cos.dtype, self.cos.device)
+        _fill(self.start_cos, self.start_sin, start)
+
+
+def _fill(cos: torch.Tensor, sin: torch.Tensor, row: tuple[torch.Tensor, torch.Tensor]) -> None:
+    cos.copy_(row[0])
+    sin.copy_(row[1])

@@ -1,0 +1,106 @@
+"""GraphedDecoder: steady decoding through one recorded CUDA graph of the model's whole forward.
+
+One decoded token runs thousands of small kernels (per layer: norms, projections, rotations, the ring write,
+attention); launched one by one from Python, they take longer to launch than the GPU takes to run them. A CUDA
+graph launches a recorded forward at once. It records kernels and their arguments, not Python, so it may stand
+for a step only while that step would run the same kernels on the same buffers. An InfiniteCache's steady
+decode step does (decode_step.py: what depends on the position is loaded into tensors before it), provided
+  - no layer recalls or keeps middle tokens (recall scans a store that grows with the context);
+  - the cache's buffers are those the graph was recorded with, none of them held by a snapshot (a snapshot, a
+    rollback or a copy-on-write changes them: the next step is recorded again);
+  - the model's LM-Infinite state and the input's shape are those it was recorded with.
+Any other call runs the model's own forward. Either way the logits are the same (tests/test_lminfinite_graphed.py).
+A forward that cannot be recorded at all (it reads a tensor into Python, say, in a hook or a quantization kernel)
+is warned about once and decoded without a graph from then on.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from .cache import InfiniteCache
+from .state import get_state
+
+
+class CudaGraph:
+    """A torch.cuda.CUDAGraph behind the two calls GraphedDecoder makes of a recording."""
+
+    def __init__(self):
+        self._graph = torch.cuda.CUDAGraph()
+
+    def record(self, forward: Callable[[], torch.Tensor]) -> torch.Tensor:
+        with torch.cuda.graph(self._graph):
+            return forward()
+
+    def replay(self) -> None:
+        self._graph.replay()
+
+
+class GraphedDecoder:
+    """``decoder(next_ids)`` -> logits (B, 1, vocab) of the token after ``next_ids`` (B, 1), which the cache counts,
+    as ``model(input_ids=next_ids, past_key_values=cache).logits``, replayed from a recording when it may be.
+
+    Replayed logits live in the recording's buffer: read them (argmax, sampling) before the next call. ``recorder``
+    makes a recording (default: a CUDA graph); ``recordings`` counts them; ``unrecordable`` says why the model's
+    step could not be recorded, if it could not.
+    """
+
+    def __init__(self, model, cache: InfiniteCache, recorder: Callable[[], object] = CudaGraph):
+        self.model, self.cache, self.recorder = model, cache, recorder
+        self.recordings = 0
+        self.unrecordable: str | None = None
+        self._graph = self._recorded_with = self._input = self._logits = None
+
+    @torch.no_grad()
+    def __call__(self, next_ids: torch.Tensor) -> torch.Tensor:
+        needs = self._replay_needs(next_ids)
+        if needs is not None and self._recorded_with is not None and _same(needs, self._recorded_with):
+            self.cache.prepare_forward(1)
+            self._input.copy_(next_ids)
+            self._graph.replay()
+            self.cache.advance()
+            return self._logits
+        self._graph = self._recorded_with = self._input = self._logits = None  # lets go of buffers no longer used
+        logits = self._forward(next_ids)  # also warms up what a recording needs (the step, kernels' workspaces)
+        self._record(next_ids)
+        return logits
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, past_key_values=self.cache, use_cache=True).logits
+
+    def _record(self, next_ids: torch.Tensor) -> None:
+        """Record the next step if it can be replayed; a recording runs nothing, so the cache stays where the
+        step just run left it (that step may have copied a buffer: what it relies on is read afterwards)."""
+        needs = self._replay_needs(next_ids)
+        if needs is None or self.unrecordable:
+            return
+        recorded_input, graph = next_ids.clone(), self.recorder()
+        try:
+            with self.cache.recording():
+                logits = graph.record(lambda: self._forward(recorded_input))
+        except RuntimeError as exc:
+            self.unrecordable = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            warnings.warn(f"GraphedDecoder: this model's decode step cannot be recorded ({self.unrecordable}); "
+                          "it decodes without a graph", RuntimeWarning, stacklevel=3)
+            return
+        self._graph, self._recorded_with, self._input, self._logits = graph, needs, recorded_input, logits
+        self.recordings += 1
+
+    def _replay_needs(self, next_ids: torch.Tensor) -> tuple | None:
+        """What a recording of this step relies on, or None when the step cannot be replayed (module docstring)."""
+        state = get_state(self.model)
+        if state is None or next_ids.shape[-1] != 1:
+            return None
+        buffers = self.cache.replay_buffers(state.config)
+        return None if buffers is None else (state, next_ids.shape, next_ids.device, *buffers)
+
+
+def _same(needs: tuple, recorded: tuple) -> bool:
+    """Tensors and the state by identity (a graph holds their storage), shapes and devices by value."""
+    return len(needs) == len(recorded) and all(
+        a is b if isinstance(a, torch.Tensor) or not isinstance(a, (torch.Size, torch.device)) else a == b
+        for a, b in zip(needs, recorded)
+    )

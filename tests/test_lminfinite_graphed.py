@@ -1,0 +1,117 @@
+"""GraphedDecoder on the CPU: recorded steady decode steps, replayed as a CUDA graph replays them (graph_replay.py),
+give exactly the model's own logits, across re-based frames, snapshots and rollbacks, and every step a graph cannot
+stand for runs the model instead. test_lminfinite_cuda.py runs the same decoder through real CUDA graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lminfinite
+from graph_replay import ReplayedOps
+from lminfinite.graphed import GraphedDecoder
+from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
+
+LAMBDA = lminfinite.LMInfiniteConfig(n_starting=4)
+
+
+def _twin_caches(model, prompt_tokens: int, **cache_options):
+    """Two caches fed the same prompt: one decodes through the model, one through a GraphedDecoder."""
+    ids = random_ids(prompt_tokens, seed=3)
+    caches = [lminfinite.InfiniteCache(model, **cache_options) for _ in range(2)]
+    logits = [feed_in_chunks(model, ids, 7, cache) for cache in caches]
+    return caches, logits[0][:, -1:].argmax(-1)
+
+
+def _decode_both(model, plain, decoder, token, steps: int, between=None):
+    """Greedy steps on both; every step's logits must be equal, bit for bit. ``between(i)`` acts before step i."""
+    with torch.no_grad():
+        for i in range(steps):
+            if between is not None:
+                between(i)
+            expected = model(input_ids=token, past_key_values=plain, use_cache=True).logits
+            got = decoder(token)
+            torch.testing.assert_close(got, expected, atol=0, rtol=0, msg=lambda m: f"step {i}: {m}")
+            token = expected[:, -1:].argmax(-1)
+    return token
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["llama-mha", "llama-gqa", "qwen2-gqa"])
+def test_replayed_steps_give_the_models_own_logits_across_rebased_frames(family, dtype):
+    model = lminfinite.enable(tiny_model(family, dtype=dtype), LAMBDA)
+    (plain, graphed), token = _twin_caches(model, 3 * WINDOW + 5)
+    decoder = GraphedDecoder(model, graphed, recorder=ReplayedOps)
+    frames = {graphed.layers[0].frame}
+    _decode_both(model, plain, decoder, token, 6 * WINDOW, between=lambda i: frames.add(graphed.layers[0].frame))
+    assert len(frames) >= 3  # the frame moved (in place) at least twice while one recording was replayed
+    assert decoder.recordings == 1
+    assert graphed.get_seq_length() == plain.get_seq_length() == 9 * WINDOW + 5
+    assert all(a.frame == b.frame and a.win_start == b.win_start for a, b in zip(plain.layers, graphed.layers))
+
+
+def test_a_snapshot_and_a_rollback_are_recorded_again_and_stay_exact():
+    model = lminfinite.enable(tiny_model("llama-gqa"), LAMBDA)
+    (plain, graphed), token = _twin_caches(model, 2 * WINDOW)
+    decoder = GraphedDecoder(model, graphed, recorder=ReplayedOps)
+    token = _decode_both(model, plain, decoder, token, 5)
+    snaps = (plain.snapshot(), graphed.snapshot())
+    token = _decode_both(model, plain, decoder, token, WINDOW + 3)  # the first write copies the snapshot's rings
+    plain.rollback(snaps[0])
+    graphed.rollback(snaps[1])
+    _decode_both(model, plain, decoder, token, WINDOW + 3)
+    assert decoder.recordings == 3  # at the start, after the copy, after the rollback
+
+
+def test_steps_a_graph_cannot_stand_for_run_the_model():
+    """Before the window is full, and while the cache recalls (its middle store grows), the model runs each step;
+    once recall is off on a cache that keeps nothing in the middle, steps are replayed again."""
+    model = lminfinite.enable(tiny_model("llama-gqa"), lminfinite.LMInfiniteConfig(n_starting=4, topk=3,
+                                                                                  topk_from_layer=1))
+    (plain, graphed), token = _twin_caches(model, WINDOW // 2, keep_middle=False, topk=0)
+    decoder = GraphedDecoder(model, graphed, recorder=ReplayedOps)
+    token = _decode_both(model, plain, decoder, token, WINDOW)  # fills the window, then replays
+    assert decoder.recordings == 1
+    (plain, graphed), token = _twin_caches(model, 2 * WINDOW)  # keeps middle tokens, recalls
+    decoder = GraphedDecoder(model, graphed, recorder=ReplayedOps)
+    _decode_both(model, plain, decoder, token, 2 * WINDOW)
+    assert decoder.recordings == 0 and graphed.layers[1].middle.length == plain.layers[1].middle.length
+
+
+def test_another_config_or_input_shape_is_recorded_again():
+    model = lminfinite.enable(tiny_model("llama-gqa"), LAMBDA)
+    (plain, graphed), token = _twin_caches(model, 2 * WINDOW)
+    decoder = GraphedDecoder(model, graphed, recorder=ReplayedOps)
+    token = _decode_both(model, plain, decoder, token, 4)
+    lminfinite.enable(model, LAMBDA)  # a new state (hooks), the same window
+    token = _decode_both(model, plain, decoder, token, 4)
+    assert decoder.recordings == 2
+
+
+def test_the_cpu_stand_in_replays_what_was_recorded_not_what_python_would_do_now():
+    """ReplayedOps binds numbers as recorded and refuses a read into Python, as a CUDA graph does: the tests above
+    could fail."""
+    held, offset = torch.zeros(3), [1.0]
+    graph = ReplayedOps()
+    out = graph.record(lambda: held + offset[0])
+    held.fill_(10.0)
+    offset[0] = 100.0
+    graph.replay()
+    assert out.tolist() == [11.0, 11.0, 11.0]
+    with pytest.raises(RuntimeError, match="reads a tensor into Python"):
+        ReplayedOps().record(lambda: held * int(held.sum()))
+
+
+def test_a_forward_that_cannot_be_recorded_is_warned_about_once_and_decoded_without_a_graph():
+    """A hook that reads a tensor into Python (a device sync on a GPU) makes the step unrecordable."""
+    model = lminfinite.enable(tiny_model("llama-gqa"), LAMBDA)
+    (plain, graphed), token = _twin_caches(model, 2 * WINDOW)
+    seen = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda module, args, out: seen.append(int(args[0][0, -1])))
+    decoder = GraphedDecoder(model, graphed, recorder=ReplayedOps)
+    with pytest.warns(RuntimeWarning, match="cannot be recorded .*reads a tensor into Python") as warned:
+        _decode_both(model, plain, decoder, token, 6)
+    hook.remove()
+    assert len(warned) == 1
+    assert decoder.recordings == 0 and "reads a tensor into Python" in decoder.unrecordable
+    assert graphed.get_seq_length() == plain.get_seq_length() == 2 * WINDOW + 6
