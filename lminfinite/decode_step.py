@@ -17,17 +17,19 @@ from .modes import outside_inference_mode
 from .rotary import Rope, rotation_dtype
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class DecodeStep:
     """slot (1,) int64: the ring row the token goes to. cos, sin (1, head_dim), keys' dtype: the token's key and
     query into the frame (offset position - frame). start_cos, start_sin, float32 at least: the start keys to
-    distance ``window`` from the token (offset position - frame - window)."""
+    distance ``window`` from the token (offset position - frame - window). position: the token they were last
+    loaded for (-1: never)."""
 
     slot: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
     start_cos: torch.Tensor
     start_sin: torch.Tensor
+    position: int = -1
 
     @classmethod
     def allocate(cls, head_dim: int, dtype: torch.dtype, device) -> "DecodeStep":
@@ -49,6 +51,7 @@ class DecodeStep:
 
     def load(self, rope: Rope, *, position: int, frame: int, slot: int, window: int) -> None:
         """Fill in place for the token at ``position``: device copies only, no sync."""
+        self.position = position
         self.slot.fill_(slot)
         _fill(self.cos, self.sin, rope.row(position - frame, self.cos.dtype, self.cos.device))
         start = rope.row(position - frame - window, self.start_cos.dtype, self.cos.device)

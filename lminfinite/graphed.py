@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from .cache import InfiniteCache
+from .modes import outside_inference_mode
 from .state import get_state
 
 
@@ -32,8 +33,21 @@ class CudaGraph:
         self._graph = torch.cuda.CUDAGraph()
 
     def record(self, forward: Callable[[], torch.Tensor]) -> torch.Tensor:
-        with torch.cuda.graph(self._graph):
-            return forward()
+        """Capture on a side stream, entered outside torch.cuda.graph: when ending a broken capture raises, that
+        context's exit does not put the caller's stream back. The error raised is the forward's own, if it failed."""
+        stream, failed = torch.cuda.Stream(), []
+        stream.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(stream), torch.cuda.graph(self._graph, stream=stream):
+                try:
+                    logits = forward()
+                except Exception as exc:
+                    failed.append(exc)
+                    raise
+        except Exception as exc:
+            raise failed[0] if failed else exc
+        torch.cuda.current_stream().wait_stream(stream)
+        return logits
 
     def replay(self) -> None:
         self._graph.replay()
@@ -77,7 +91,9 @@ class GraphedDecoder:
         needs = self._replay_needs(next_ids)
         if needs is None or self.unrecordable:
             return
-        recorded_input, graph = next_ids.clone(), self.recorder()
+        with outside_inference_mode():  # written in place at every replay, whatever the caller's mode
+            recorded_input = next_ids.clone()
+        graph = self.recorder()
         try:
             with self.cache.recording():
                 logits = graph.record(lambda: self._forward(recorded_input))

@@ -32,7 +32,7 @@ from .decode_step import DecodeStep
 from .kv_bytes import row_bytes
 from .middle_store import MiddleStore
 from .modes import outside_inference_mode
-from .rotary import Rope, apply_rotation
+from .rotary import Rope, apply_rotation, rotation_dtype
 
 
 def rebase_interval(window: int) -> int:
@@ -228,14 +228,13 @@ class InfiniteLayer(CacheLayerMixin):
     def _rebase(self, new_frame: int) -> None:
         """Move the frame forward: R(j - new) k = R(old - new) R(j - old) k, one rotation of the ring, in place
         (a recorded decode step keeps writing the same buffers) unless a snapshot holds it."""
-        offsets = torch.full((self.ring_k.shape[-2],), self.frame - new_frame, device=self.ring_k.device)
-        rotated = self.rope.rotate(self.ring_k, offsets)
+        row = self.rope.row(self.frame - new_frame, rotation_dtype(self.ring_k.dtype), self.ring_k.device)
         if self.shared:
-            with outside_inference_mode():
-                self.ring_k, self.ring_v = rotated, self.ring_v.clone()
+            with outside_inference_mode():  # the new ring outlives this call, whatever its grad mode
+                self.ring_k, self.ring_v = apply_rotation(self.ring_k, *row), self.ring_v.clone()
             self.shared = False
         else:
-            self.ring_k.copy_(rotated)
+            self.ring_k.copy_(apply_rotation(self.ring_k, *row))
         self.frame = new_frame
 
     def memory(self) -> dict[str, int]:

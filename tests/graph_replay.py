@@ -65,7 +65,8 @@ class ReplayedOps:
             for leaf, slot in zip(tree_flatten(out)[0], slots):
                 if slot is not None:
                     made[slot] = leaf
-        self.output.copy_(made[self._output_slot])
+        with torch.inference_mode():  # as a graph writes its buffer, whatever mode it was recorded in
+            self.output.copy_(made[self._output_slot])
 
 
 def _is_binding(x) -> bool:

@@ -100,18 +100,32 @@ def _graphed_against_plain(model, ids, steps: int, chunk: int, snapshot_at: int 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cuda_graph_decoding_follows_the_models_own_forward(dtype):
     """One recording replayed for 6·L steps across re-based frames; a snapshot makes the next write copy the rings,
-    so the step after it is recorded again. Logits within half-precision rounding of the model's own."""
+    so the step after it is recorded again. The logits are the model's own bit for bit: the same kernels on the
+    same numbers (a rotation one position off moves them by about 0.005, within any half-precision tolerance)."""
     model = lminfinite.enable(tiny_model("llama-gqa", dtype=dtype).cuda(), CONFIGS["lambda"])
     worst, decoder = _graphed_against_plain(model, random_ids(3 * WINDOW + 5).cuda(), 6 * WINDOW, 7,
                                             snapshot_at=3 * WINDOW)
-    assert worst < 0.02 and decoder.recordings == 2, (worst, decoder.recordings)
+    assert worst == 0 and decoder.recordings == 2, (worst, decoder.recordings)
+
+
+def test_a_step_cuda_cannot_capture_decodes_without_a_graph_on_the_callers_stream():
+    """A hook that reads a tensor into Python (a device sync) breaks the capture: warned once, decoded as the model
+    decodes, and the caller's stream is current again (torch.cuda.graph's exit leaves the capture stream current
+    when ending a broken capture raises)."""
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16).cuda(), CONFIGS["lambda"])
+    hook = model.model.embed_tokens.register_forward_hook(lambda module, args, out: int(args[0][0, -1]))
+    with pytest.warns(RuntimeWarning, match="cannot be recorded") as warned:
+        worst, decoder = _graphed_against_plain(model, random_ids(2 * WINDOW).cuda(), 6, 7)
+    hook.remove()
+    assert worst == 0 and decoder.recordings == 0 and decoder.unrecordable and len(warned) == 1
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
 
 
 def test_cuda_graph_decoding_of_the_4bit_llama2_shape():
     model = lminfinite.enable(_llama2_shaped_4bit(), lminfinite.LMInfiniteConfig(n_starting=10))
     ids = torch.randint(0, 32000, (1, 4200), generator=torch.Generator().manual_seed(2)).cuda()
     worst, decoder = _graphed_against_plain(model, ids, 24, 2100)
-    assert worst < 0.05 and decoder.recordings == 1, (worst, decoder.recordings)
+    assert worst == 0 and decoder.recordings == 1, (worst, decoder.recordings)
 
 
 def test_offloaded_middle_keeps_gpu_memory_flat():

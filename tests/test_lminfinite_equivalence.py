@@ -117,12 +117,15 @@ def test_generate_without_a_cache_equals_reference_greedy(references, config_nam
 ], ids=["inference-then-no_grad", "no_grad-then-inference"])
 def test_cache_moves_between_inference_mode_and_no_grad(references, prefill_mode, generate_mode):
     """Prefill (with re-bases, a middle store, a rollback) in one mode, generate in the other: every tensor the
-    cache keeps and updates in place must be a normal tensor."""
+    cache keeps and updates in place must be a normal tensor. The snapshot is taken when a re-base is due, so the
+    abandoned branch re-bases a ring the snapshot holds, into a new ring, in the prefill's mode."""
     model, ref, _ = references("llama-gqa", "topk")
     prompt = random_ids(10 * WINDOW, seed=7)
     cache = lminfinite.InfiniteCache(model)
     with prefill_mode():
-        feed_in_chunks(model, prompt[:, :-6], 7, cache)
+        feed_in_chunks(model, prompt[:, : -6 - 3 * WINDOW], 7, cache)
+        feed_in_chunks(model, prompt[:, -6 - 3 * WINDOW : -6], 3 * WINDOW, cache)
+        assert cache.layers[0].seen - cache.layers[0].frame > 2 * WINDOW  # layer.rebase_interval: due
         snap = cache.snapshot()
         feed_in_chunks(model, random_ids(5, seed=8), 1, cache)  # an abandoned branch
         cache.rollback(snap)

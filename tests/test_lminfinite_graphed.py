@@ -23,9 +23,9 @@ def _twin_caches(model, prompt_tokens: int, **cache_options):
     return caches, logits[0][:, -1:].argmax(-1)
 
 
-def _decode_both(model, plain, decoder, token, steps: int, between=None):
+def _decode_both(model, plain, decoder, token, steps: int, between=None, mode=torch.no_grad):
     """Greedy steps on both; every step's logits must be equal, bit for bit. ``between(i)`` acts before step i."""
-    with torch.no_grad():
+    with mode():
         for i in range(steps):
             if between is not None:
                 between(i)
@@ -61,6 +61,34 @@ def test_a_snapshot_and_a_rollback_are_recorded_again_and_stay_exact():
     graphed.rollback(snaps[1])
     _decode_both(model, plain, decoder, token, WINDOW + 3)
     assert decoder.recordings == 3  # at the start, after the copy, after the rollback
+
+
+def test_a_cache_reset_and_refilled_in_another_dtype_is_recorded_afresh():
+    """Its DecodeStep no longer fits the rings: the step after the refill loads a new one, and only then is the
+    next step recorded (recording against the old one would replay stale slots and rotations)."""
+    model = lminfinite.enable(tiny_model("llama-gqa"), LAMBDA)
+    (plain, graphed), token = _twin_caches(model, 2 * WINDOW)
+    decoder = GraphedDecoder(model, graphed, recorder=ReplayedOps)
+    _decode_both(model, plain, decoder, token, 3)
+    model.to(torch.bfloat16)
+    ids = random_ids(LAMBDA.n_starting + WINDOW - 2, seed=5)  # one short of steady: the next call is a prefill
+    for cache in (plain, graphed):
+        cache.reset()
+        feed_in_chunks(model, ids, 7, cache)
+    _decode_both(model, plain, decoder, torch.tensor([[3]]), 2 * WINDOW)
+    assert decoder.recordings == 2 and graphed._step.cos.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("record_mode, replay_mode", [
+    (torch.inference_mode, torch.no_grad), (torch.no_grad, torch.inference_mode),
+], ids=["inference-then-no_grad", "no_grad-then-inference"])
+def test_a_decoder_moves_between_inference_mode_and_no_grad(record_mode, replay_mode):
+    model = lminfinite.enable(tiny_model("llama-gqa"), LAMBDA)
+    (plain, graphed), token = _twin_caches(model, 2 * WINDOW)
+    decoder = GraphedDecoder(model, graphed, recorder=ReplayedOps)
+    token = _decode_both(model, plain, decoder, token, 3, mode=record_mode)
+    _decode_both(model, plain, decoder, token, 3, mode=replay_mode)
+    assert decoder.recordings == 1
 
 
 def test_steps_a_graph_cannot_stand_for_run_the_model():
