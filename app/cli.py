@@ -63,6 +63,10 @@ class AppConfig:
                       choices=["auto", "float32", "bfloat16", "float16"])
     cpu_threads: int | None = flag(None, "torch CPU threads (default: torch's choice)", group=MODEL, type=int,
                                    at_least=1)
+    cuda_graphs: bool = flag(True, group=MODEL, switches={
+        "--no-cuda-graphs": (False, "on CUDA, decode answers without recall through the model's own forward "
+                                    "rather than a recorded CUDA graph (lminfinite.GraphedDecoder)"),
+    })
 
     n_starting: int = flag(10, "starting tokens every query attends to (default: 10)", group=LM_INFINITE, type=int,
                            at_least=0)

@@ -92,10 +92,11 @@ class InfiniteCache(Cache):
     def replay_buffers(self, model_config: LMInfiniteConfig) -> tuple[torch.Tensor, ...] | None:
         """The tensors a recorded steady decode step of this cache reads and writes, or None when its next step
         cannot be replayed from a recording: the last forward was not a steady decode step (so the DecodeStep may
-        not be the one the next step loads, e.g. after a rollback or a reset), a layer recalls or keeps middle
-        tokens (the store grows), or a snapshot holds a ring (the step must copy it before writing)."""
+        not be the one the next step loads, e.g. after a rollback or a reset), a layer recalls (it scans a store
+        that grows), or a snapshot holds a ring (the step must copy it before writing). Middle tokens kept without
+        recall are fine: ``advance`` moves the evicted one into the store after the step."""
         config, first = self._with_topk(model_config), self.layers[0]
-        if self._step is None or self._step.position != first.seen - 1 or not first.steady or self.keeps_middle:
+        if self._step is None or self._step.position != first.seen - 1 or not first.steady:
             return None
         if not self._step.fits(first.ring_k.dtype, first.ring_k.device):
             return None

@@ -5,7 +5,8 @@ attention); launched one by one from Python, they take longer to launch than the
 graph launches a recorded forward at once. It records kernels and their arguments, not Python, so it may stand
 for a step only while that step would run the same kernels on the same buffers. An InfiniteCache's steady
 decode step does (decode_step.py: what depends on the position is loaded into tensors before it), provided
-  - no layer recalls or keeps middle tokens (recall scans a store that grows with the context);
+  - no layer recalls (recall scans a store that grows with the context; the evicted token a layer keeps for
+    later recall goes into its store after each replay, in Python, as after a step the model ran);
   - the cache's buffers are those the graph was recorded with, none of them held by a snapshot (a snapshot, a
     rollback or a copy-on-write changes them: the next step is recorded again);
   - the model's LM-Infinite state and the input's shape are those it was recorded with.
@@ -27,7 +28,10 @@ from .state import get_state
 
 
 class CudaGraph:
-    """A torch.cuda.CUDAGraph behind the two calls GraphedDecoder makes of a recording."""
+    """A torch.cuda.CUDAGraph behind the two calls GraphedDecoder makes of a recording.
+
+    Captured in "thread_local" mode: only this thread is kept from calls a capture cannot record, so a server's
+    other threads (reading free memory, emptying the allocator's cache) neither fail nor break the capture."""
 
     def __init__(self):
         self._graph = torch.cuda.CUDAGraph()
@@ -38,7 +42,8 @@ class CudaGraph:
         stream, failed = torch.cuda.Stream(), []
         stream.wait_stream(torch.cuda.current_stream())
         try:
-            with torch.cuda.stream(stream), torch.cuda.graph(self._graph, stream=stream):
+            capture = torch.cuda.graph(self._graph, stream=stream, capture_error_mode="thread_local")
+            with torch.cuda.stream(stream), capture:
                 try:
                     logits = forward()
                 except Exception as exc:

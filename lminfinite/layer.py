@@ -133,14 +133,19 @@ class InfiniteLayer(CacheLayerMixin):
             self._rebase(self.win_start)
 
     def advance(self) -> None:
-        """Count a steady decode step: one more token seen, the oldest out of the window."""
+        """Count a steady decode step: one more token seen, the oldest out of the window (into the middle store,
+        if this layer keeps one). Python's part of the step, so a replayed step does it too (graphed.py)."""
+        oldest = self.win_start  # at distance window - 1 from the step's token, beyond the window from the next on
+        if self.middle is not None:
+            old = self._slot(oldest)
+            self.middle.append(self._unrotate(self.ring_k[..., old : old + 1, :], oldest), self.ring_v[..., old : old + 1, :])
         self.win_start += 1
         self.seen += 1
 
     # -- the two phases ---------------------------------------------------------------------------
     def _decode_step(self, key_states, value_states, step: DecodeStep) -> KeyContext:
-        """One token once the window is full: write it into the free slot, evict the oldest afterwards. Its slot
-        and rotations come from ``step``, so these are the same operations at every position."""
+        """One token once the window is full: write it into the free slot (``advance`` evicts the oldest). Its
+        slot and rotations come from ``step``, so these are the same operations at every position."""
         n_starting = self.config.n_starting
         self._writable()
         rotated = apply_rotation(key_states, step.cos, step.sin)  # R(p - frame)·k_p
@@ -153,10 +158,6 @@ class InfiniteLayer(CacheLayerMixin):
             rotated, value_states, self.seen, self.frame, self.start_k, self.start_v, *self._middle_view(),
             decode_keys=self.ring_k, decode_values=self.ring_v, decode_rotation=(step.cos, step.sin),
         )
-        oldest = self.win_start  # at distance window - 1 now, beyond the window from the next token on
-        if self.middle is not None:
-            old = self._slot(oldest)
-            self.middle.append(self._unrotate(self.ring_k[..., old : old + 1, :], oldest), self.ring_v[..., old : old + 1, :])
         return ctx
 
     def _prefill(self, rotated, value_states) -> KeyContext:

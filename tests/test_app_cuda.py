@@ -3,12 +3,14 @@
 A Llama-2-7B-shaped random model (4 of its 32 layers, the demo model's tokenizer and chat template), loaded as
 ``python app.py --model DIR --load-in-4bit`` loads it: it reads a document beyond its window and answers; the
 live panel's card shows CUDA allocated, reserved and peak memory; a real CUDA out-of-memory (a blocker tensor
-holds the free memory) rolls the context back and the next feed works. Where Gradio is installed, the launched
+holds the free memory) rolls the context back and the next feed works; answers without recall decode through
+CUDA graphs and say what the model's own forward says. Where Gradio is installed, the launched
 app itself answers on CUDA (the GPU machine's image has no Gradio, so gpu_check.sh runs the engine tests).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib.util
 import json
@@ -75,6 +77,24 @@ def test_a_4bit_llama2_shape_reads_beyond_its_window_answers_and_the_panel_shows
     assert memory.kind == "cuda" and 0 < memory.allocated <= memory.reserved and memory.peak >= memory.allocated
     card = panel_html(engine.stats, memory, 1_000_000, None)
     assert "GPU memory" in card and "reserved" in card and "peak" in card
+
+
+def test_answers_without_recall_decode_through_cuda_graphs_and_say_the_same(runtime):
+    """An answer without recall replays one recorded CUDA graph per question (runtime.decoder_for); the answer,
+    token for token, and the middle store recall reads later are those of --no-cuda-graphs."""
+    no_graphs = dataclasses.replace(runtime, graph_recorder=None)
+    settings = dataclasses.replace(SETTINGS, recall=False, max_new_tokens=16)
+    engines, answers = [new_engine(no_graphs), new_engine(runtime)], []
+    for engine in engines:
+        run(engine.feed_documents(pdf_like(pages=12)))  # beyond the 4,096-token window: steady decoding
+        answers.append([run(engine.ask(question, settings)).answer_ids
+                        for question in ("What is the pass key?", "Who wrote it?")])
+    plain, graphed = engines
+    assert answers[1] == answers[0] and graphed._decoder.recordings == 2 and not graphed._decoder.unrecordable
+    for kept, replayed in zip(plain.cache.layers, graphed.cache.layers):
+        assert all(torch.equal(a, b) for a, b in zip(kept.middle.view(), replayed.middle.view()))
+    for engine in engines:
+        engine.close()
 
 
 def test_a_real_cuda_out_of_memory_rolls_back_and_the_next_feed_works(runtime):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -387,3 +388,32 @@ def test_a_plan_is_the_count_the_feed_adds_and_a_stale_plan_is_made_again(runtim
     run(engine.feed_documents(stale))
     assert list(engine.token_ids[before:]) == fresh_ids
     assert [s.where for s in engine.spans.documents()][-2:] == [c.where for c in code_file()]
+
+
+def test_answers_without_recall_replay_recorded_steps_and_say_the_same(runtime):
+    """On CUDA an engine decodes answers without recall through a GraphedDecoder (runtime.decoder_for); here a CPU
+    stand-in for CUDA graphs records and replays. The answers, token for token, and the context are those of an
+    engine that runs the model at every step, through a second question, a regeneration and an answer with recall."""
+    from graph_replay import ReplayedOps
+
+    graphed_runtime = dataclasses.replace(runtime, graph_recorder=ReplayedOps)
+    engines = [new_engine(runtime), new_engine(graphed_runtime)]
+    no_recall = dataclasses.replace(GREEDY, recall=False)
+    results = []
+    for engine in engines:
+        run(engine.feed_documents(pdf_like()))
+        asked = [answer(engine, "What is the pass key?", no_recall), answer(engine, "Who wrote page 3?", no_recall)]
+        asked.append(run(engine.regenerate(no_recall)))
+        asked.append(answer(engine, "What is on page 7?"))  # recall on: the model runs every step
+        results.append(([(r.answer_ids, r.finish) for r in asked], list(engine.token_ids)))
+    plain, graphed = engines
+    assert plain._decoder is None and graphed._decoder is not None
+    assert results[1] == results[0] and all(len(ids) > 4 for ids, _ in results[1][0][:3])
+    for kept, replayed in zip(plain.cache.layers, graphed.cache.layers):  # what recall reads: the same rows
+        assert (kept.middle is None) == (replayed.middle is None)
+        if kept.middle is not None:
+            assert all(torch.equal(a, b) for a, b in zip(kept.middle.view(), replayed.middle.view()))
+    # Recorded again after each question's snapshot: the first and second answers and the regeneration.
+    assert graphed._decoder.recordings == 3 and graphed._decoder.cache is graphed.cache
+    graphed.close()
+    assert graphed._decoder is None

@@ -106,6 +106,24 @@ def test_steps_a_graph_cannot_stand_for_run_the_model():
     assert decoder.recordings == 0 and graphed.layers[1].middle.length == plain.layers[1].middle.length
 
 
+def test_middle_tokens_kept_without_recall_go_into_the_store_after_each_replay():
+    """A cache that keeps evicted tokens for later recall (as the app's do) replays while recall is off; its middle
+    store is the model's own, row for row, so recall switched on afterwards reads what it would have."""
+    model = lminfinite.enable(tiny_model("llama-gqa"), lminfinite.LMInfiniteConfig(n_starting=4, topk=3,
+                                                                                  topk_from_layer=1))
+    (plain, graphed), token = _twin_caches(model, 2 * WINDOW, topk=0)
+    decoder = GraphedDecoder(model, graphed, recorder=ReplayedOps)
+    token = _decode_both(model, plain, decoder, token, 2 * WINDOW)
+    evicted = 4 * WINDOW - LAMBDA.n_starting - (WINDOW - 1)  # all but the start and the last window - 1
+    assert decoder.recordings == 1 and graphed.layers[1].middle.length == evicted
+    for kept, replayed in zip(plain.layers[1:], graphed.layers[1:]):
+        for a, b in zip(kept.middle.view(), replayed.middle.view()):
+            torch.testing.assert_close(b, a, atol=0, rtol=0)
+    plain.topk = graphed.topk = None  # the model's k: recall on, the model runs every step
+    _decode_both(model, plain, decoder, token, WINDOW)
+    assert decoder.recordings == 1
+
+
 def test_another_config_or_input_shape_is_recorded_again():
     model = lminfinite.enable(tiny_model("llama-gqa"), LAMBDA)
     (plain, graphed), token = _twin_caches(model, 2 * WINDOW)

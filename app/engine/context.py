@@ -151,6 +151,7 @@ class ContextEngine:
     def __post_init__(self) -> None:
         self.format = ChatFormat(self.runtime.tokenizer, self.runtime.stop_ids)
         self.cache = self.runtime.new_cache()
+        self._decoder = None  # runtime.decoder_for(self.cache), made at the first forward
         self.spans = SpanIndex()
         self.token_ids = array("l")
         self.state = TurnState.EMPTY
@@ -225,7 +226,9 @@ class ContextEngine:
 
     # -- low level: one forward ----------------------------------------------------------------
     def _forward(self, ids: list[int], *, topk: int):
-        logits = self.runtime.forward(ids, self.cache, topk=topk, stats=self.stats)
+        if self._decoder is None or self._decoder.cache is not self.cache:  # the cache was replaced (opened)
+            self._decoder = self.runtime.decoder_for(self.cache)
+        logits = self.runtime.forward(ids, self.cache, topk=topk, stats=self.stats, decoder=self._decoder)
         self.token_ids.extend(ids)
         self.tokens_fed += len(ids)
         self.stats.context_tokens = self.length
@@ -530,7 +533,7 @@ class ContextEngine:
 
     def close(self) -> None:
         """Release the cache's memory (the session is gone)."""
-        self.cache = None
+        self.cache = self._decoder = None
         self.turns.clear()
         self.history.clear()
         self._logits = None

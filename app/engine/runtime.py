@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +77,8 @@ class ModelRuntime:
     offload_middle: bool = False
     quantization: str = "none"
     dtype: torch.dtype = torch.float32
+    # Makes the recordings answers without recall replay (decoder_for): CUDA graphs on CUDA, None for no decoder
+    graph_recorder: Callable[[], object] | None = None
 
     def __post_init__(self) -> None:
         self.gate = ModelGate()
@@ -106,16 +109,29 @@ class ModelRuntime:
         """A session cache that keeps evicted tokens, so recall can be switched on for any question."""
         return lminfinite.InfiniteCache(self.model, keep_middle=True, offload_middle=self.offload_middle)
 
+    def decoder_for(self, cache) -> lminfinite.GraphedDecoder | None:
+        """On CUDA (unless --no-cuda-graphs), a GraphedDecoder of ``cache`` for ``forward``: one launch per answer
+        token instead of thousands. Its owner keeps it with the cache and drops it with the cache."""
+        if self.graph_recorder is None:
+            return None
+        return lminfinite.GraphedDecoder(self.model, cache, recorder=self.graph_recorder)
+
     @torch.inference_mode()
-    def forward(self, ids: list[int], cache, *, topk: int, stats: LiveStats | None = None) -> torch.Tensor:
+    def forward(self, ids: list[int], cache, *, topk: int, stats: LiveStats | None = None,
+                decoder: lminfinite.GraphedDecoder | None = None) -> torch.Tensor:
         """Feed ``ids`` after what ``cache`` holds, recalling ``topk`` middle tokens (0: off); returns float32
         logits for the token after the last one. Waits its turn at the gate (``stats`` shows the wait), unless
-        the cache's owner holds it already (an answer holds it throughout)."""
+        the cache's owner holds it already (an answer holds it throughout). One token without recall goes
+        through ``decoder`` when given (decoder_for), which replays a recorded step where it can."""
         with self.gate.turn(cache, answer=False, stats=stats):
             cache.topk = topk
             input_ids = torch.tensor([ids], dtype=torch.long, device=self.input_device)
             try:
-                out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                if decoder is not None and len(ids) == 1 and topk == 0:
+                    logits = decoder(input_ids)
+                else:
+                    logits = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
+                                        logits_to_keep=1).logits
             except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError too
                 if not is_out_of_memory(exc):
                     raise
@@ -123,7 +139,7 @@ class ModelRuntime:
                 raise OutOfMemory(str(exc)) from exc
             self.forward_calls += 1
             self.tokens_forwarded += len(ids)
-            return out.logits[0, -1].float()
+            return logits[0, -1].float()
 
     def observe_recall(self, callback):
         """Context manager reporting which middle tokens top-k recall picked (for citations)."""
