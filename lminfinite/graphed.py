@@ -82,10 +82,15 @@ class GraphedDecoder:
             self._graph.replay()
             self.cache.advance()
             return self._logits
-        self._graph = self._recorded_with = self._input = self._logits = None  # lets go of buffers no longer used
+        self.release()  # what the recording held is no longer what the step reads
         logits = self._forward(next_ids)  # also warms up what a recording needs (the step, kernels' workspaces)
         self._record(next_ids)
         return logits
+
+    def release(self) -> None:
+        """Let go of the recording and the buffers it holds (the cache's rings as they were when recorded): a
+        cache rolled back to a snapshot no longer uses them. The next call records again if it can."""
+        self._graph = self._recorded_with = self._input = self._logits = None
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids, past_key_values=self.cache, use_cache=True).logits
@@ -102,6 +107,8 @@ class GraphedDecoder:
         try:
             with self.cache.recording():
                 logits = graph.record(lambda: self._forward(recorded_input))
+        except torch.OutOfMemoryError:
+            return  # not the model's fault: the next step tries again
         except RuntimeError as exc:
             self.unrecordable = f"{type(exc).__name__}: {exc}".splitlines()[0]
             warnings.warn(f"GraphedDecoder: this model's decode step cannot be recorded ({self.unrecordable}); "

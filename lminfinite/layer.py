@@ -217,6 +217,9 @@ class InfiniteLayer(CacheLayerMixin):
         return self.config.n_starting + position % self.config.window_
 
     def _unrotate(self, keys: torch.Tensor, first_position: int) -> torch.Tensor:
+        if keys.shape[-2] == 1:  # a decode step's evicted token: one table row, no gather and no device sync
+            row = self.rope.row(self.frame - first_position, rotation_dtype(keys.dtype), keys.device)
+            return apply_rotation(keys, *row)
         offsets = self.frame - torch.arange(first_position, first_position + keys.shape[-2], device=keys.device)
         return self.rope.rotate(keys, offsets)
 

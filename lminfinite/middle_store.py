@@ -13,6 +13,9 @@ class MiddleStore:
 
     Appends write past ``length`` (or into a fresh, doubled buffer), so a prefix view taken earlier never
     changes: that is what makes snapshots and the attention's "before this call" view free.
+
+    Offloaded from a GPU, an append is a copy queued on the GPU's stream straight into the pinned store, not
+    waited for; ``view`` and a growth wait for it, so the CPU never reads a row before it has landed.
     """
 
     def __init__(self, device: torch.device | str | None = None):
@@ -20,6 +23,7 @@ class MiddleStore:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.length = 0
+        self._landing = None  # a torch.cuda.Event after the last queued GPU-to-CPU append
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         n = keys.shape[-2]
@@ -34,13 +38,28 @@ class MiddleStore:
             grown_keys = self._grow(self.keys, keys, capacity, device)
             grown_values = self._grow(self.values, values, capacity, device)
             self.keys, self.values = grown_keys, grown_values
-        self.keys[..., self.length : needed, :] = keys.to(device, non_blocking=True)
-        self.values[..., self.length : needed, :] = values.to(device, non_blocking=True)
+        self._write(self.keys[..., self.length : needed, :], keys)
+        self._write(self.values[..., self.length : needed, :], values)
         self.length = needed
+
+    def _write(self, rows: torch.Tensor, source: torch.Tensor) -> None:
+        if rows.device.type == "cpu" and source.device.type == "cuda":
+            rows.copy_(source, non_blocking=True)  # into pinned memory: queued, see the class docstring
+            self._landing = torch.cuda.Event()
+            self._landing.record(torch.cuda.current_stream(source.device))
+        else:
+            rows.copy_(source)
+
+    def _settle(self) -> None:
+        """Wait until every queued append has landed in CPU memory."""
+        if self._landing is not None:
+            self._landing.synchronize()
+            self._landing = None
 
     def _grow(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int, device) -> torch.Tensor:
         shape = (*like.shape[:-2], capacity, like.shape[-1])
         pin = device.type == "cpu" and like.device.type == "cuda"
+        self._settle()  # the old rows are read below
         with outside_inference_mode():  # appended to in place by later calls, whatever their mode
             new = torch.empty(shape, dtype=like.dtype, device=device, pin_memory=pin)
         if old is not None and self.length:
@@ -50,6 +69,7 @@ class MiddleStore:
     def view(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.keys is None or self.length == 0:
             return None, None
+        self._settle()
         return self.keys[..., : self.length, :], self.values[..., : self.length, :]
 
     def truncate(self, length: int) -> None:

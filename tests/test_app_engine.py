@@ -415,5 +415,9 @@ def test_answers_without_recall_replay_recorded_steps_and_say_the_same(runtime):
             assert all(torch.equal(a, b) for a, b in zip(kept.middle.view(), replayed.middle.view()))
     # Recorded again after each question's snapshot: the first and second answers and the regeneration.
     assert graphed._decoder.recordings == 3 and graphed._decoder.cache is graphed.cache
+    stopper = StopAfter(3, tokens=True)  # rolled back mid-answer: the decoder lets go of the rings it recorded
+    stopper.drive(graphed.ask("Write a long story about the sky.", dataclasses.replace(RAMBLE, recall=False),
+                              stopper.event))
+    assert graphed._decoder.recordings == 4 and graphed._decoder._recorded_with is None
     graphed.close()
     assert graphed._decoder is None

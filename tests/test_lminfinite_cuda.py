@@ -143,6 +143,21 @@ def test_offloaded_middle_keeps_gpu_memory_flat():
     assert max(allocated[10:]) - min(allocated[10:]) < 1 << 20  # flat on the GPU while the CPU store grows
 
 
+def test_an_offloaded_middle_store_holds_the_rows_a_gpu_store_holds():
+    """GPU-to-CPU appends are queued into the pinned store; a view waits for them. Read before they land, rows
+    (and the recall that reads them) would differ from a store kept on the GPU."""
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16).cuda(), CONFIGS["topk"])
+    # Recall off while feeding: both caches compute the same rows (a CPU scan would round differently).
+    caches = lminfinite.InfiniteCache(model, topk=0), lminfinite.InfiniteCache(model, offload_middle=True, topk=0)
+    prompt, steps = random_ids(20 * WINDOW).cuda(), random_ids(2 * WINDOW, seed=9).cuda()
+    logits = [torch.cat((feed_in_chunks(model, prompt, 7, cache), feed_in_chunks(model, steps, 1, cache)), 1)
+              for cache in caches]
+    assert torch.equal(logits[0], logits[1])
+    for on_gpu, offloaded in zip(caches[0].layers[1:], caches[1].layers[1:]):
+        assert offloaded.middle.keys.device.type == "cpu" and offloaded.middle.keys.is_pinned()
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(on_gpu.middle.view(), offloaded.middle.view()))
+
+
 @pytest.mark.parametrize("kernel", ["efficient", "flash", "flex", "float32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("config_name", ["lambda", "topk"])

@@ -4,6 +4,8 @@ stand for runs the model instead. test_lminfinite_cuda.py runs the same decoder 
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -161,3 +163,33 @@ def test_a_forward_that_cannot_be_recorded_is_warned_about_once_and_decoded_with
     assert len(warned) == 1
     assert decoder.recordings == 0 and "reads a tensor into Python" in decoder.unrecordable
     assert graphed.get_seq_length() == plain.get_seq_length() == 2 * WINDOW + 6
+
+
+def test_out_of_memory_while_recording_skips_that_recording_only():
+    """Not the model's fault: no warning, and the next step records."""
+    failures = [torch.OutOfMemoryError("CUDA out of memory (test)")]
+
+    class OutOfMemoryOnce(ReplayedOps):
+        def record(self, forward):
+            if failures:
+                raise failures.pop()
+            return super().record(forward)
+
+    model = lminfinite.enable(tiny_model("llama-gqa"), LAMBDA)
+    (plain, graphed), token = _twin_caches(model, 2 * WINDOW)
+    decoder = GraphedDecoder(model, graphed, recorder=OutOfMemoryOnce)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _decode_both(model, plain, decoder, token, 6)
+    assert decoder.unrecordable is None and decoder.recordings == 1 and not failures
+
+
+def test_release_lets_go_of_the_recording_and_the_next_step_records_again():
+    model = lminfinite.enable(tiny_model("llama-gqa"), LAMBDA)
+    (plain, graphed), token = _twin_caches(model, 2 * WINDOW)
+    decoder = GraphedDecoder(model, graphed, recorder=ReplayedOps)
+    token = _decode_both(model, plain, decoder, token, 3)
+    decoder.release()
+    assert decoder._recorded_with is None and decoder._graph is None  # nothing of the cache's rings is held
+    _decode_both(model, plain, decoder, token, 3)
+    assert decoder.recordings == 2

@@ -180,6 +180,8 @@ class ContextEngine:
 
     def _restore(self, saved: Saved) -> None:
         self.cache.rollback(saved.snapshot)
+        if self._decoder is not None:
+            self._decoder.release()  # it holds the rings the rollback left behind
         del self.token_ids[saved.n_tokens:]
         self.spans.truncate(saved.n_spans)
         self.state, self.carry = saved.state, saved.carry

@@ -16,11 +16,10 @@ from pathlib import Path
 import torch
 
 import lminfinite
-from lminfinite.graphed import CudaGraph
 
 from ..cli import DEMO_MODEL_DIR, LLAMA2_CHAT, AppConfig
 from . import bundled_model
-from .runtime import ModelRuntime
+from .runtime import ExclusiveCudaGraph, ModelRuntime
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +151,7 @@ def load_runtime(config: AppConfig, choice: ModelChoice | None = None) -> ModelR
         model=model, tokenizer=tokenizer, ingest_tokenizer=ingest_tokenizer, name=short,
         notice=f"Model: {short} ({choice.reason}); {quant_label(quant)}, {str(dtype).removeprefix('torch.')}",
         lm_config=resolved, prefill_chunk=config.prefill_chunk, offload_middle=config.offload_middle,
-        quantization=quant, dtype=dtype, graph_recorder=CudaGraph if on_cuda and config.cuda_graphs else None,
+        quantization=quant, dtype=dtype, graph_recorder=ExclusiveCudaGraph if on_cuda and config.cuda_graphs else None,
     )
 
 

@@ -12,12 +12,14 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 import lminfinite
+from lminfinite.graphed import CudaGraph
 
 from .metrics import LiveStats
 from .model_gate import ModelGate
@@ -46,15 +48,28 @@ def _glibc():
 
 _LIBC = _glibc()
 
+# Emptying the CUDA allocator's cache frees memory (cudaFree syncs the device), which must not happen while
+# another thread captures a CUDA graph: released sessions free memory from their own threads.
+_CUDA_CAPTURE_OR_EMPTY = threading.Lock()
+
 
 def release_memory() -> None:
     """Give freed memory back to the system: the CUDA allocator's spare blocks, and on CPU glibc's free heap
     pages (without malloc_trim a process stays ~400 MB larger after 15 sessions are freed)."""
     gc.collect()
     if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+        with _CUDA_CAPTURE_OR_EMPTY:
+            torch.cuda.empty_cache()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
+
+
+class ExclusiveCudaGraph(CudaGraph):
+    """A CUDA graph recorded while no other thread empties the allocator's cache (release_memory)."""
+
+    def record(self, forward):
+        with _CUDA_CAPTURE_OR_EMPTY:
+            return super().record(forward)
 
 OUT_OF_MEMORY_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "defaultcpuallocator")
 
