@@ -71,6 +71,7 @@ class ExclusiveCudaGraph(CudaGraph):
         with _CUDA_CAPTURE_OR_EMPTY:
             return super().record(forward)
 
+
 OUT_OF_MEMORY_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "defaultcpuallocator")
 
 
@@ -92,7 +93,7 @@ class ModelRuntime:
     offload_middle: bool = False
     quantization: str = "none"
     dtype: torch.dtype = torch.float32
-    # Makes the recordings answers without recall replay (decoder_for): CUDA graphs on CUDA, None for no decoder
+    # What records the steps answers without recall replay (decoder_for): ExclusiveCudaGraph on CUDA; None: none
     graph_recorder: Callable[[], object] | None = None
 
     def __post_init__(self) -> None:
