@@ -5,6 +5,7 @@
     cache = lminfinite.InfiniteCache(model)
     out = model.generate(input_ids, past_key_values=cache, max_new_tokens=64)
     cache.topk = 0  # this cache's next forwards without top-k recall; the model and other caches unchanged
+    decoder = lminfinite.GraphedDecoder(model, cache)  # on a GPU: decoder(next_ids) replays one CUDA graph per token
 
 See README.md for the semantics (Λ-mask, distance ceiling, top-k middle recall) and their tests.
 
