@@ -32,7 +32,7 @@ from .decode_step import DecodeStep
 from .kv_bytes import row_bytes
 from .middle_store import MiddleStore
 from .modes import outside_inference_mode
-from .rotary import Rope, apply_rotation, rotation_dtype
+from .rotary import Rope, apply_rotation
 
 
 def rebase_interval(window: int) -> int:
@@ -218,8 +218,7 @@ class InfiniteLayer(CacheLayerMixin):
 
     def _unrotate(self, keys: torch.Tensor, first_position: int) -> torch.Tensor:
         if keys.shape[-2] == 1:  # a decode step's evicted token: one table row, no gather and no device sync
-            row = self.rope.row(self.frame - first_position, rotation_dtype(keys.dtype), keys.device)
-            return apply_rotation(keys, *row)
+            return self.rope.rotate_by(keys, self.frame - first_position)
         offsets = self.frame - torch.arange(first_position, first_position + keys.shape[-2], device=keys.device)
         return self.rope.rotate(keys, offsets)
 
@@ -232,13 +231,13 @@ class InfiniteLayer(CacheLayerMixin):
     def _rebase(self, new_frame: int) -> None:
         """Move the frame forward: R(j - new) k = R(old - new) R(j - old) k, one rotation of the ring, in place
         (a recorded decode step keeps writing the same buffers) unless a snapshot holds it."""
-        row = self.rope.row(self.frame - new_frame, rotation_dtype(self.ring_k.dtype), self.ring_k.device)
+        offset = self.frame - new_frame
         if self.shared:
             with outside_inference_mode():  # the new ring outlives this call, whatever its grad mode
-                self.ring_k, self.ring_v = apply_rotation(self.ring_k, *row), self.ring_v.clone()
+                self.ring_k, self.ring_v = self.rope.rotate_by(self.ring_k, offset), self.ring_v.clone()
             self.shared = False
         else:
-            self.ring_k.copy_(apply_rotation(self.ring_k, *row))
+            self.ring_k.copy_(self.rope.rotate_by(self.ring_k, offset))
         self.frame = new_frame
 
     def memory(self) -> dict[str, int]:

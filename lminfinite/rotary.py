@@ -80,8 +80,12 @@ class Rope:
         return (x * cos) + (_rotate_half(x) * sin)
 
     def rotate_uniform(self, x: torch.Tensor, offset: int) -> torch.Tensor:
-        """``rotate`` with one offset for every row: a decode step's start keys or query."""
+        """``rotate`` with one offset for every row, its row kept: every layer of a decode step asks for the same."""
         return apply_rotation(x, *self._row("uniform", offset, x.device, rotation_dtype(x.dtype)))
+
+    def rotate_by(self, x: torch.Tensor, offset: int) -> torch.Tensor:
+        """``rotate`` with one offset for every row, nothing kept and no device sync: a re-base, an evicted key."""
+        return apply_rotation(x, *self.row(offset, rotation_dtype(x.dtype), x.device))
 
     def row(self, offset: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos_sin`` of one offset (1, head_dim), either sign, read without a device sync: a table row (sin
