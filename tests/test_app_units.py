@@ -347,6 +347,23 @@ def test_idle_sessions_expire_but_working_ones_wait():
     assert idle.closed
 
 
+def test_a_page_load_keeps_what_the_tab_did_before_it_landed(tmp_path):
+    """A file dropped the moment the page appeared went to a session that the page load then threw away."""
+    registry = _registry()
+    registry.store.root = tmp_path
+    early = registry.get("tab")  # the drop's request came before the page load
+    early.name = "dropped at once"
+    shown, note = registry.attach("tab", None, None, page_load=True)  # a browser that remembers no workspace
+    assert shown is early and note == "" and shown.in_browser and not shown.closed and shown.name == "dropped at once"
+
+    stray = registry.get("tab-2")  # a reload whose browser remembers a live workspace shows that one
+    reloaded, _ = registry.attach("tab-2", early.workspace_id, None, page_load=True)
+    assert reloaded is early and registry.peek("tab-2") is early and stray.closed
+    api_client = registry.get("tab-3")
+    fresh, _ = registry.attach("tab-3", None, None)  # "New workspace" (not a page load) is always a new one
+    assert fresh is not api_client and api_client.closed and not fresh.closed
+
+
 def test_a_page_load_never_shows_a_workspace_the_sweep_just_freed(tmp_path, monkeypatch):
     registry = _registry()
     registry.store.root = tmp_path

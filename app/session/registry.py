@@ -98,12 +98,13 @@ class SessionRegistry:
         return self._tabs.get(session_hash)
 
     def attach(self, session_hash: str, workspace_id: str | None, owner: str | None, *,
-               fallback_new: bool = True) -> tuple[Session | None, str]:
-        """Page load: show the workspace the browser remembers, live or reopened from disk, else a new one.
+               fallback_new: bool = True, page_load: bool = False) -> tuple[Session | None, str]:
+        """Show the workspace ``workspace_id``, live or reopened from disk, else a new one.
 
         Returns the session and a note for the user ("" when nothing needs saying). With ``fallback_new=False``
         (the user chose to open that workspace) a workspace that cannot be opened gives (None, why) and the tab
-        keeps what it shows, its queued work included.
+        keeps what it shows, its queued work included. A ``page_load`` that finds no workspace to show keeps
+        what the tab's first requests did before it landed: a file dropped at once is not lost.
         """
         while True:
             with self._workspace_lock(workspace_id):  # one reopen per workspace; other page loads go on
@@ -111,7 +112,9 @@ class SessionRegistry:
                 if session is None:
                     if not fallback_new:
                         return None, note
-                    session, note = self._new(owner), (f"{note} A new one was started." if note else "")
+                    early = self._before_page_load(session_hash, owner) if page_load else None
+                    session = early if early is not None else self._new(owner)
+                    note = f"{note} A new one was started." if note else ""
                 with self._lock:
                     if session.closed or session.retiring:  # the sweep took it meanwhile: find it again (saved)
                         continue
@@ -125,6 +128,14 @@ class SessionRegistry:
             self._left(previous, session_hash)
         return session, note
 
+    def _before_page_load(self, session_hash: str, owner: str | None) -> Session | None:
+        """The session a tab's requests got before its page load attached one (never shown in a browser)."""
+        with self._lock:
+            session = self._tabs.get(session_hash)
+        if session is None or session.in_browser or session.owner != owner or session.closed or session.retiring:
+            return None
+        return session
+
     def _workspace_lock(self, workspace_id):
         """Held from looking a workspace up to binding it: two tabs never reopen the same file twice."""
         if not is_workspace_id(workspace_id):
@@ -136,7 +147,7 @@ class SessionRegistry:
         """The workspace live, or reopened from its file; (None, why) when there is no file or it cannot be
         opened ("" when there is none)."""
         if not is_workspace_id(workspace_id):
-            return self._new(owner), ""
+            return None, ""
         with self._lock:
             live = self._live.get(workspace_id)
         if live is not None and not (live.closed or live.retiring) and live.owner == owner:
@@ -188,8 +199,8 @@ class SessionRegistry:
 
     def _left(self, session: Session, session_hash: str) -> None:
         """A tab no longer shows ``session``. When no tab does, its work stops, and it is saved and freed after
-        the grace period (at once when it was never in a browser: an API client's, or a tab's first request
-        that raced its page load)."""
+        the grace period (at once when it was never in a browser: an API client's, or what a tab did before its
+        page load reopened the workspace its browser remembers)."""
         with self._lock:
             session.tabs.discard(session_hash)
             if session.tabs:

@@ -31,7 +31,8 @@ class WorkspaceEvents:
         """Page load: show the workspace this browser had open (reopened from disk if it was freed)."""
         if request is None or not request.session_hash:
             raise gr.Error("This request has no session; reload the page.")
-        session, note = self.registry.attach(request.session_hash, workspace_id, self._user(request))
+        session, note = self.registry.attach(request.session_hash, workspace_id, self._user(request),
+                                             page_load=True)
         return self._shown(session, note)
 
     def _refused(self, why: str, request: gr.Request) -> tuple:
