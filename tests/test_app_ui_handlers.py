@@ -86,6 +86,26 @@ def test_idle_ticks_send_nothing(handlers, tmp_path, monkeypatch):
     assert skipped(handlers.tick(req)) == [True] * 4
 
 
+def test_a_work_that_ends_as_stop_lands_leaves_no_stopping_note(handlers, monkeypatch):
+    """The note was set after the work was told to stop; a work ending in between left "Stopping 1 action…"
+    on screen for good."""
+    from app.session.state import Session
+
+    req = request("stop-race")
+    handlers.submit({"text": "What is the pass key?", "files": []}, req)
+    session = handlers.registry.peek("stop-race")
+    stop = Session.stop
+
+    def stop_and_the_work_ends(self, **kwargs):
+        told = stop(self, **kwargs)
+        self.finish_work(self.pending[0])  # the model step saw the cancel and ended right away
+        return told
+
+    monkeypatch.setattr(Session, "stop", stop_and_the_work_ends)
+    handlers.stop(req)
+    assert not session.has_work and session.stop_note == "" and handlers.controls(req)[0] == ""
+
+
 def test_stop_cancel_note_and_export_follow_the_work(handlers, tmp_path):
     req = request("controls")
     view = handlers.show(req)

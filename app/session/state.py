@@ -23,7 +23,7 @@ from ..engine.citations import Citation
 from ..engine.context import ContextEngine
 from ..engine.metrics import LiveStats, SessionSeries
 from ..engine.runtime import ModelRuntime, release_memory
-from .documents import DocumentRow, RowStatus
+from .documents import DocumentRow, RowStatus, plural
 
 log = logging.getLogger(__name__)
 
@@ -250,12 +250,19 @@ class Session:
             if not self.pending and work.kind != WorkKind.SAVE:  # a save's outcome is its note
                 self.stop_note = ""
 
-    def stop(self) -> int:
-        """Stop everything this session started or queued; returns how many actions were told."""
+    def stop(self, *, say: bool = False) -> int:
+        """Stop everything this session started or queued; returns how many actions were told.
+
+        ``say``: the Stop button's note, set under the lock that ends work (``finish_work`` clears it), so a
+        work ending in between cannot leave "Stopping…" on screen for good.
+        """
         with self.lock:
             for work in self.pending:
                 work.cancel.set()
-            return len(self.pending)
+            told = len(self.pending)
+            if say:
+                self.stop_note = f"Stopping {plural(told, 'action')}…" if told else "Nothing to stop."
+            return told
 
     def touch(self) -> None:
         self.last_active = time.monotonic()

@@ -154,8 +154,7 @@ class Handlers(WorkspaceEvents):
     def stop(self, request: gr.Request):
         """Stop this session's running and queued work (the engine rolls back within a chunk or token)."""
         session = self._session(request)
-        told = session.stop()
-        session.stop_note = f"Stopping {plural(told, 'action')}…" if told else "Nothing to stop."
+        session.stop(say=True)
         return session.stop_note
 
     def controls(self, request: gr.Request):
