@@ -92,12 +92,15 @@ class AppClient:
         js = next(p for p in paths if str(p).endswith(".json"))
         return Path(md).read_text(encoding="utf-8"), json.loads(Path(js).read_text(encoding="utf-8"))
 
-    def wait_for_phase(self, phase: str, detail: str | None = None, timeout_s: float = 60) -> dict:
+    def wait_for_phase(self, phase: str, detail: str | None = None, timeout_s: float = 60, job=None) -> dict | None:
+        """The live panel once it shows ``phase`` under way; None when ``job`` ended first (between two polls)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             data = self.panel()
             if data["phase"] == phase and data["done"] > 0 and (detail is None or data["detail"] == detail):
                 return data
+            if job is not None and job.done():
+                return None
             time.sleep(0.05)
         raise AssertionError(f"phase {phase!r} not reached within {timeout_s} s (last: {data})")
 

@@ -35,7 +35,7 @@ DROP_FILE = """async ({selector, name, b64, mime}) => {
 def drop_pdf_and_ask(page, url: str, pdf: Path, question: str) -> None:
     """Open the app, drop ``pdf`` into the chat box as a user's drag and drop does, and send ``question``."""
     page.goto(url)
-    page.wait_for_selector("#chat-input textarea", timeout=60_000)
+    _wait_for_page_load(page)
     drop_and_ask(page, "#chat-input .full-container", pdf, "application/pdf", question)
 
 
@@ -78,7 +78,7 @@ def test_drop_ask_answer_and_screenshot(tmp_path):
         page.wait_for_function(
             "() => document.querySelector('#documents-table').innerText.includes('in context')", timeout=30_000)
         page.wait_for_function(
-            "() => /decode\\n[0-9]/i.test(document.querySelector('#live-panel').innerText)", timeout=10_000)
+            "() => /decode\\n[0-9]/i.test(document.querySelector('#live-panel').innerText)", timeout=30_000)
         page.wait_for_timeout(1500)  # one more panel tick so the numbers are the final ones
 
         chat = page.inner_text("#chat")
@@ -96,9 +96,15 @@ def test_drop_ask_answer_and_screenshot(tmp_path):
 def _open(browser, server):
     page = browser.new_page(viewport={"width": 1440, "height": 1100})
     page.goto(server.url)
-    page.wait_for_selector("#chat-input textarea", timeout=60_000)
-    page.wait_for_timeout(500)  # the page-load events (the session's view) have landed
+    _wait_for_page_load(page)
     return page
+
+
+def _wait_for_page_load(page) -> None:
+    """The page-load event has shown the tab's workspace: the context summary is drawn only then (until then
+    it may show no more than Gradio's timer)."""
+    page.wait_for_selector("#chat-input textarea", timeout=60_000)
+    page.wait_for_selector("#context-summary .ctx-summary", timeout=60_000)
 
 
 def _table_includes(page, text: str, timeout: int = 60_000) -> None:
@@ -215,10 +221,10 @@ def test_controls_table_and_progress_follow_the_work(tmp_path):
 
         # Export, then chat on: the exported files are hidden (they no longer hold the whole chat).
         page.click("#export-button")
-        page.wait_for_selector("#export-files", state="visible", timeout=10_000)
+        page.wait_for_selector("#export-files", state="visible", timeout=30_000)
         page.fill("#chat-input textarea", "What is the pass key?")
         page.keyboard.press("Enter")
-        page.wait_for_selector("#export-files", state="hidden", timeout=10_000)
+        page.wait_for_selector("#export-files", state="hidden", timeout=30_000)
         page.wait_for_function("() => document.querySelector('#chat').innerText.includes('first token')",
                                timeout=60_000)
 
@@ -251,7 +257,7 @@ def test_a_reload_shows_the_same_workspace_and_a_new_workspace_is_empty(tmp_path
         context = page.inner_text("#context-summary")
 
         page.reload()
-        page.wait_for_selector("#chat-input textarea", timeout=60_000)
+        _wait_for_page_load(page)
         _table_includes(page, "reload_notes.txt")
         assert "Where is the archive kept?" in page.inner_text("#chat")
         assert page.inner_text("#context-summary") == context  # the same tokens: reopened, not re-read
@@ -268,8 +274,8 @@ def test_a_reload_shows_the_same_workspace_and_a_new_workspace_is_empty(tmp_path
         page.wait_for_function("() => !document.querySelector('#chat').innerText.includes('archive kept')",
                                timeout=30_000)
         page.reload()  # the browser now remembers the new, empty workspace
-        page.wait_for_selector("#chat-input textarea", timeout=60_000)
-        page.wait_for_timeout(1500)
+        _wait_for_page_load(page)
+        assert page.inner_text("#context-summary .ctx-line").startswith("0 tokens")
         assert "reload_notes.txt" not in page.inner_text("#documents-table")
 
 

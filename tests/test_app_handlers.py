@@ -273,7 +273,7 @@ def test_a_source_too_big_for_the_budget_is_refused_before_reading(runtime, tmp_
     req = request("too-big")
     started = time.monotonic()
     view = ask(handlers, req, files=[big])
-    assert time.monotonic() - started < 5 and calls == []  # nothing was tokenised
+    assert time.monotonic() - started < 30 and calls == []  # nothing was tokenised
     row = rows_of(view)["big.zip"]
     assert row[1] == "⊘ refused" and "context budget" in row[4]
 
@@ -294,7 +294,7 @@ def test_stop_lands_quickly_while_a_large_text_is_read(runtime, tmp_path):
     handlers.stop(req)
     stopped = time.monotonic()
     drain(reading)
-    assert time.monotonic() - stopped < 2.0
+    assert time.monotonic() - stopped < 5  # one poll and the grace period, ~1 s; reading it all takes ~20 s
     assert [r.status for r in session.documents] == ["cancelled"]
     drain(handlers.run(*SETTINGS, req))
     assert session.context_tokens == 0 and not session.pending

@@ -92,11 +92,11 @@ def test_stuck_clone_is_killed_at_the_timeout(hanging_git, tmp_path):
     start = time.monotonic()
     with pytest.raises(CloneRefused, match="took longer than 0.6 s"):
         clone("https://example.invalid/r.git", str(tmp_path / "c"), ingest.IngestLimits(clone_timeout_s=0.6))
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 10  # the fake git sleeps 30 s
 
 
 def test_cancel_kills_a_running_clone(hanging_git, tmp_path):
     start = time.monotonic()
     with pytest.raises(ingest.IngestCancelled):
         clone("https://example.invalid/r.git", str(tmp_path / "c"), ingest.IngestLimits(), cancel=Flag(after=2))
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 10  # the fake git sleeps 30 s

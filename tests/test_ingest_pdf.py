@@ -146,7 +146,7 @@ def test_hanging_pdf_is_killed_at_the_timeout_and_keeps_pages_read(tmp_path, mon
     monkeypatch.setattr(ingest.pipeline, "extract_pdf", slow)
     start = time.monotonic()
     corpus = ingest.ingest([pdf], limits=ingest.IngestLimits(pdf_timeout_s=1.5))
-    assert time.monotonic() - start < 6
+    assert time.monotonic() - start < 15
     r = report_for(corpus, "slow.pdf")
     assert r.status == "partial"
     assert "took longer than 1.5 s and was stopped" in r.reason and "of 4 pages not read" in r.reason
