@@ -150,8 +150,7 @@ class ContextEngine:
 
     def __post_init__(self) -> None:
         self.format = ChatFormat(self.runtime.tokenizer, self.runtime.stop_ids)
-        self.cache = self.runtime.new_cache()
-        self._decoder = None  # runtime.decoder_for(self.cache), made at the first forward
+        self.use_cache(self.runtime.new_cache())
         self.spans = SpanIndex()
         self.token_ids = array("l")
         self.state = TurnState.EMPTY
@@ -177,6 +176,11 @@ class ContextEngine:
     def _save(self, logits=None) -> Saved:
         return Saved(self.cache.snapshot(), self.length, len(self.spans), self.state, self.carry, len(self.turns),
                      len(self.history), logits)
+
+    def use_cache(self, cache) -> None:
+        """Hold ``cache`` (a new one, or one read from a file) and its decoder (runtime.decoder_for: on CUDA, the
+        recorded steps answers without recall replay)."""
+        self.cache, self._decoder = cache, self.runtime.decoder_for(cache)
 
     def _restore(self, saved: Saved) -> None:
         self.cache.rollback(saved.snapshot)
@@ -228,8 +232,6 @@ class ContextEngine:
 
     # -- low level: one forward ----------------------------------------------------------------
     def _forward(self, ids: list[int], *, topk: int):
-        if self._decoder is None or self._decoder.cache is not self.cache:  # the cache was replaced (opened)
-            self._decoder = self.runtime.decoder_for(self.cache)
         logits = self.runtime.forward(ids, self.cache, topk=topk, stats=self.stats, decoder=self._decoder)
         self.token_ids.extend(ids)
         self.tokens_fed += len(ids)

@@ -103,7 +103,7 @@ def reopen_context(runtime: ModelRuntime, tensors: dict, record: dict, *, budget
     check_identity(record["identity"], runtime)
     engine = ContextEngine(runtime, system_prompt=record["system_prompt"], budget=budget,
                            stats=stats or LiveStats())
-    engine.cache = lminfinite.restore_cache(runtime.model, Prefixed(tensors, CACHE), record["cache"])
+    engine.use_cache(lminfinite.restore_cache(runtime.model, Prefixed(tensors, CACHE), record["cache"]))
     ids = tensors[TOKEN_IDS].tolist()
     engine.token_ids.extend(ids)
     for start, end, kind, where in record["spans"]:
