@@ -104,11 +104,13 @@ class Settings:
     topk: int = 5
     topk_from_layer: int = 5
     prefill_chunk: int = PREFILL_CHUNK
+    scan_copy: bool = True  # LMInfiniteConfig.recall_scan_copy, for the caches made under these settings
 
     def config(self, topk: int | None = None, from_layer: int | None = None) -> lminfinite.LMInfiniteConfig:
         return lminfinite.LMInfiniteConfig(window=self.window, n_starting=self.n_starting,
                                            topk=self.topk if topk is None else topk,
-                                           topk_from_layer=self.topk_from_layer if from_layer is None else from_layer)
+                                           topk_from_layer=self.topk_from_layer if from_layer is None else from_layer,
+                                           recall_scan_copy=self.scan_copy)
 
 
 def set_topk(model, settings: Settings, topk: int, from_layer: int | None = None) -> None:
@@ -116,8 +118,9 @@ def set_topk(model, settings: Settings, topk: int, from_layer: int | None = None
     wanted = settings.config(topk, from_layer)
     state = lminfinite.get_state(model)
     if state is None or (state.config.topk, state.config.topk_from_layer, state.config.window,
-                         state.config.n_starting) != (wanted.topk, wanted.topk_from_layer, wanted.window,
-                                                      wanted.n_starting):
+                         state.config.n_starting, state.config.recall_scan_copy) != (
+                             wanted.topk, wanted.topk_from_layer, wanted.window, wanted.n_starting,
+                             wanted.recall_scan_copy):
         lminfinite.enable(model, wanted)
 
 

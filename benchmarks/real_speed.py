@@ -16,6 +16,7 @@ import time
 
 import torch
 
+import lminfinite
 from benchmarks import real_common as rc
 from ingest.units import MiB
 
@@ -34,8 +35,12 @@ def peak_mib() -> float:
 
 @torch.inference_mode()
 def long_context(window: int, context: int, chunk: int, threads: int, decode_tokens: int = 32,
-                 topk_from_layer: int = 5) -> dict:
-    """Prefill ``context`` real tokens with recall off, then decode with recall on (k = 5) and off."""
+                 topk_from_layer: int = 5, rounds: int = 3) -> dict:
+    """Prefill ``context`` real tokens with recall off, then decode with recall on (k = 5) and off.
+
+    Recall on is timed twice, side by side from the same prefill: scanning the middle store's bfloat16 copy (the
+    default, scan_copy.py) and scanning its float32 keys (a copy of the cache restored without one), in
+    alternating rounds; both must decode the same tokens."""
     from benchmarks.real_nll import real_text_ids
 
     torch.set_num_threads(threads)
@@ -56,26 +61,38 @@ def long_context(window: int, context: int, chunk: int, threads: int, decode_tok
                   prefill_tps=round(len(ids) / prefill_s, 1),
                   prefill_tps_last_quarter=round(last * chunk / sum(times[-last:]), 1),
                   rss_loaded_mib=round(rss_loaded, 1), kv_mib={k: round(v / MiB, 1) for k, v in cache.memory().items()})
+    result["peak_rss_mib"] = round(peak_mib(), 1)  # before the comparison's second cache
+    without_copy = rc.Settings(window=window, prefill_chunk=chunk, topk_from_layer=topk_from_layer, scan_copy=False)
+    rc.set_topk(model, without_copy, 0)
+    plain = lminfinite.restore_cache(model, *lminfinite.cache_state(cache, copy=False))
+    result["kv_mib_no_scan_copy"] = {k: round(v / MiB, 1) for k, v in plain.memory().items()}
     q_ids = rc.question_ids(tokenizer, "x", QUESTION)
-    snap = cache.snapshot()
-    for name, topk in (("topk", 5), ("no_topk", 0)):
-        rc.set_topk(model, settings, topk)
-        start = time.perf_counter()
-        logits = rc.feed(model, cache, q_ids, chunk)
-        question_s = time.perf_counter() - start
-        steps = []
-        for _ in range(decode_tokens):
-            token = int(logits.argmax())
+    runs = {"topk": (cache, settings, 5), "topk_no_scan_copy": (plain, without_copy, 5), "no_topk": (cache, settings, 0)}
+    steps: dict[str, list[float]] = {name: [] for name in runs}
+    questions: dict[str, list[float]] = {name: [] for name in runs}
+    tokens: dict[str, list[int]] = {}
+    for _ in range(rounds):
+        for name, (run_cache, run_settings, topk) in runs.items():
+            snap = run_cache.snapshot()
+            rc.set_topk(model, run_settings, topk)
             start = time.perf_counter()
-            logits = model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True,
-                           logits_to_keep=1).logits[0, -1]
-            steps.append(time.perf_counter() - start)
-        median = statistics.median(steps)
+            logits = rc.feed(model, run_cache, q_ids, chunk)
+            questions[name].append(time.perf_counter() - start)
+            decoded = []
+            for _ in range(decode_tokens):
+                decoded.append(int(logits.argmax()))
+                start = time.perf_counter()
+                logits = model(input_ids=torch.tensor([[decoded[-1]]]), past_key_values=run_cache, use_cache=True,
+                               logits_to_keep=1).logits[0, -1]
+                steps[name].append(time.perf_counter() - start)
+            tokens[name] = decoded
+            run_cache.rollback(snap)
+    for name, measured in steps.items():
+        median = statistics.median(measured)
         result[f"decode_{name}_ms"] = round(1000 * median, 1)
         result[f"decode_{name}_tps"] = round(1 / median, 1)
-        result[f"question_{name}_s"] = round(question_s, 2)
-        cache.rollback(snap)
-    result["peak_rss_mib"] = round(peak_mib(), 1)
+        result[f"question_{name}_s"] = round(statistics.median(questions[name]), 2)
+    result["scan_copy_same_tokens"] = tokens["topk"] == tokens["topk_no_scan_copy"]
     return result
 
 
@@ -165,17 +182,32 @@ def section(results) -> str | None:
     parts = []
     longs = [v for k, v in saved.items() if k.startswith("long") and "error" not in v]
     if longs:
+        def decode(r, name):
+            return f"{r[f'decode_{name}_tps']:.1f} ({r[f'decode_{name}_ms']:.0f} ms)" if f"decode_{name}_ms" in r else "–"
+
+        def kv(memory):
+            return f"{sum(memory.values()):,.0f} (middle {memory['middle']:,.0f})" if memory else "–"
+
+        def same_tokens(runs):
+            compared = [r for r in runs if "scan_copy_same_tokens" in r]
+            differ = [str(r.get("topk_from_layer", 5)) for r in compared if not r["scan_copy_same_tokens"]]
+            if differ:
+                return "the two scans decoded different tokens from layer " + ", ".join(differ)
+            return f"the two scans decoded the same tokens in all {len(compared)} runs"
+
         rows = [[f"{r['context']:,}", f"{r['window']:,}", str(r["chunk"]), str(r.get("topk_from_layer", 5)),
-                 f"{r['prefill_tps']:,.0f}",
-                 f"{r['prefill_tps_last_quarter']:,.0f}", f"{r['decode_topk_tps']:.1f} ({r['decode_topk_ms']:.0f} ms)",
-                 f"{r['decode_no_topk_tps']:.1f} ({r['decode_no_topk_ms']:.0f} ms)",
-                 f"{sum(r['kv_mib'].values()):,.0f} (middle {r['kv_mib']['middle']:,.0f})", f"{r['peak_rss_mib']:,.0f}"]
+                 f"{r['prefill_tps']:,.0f}", f"{r['prefill_tps_last_quarter']:,.0f}", decode(r, "topk"),
+                 decode(r, "topk_no_scan_copy"), decode(r, "no_topk"), kv(r["kv_mib"]),
+                 kv(r.get("kv_mib_no_scan_copy")), f"{r['peak_rss_mib']:,.0f}"]
                 for r in longs]
         parts.append("**Long context, CPU, 2 threads, float32**: the documents prefilled with top-k off, then the "
-                     "answer decoded with top-k on (k = 5), as in the app. Decode: median of 32 "
-                     "tokens.\n\n" + markdown_table(
+                     "answer decoded with top-k on (k = 5), as in the app: recall scanning the middle keys' bfloat16 "
+                     "copy (the default, `lminfinite/scan_copy.py`) and, from a copy of the same cache without one, "
+                     "scanning the float32 keys; then top-k off. Decode: median of 3 alternating rounds of 32 tokens "
+                     f"each; {same_tokens(longs)}. Peak RSS: after the prefill.\n\n" + markdown_table(
                          ["context", "W", "chunk", "top-k from layer", "prefill tok/s", "prefill tok/s, last quarter",
-                          "decode tok/s, top-k on", "decode tok/s, top-k off", "KV cache MiB", "peak RSS MiB"], rows))
+                          "decode tok/s, top-k on", "decode tok/s, top-k on, float32 scan", "decode tok/s, top-k off",
+                          "KV cache MiB", "KV cache MiB, no scan copy", "peak RSS MiB"], rows))
     fmts = [v for k, v in saved.items() if k.startswith("format")]
     if fmts:
         rows = []
@@ -203,6 +235,7 @@ if __name__ == "__main__":
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quant", default="float32,int8,nf4-fp32,nf4-bf16")
     p.add_argument("--speed-chunks", default=None)
+    p.add_argument("--speed-from-layers", default=None)
     from pathlib import Path
 
     run(p.parse_args(), Path(__file__).resolve().parent / "results")

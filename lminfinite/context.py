@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .rotary import Rope, apply_rotation
+from .scan_copy import ScanKeys
 
 
 @dataclass
@@ -25,7 +26,8 @@ class KeyContext:
     start: unrotated keys at positions ``[0, s)``, s <= n_starting. Either ``recent_start == 0`` (they are
         also in recent), or every one lies beyond every query's window, reachable only at the ceiling.
     middle: evicted tokens at positions ``[n_starting, n_starting + m)``, unrotated, for top-k recall;
-        may live on the CPU (offload) while the rest is on the accelerator.
+        may live on the CPU (offload) while the rest is on the accelerator. ``middle_scan``: the store's
+        bfloat16 copy of those keys, which recall scans where there is one (scan_copy.py).
     decode_keys/values: steady-state decoding of one query: the n_starting start keys rotated to
         distance ``window`` from it, then the last ``window`` keys in the frame, all valid, in any order.
     decode_rotation: with them, (cos, sin) of the query's rotation into the frame, as its key got it.
@@ -39,6 +41,7 @@ class KeyContext:
     start_v: torch.Tensor
     middle_k: torch.Tensor | None = None
     middle_v: torch.Tensor | None = None
+    middle_scan: ScanKeys | None = None
     decode_keys: torch.Tensor | None = None
     decode_values: torch.Tensor | None = None
     decode_rotation: tuple[torch.Tensor, torch.Tensor] | None = None

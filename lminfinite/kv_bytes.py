@@ -18,6 +18,17 @@ def row_bytes(num_kv_heads: int, head_dim: int, dtype: Any) -> int:
     return 2 * num_kv_heads * head_dim * _itemsize(dtype)
 
 
+def keeps_scan_copy(wanted: bool, dtype: Any, device_type: str) -> bool:
+    """Whether a middle store keeps a bfloat16 copy of its keys for recall's scan (scan_copy.py): for a model
+    running in float32 on the CPU, where the copy was measured to pay; a smaller dtype scans as fast as it is."""
+    return wanted and device_type == "cpu" and _itemsize(dtype) == 4
+
+
+def scan_copy_row_bytes(num_kv_heads: int, head_dim: int) -> int:
+    """One token's bfloat16 key copy in one layer."""
+    return num_kv_heads * head_dim * 2
+
+
 @dataclass(frozen=True)
 class KVShape:
     """What sizes a model's keys and values: layers, key/value heads, head_dim."""
@@ -48,7 +59,7 @@ class SpanBytes:
 
     starting: each of the first n_starting tokens, kept twice (unrotated, and placed for the decode step);
     window: each of the window ring slots, preallocated; middle: each evicted token, once, in the layers that
-    keep a middle store (those from ``topk_from_layer`` on), 0 without one.
+    keep a middle store (those from ``topk_from_layer`` on), with its scan copy where one is kept; 0 without one.
     """
 
     starting: int
@@ -60,15 +71,18 @@ class SpanBytes:
         return self.starting * config.n_starting + self.window * config.window_
 
 
-def span_bytes(shape: KVShape, config: LMInfiniteConfig, dtype: Any, keep_middle: bool | None = None) -> SpanBytes:
+def span_bytes(shape: KVShape, config: LMInfiniteConfig, dtype: Any, keep_middle: bool | None = None,
+               device_type: str = "cpu") -> SpanBytes:
     """What an InfiniteCache of a model with ``shape`` spends per token; ``keep_middle`` as InfiniteCache takes it
-    (default: the config's ``topk > 0``)."""
+    (default: the config's ``topk > 0``); ``device_type``: where the model runs."""
     keep = config.topk > 0 if keep_middle is None else keep_middle
     middle_layers = max(0, shape.num_layers - config.topk_from_layer) if keep else 0
+    copy = scan_copy_row_bytes(shape.num_kv_heads, shape.head_dim)
+    copy *= middle_layers if keeps_scan_copy(config.recall_scan_copy, dtype, device_type) else 0
     return SpanBytes(
         starting=2 * shape.token_bytes(dtype),
         window=shape.token_bytes(dtype),
-        middle=shape.token_bytes(dtype, layers=middle_layers),
+        middle=shape.token_bytes(dtype, layers=middle_layers) + copy,
     )
 
 

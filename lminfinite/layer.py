@@ -61,7 +61,7 @@ class InfiniteLayer(CacheLayerMixin):
     def __init__(self, config: LMInfiniteConfig, rope: Rope, keep_middle: bool, middle_device=None):
         super().__init__()
         self.config, self.rope = config, rope
-        self.middle = MiddleStore(middle_device) if keep_middle else None
+        self.middle = MiddleStore(middle_device, config.recall_scan_copy) if keep_middle else None
         self.start_k = self.start_v = None  # unrotated, positions [0, min(seen, n_starting))
         # Rows [0, n_starting): start keys placed for the current decode step; then the ring, slot(p) below.
         self.ring_k = self.ring_v = None
@@ -211,7 +211,7 @@ class InfiniteLayer(CacheLayerMixin):
 
     # -- helpers ----------------------------------------------------------------------------------
     def _middle_view(self):
-        return self.middle.view() if self.middle is not None else (None, None)
+        return (*self.middle.view(), self.middle.scan_view()) if self.middle is not None else (None, None, None)
 
     def _slot(self, position):
         return self.config.n_starting + position % self.config.window_

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .kv_bytes import row_bytes
+from .kv_bytes import keeps_scan_copy, row_bytes, scan_copy_row_bytes
 from .modes import outside_inference_mode
+from .scan_copy import ScanCopy, ScanKeys
 
 
 class MiddleStore:
@@ -16,12 +17,17 @@ class MiddleStore:
 
     Offloaded from a GPU, an append is a copy queued on the GPU's stream straight into the pinned store, not
     waited for; ``view`` and a growth wait for it, so the CPU never reads a row before it has landed.
+
+    ``scan_copy``: keep a bfloat16 copy of the keys for recall's scan (scan_copy.py) where it pays, decided
+    at the first append from the keys' dtype and device (kv_bytes.keeps_scan_copy).
     """
 
-    def __init__(self, device: torch.device | str | None = None):
+    def __init__(self, device: torch.device | str | None = None, scan_copy: bool = True):
         self.device = None if device is None else torch.device(device)
+        self.scan_copy = scan_copy
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+        self.scan: ScanCopy | None = None
         self.length = 0
         self._landing = None  # a torch.cuda.Event after the last queued GPU-to-CPU append
 
@@ -33,14 +39,36 @@ class MiddleStore:
         needed = self.length + n
         if self.keys is None or needed > self.keys.shape[-2]:
             capacity = max(needed, 2 * (0 if self.keys is None else self.keys.shape[-2]), 64)
-            # Both buffers are allocated before either replaces the old one: an out-of-memory error
-            # here leaves the store exactly as it was.
-            grown_keys = self._grow(self.keys, keys, capacity, device)
-            grown_values = self._grow(self.values, values, capacity, device)
-            self.keys, self.values = grown_keys, grown_values
+            self._reallocate(keys, values, capacity, device, keys.device)
         self._write(self.keys[..., self.length : needed, :], keys)
         self._write(self.values[..., self.length : needed, :], values)
+        if self.scan is not None:
+            self.scan.write(self.length, keys)
         self.length = needed
+
+    def restore(self, keys: torch.Tensor, values: torch.Tensor, model_device: torch.device) -> None:
+        """Hold exactly these rows (a saved store, already on its device), with a scan copy made anew where
+        one is kept for a model on ``model_device``."""
+        self.keys = self.values = self.scan = None
+        self.length = 0
+        self._reallocate(keys, values, keys.shape[-2], keys.device, model_device, take=True)
+        if self.scan is not None:
+            self.scan.write(0, keys)
+        self.length = keys.shape[-2]
+
+    def _reallocate(self, keys, values, capacity: int, device, model_device, take: bool = False) -> None:
+        """Buffers for ``capacity`` rows holding the rows in use (``take``: ``keys`` and ``values`` themselves).
+        Every buffer is allocated before any replaces the old one: an out-of-memory error here leaves the store
+        exactly as it was."""
+        scan = self.scan
+        if self.keys is None and keeps_scan_copy(self.scan_copy, keys.dtype, model_device.type):
+            scan = ScanCopy()
+        grown_keys = keys if take else self._grow(self.keys, keys, capacity, device)
+        grown_values = values if take else self._grow(self.values, values, capacity, device)
+        grown_scan = None if scan is None else scan.grown(keys, capacity, self.length)
+        self.keys, self.values, self.scan = grown_keys, grown_values, scan
+        if scan is not None:
+            scan.install(grown_scan)
 
     def _write(self, rows: torch.Tensor, source: torch.Tensor) -> None:
         if rows.device.type == "cpu" and source.device.type == "cuda":
@@ -72,6 +100,12 @@ class MiddleStore:
         self._settle()
         return self.keys[..., : self.length, :], self.values[..., : self.length, :]
 
+    def scan_view(self) -> ScanKeys | None:
+        """The scan copy of the rows in use, where the store keeps one (``view`` gives the rows themselves)."""
+        if self.scan is None or self.length == 0:
+            return None
+        return self.scan.view(self.length)
+
     def truncate(self, length: int) -> None:
         if length > self.length:
             raise ValueError(f"cannot grow the middle store by truncation ({self.length} -> {length})")
@@ -83,13 +117,15 @@ class MiddleStore:
         if self.keys is None:
             return 0
         batch, kv_heads, _, head_dim = self.keys.shape
-        return self.length * batch * row_bytes(kv_heads, head_dim, self.keys.element_size())
+        copy = 0 if self.scan is None else scan_copy_row_bytes(kv_heads, head_dim)
+        return self.length * batch * (row_bytes(kv_heads, head_dim, self.keys.element_size()) + copy)
 
     @property
     def allocated_bytes(self) -> int:
         if self.keys is None:
             return 0
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+        scan = 0 if self.scan is None else self.scan.allocated_bytes
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size() + scan
 
     @property
     def reserved_bytes(self) -> int:

@@ -139,7 +139,7 @@ def _fill_middle(store, keys, values, dtype, ring_device) -> None:
     keys, values = keys.to(target, dtype, copy=True), values.to(target, dtype, copy=True)
     if target.type == "cpu" and ring_device.type == "cuda":
         keys, values = keys.pin_memory(), values.pin_memory()
-    store.keys, store.values, store.length = keys, values, keys.shape[-2]
+    store.restore(keys, values, ring_device)
 
 
 # -- files: one safetensors file, written atomically -------------------------------------------------------

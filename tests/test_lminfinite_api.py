@@ -42,6 +42,7 @@ def test_enable_twice_replaces_the_config():
         ({"topk": 2.5}, "topk must be an int"),
         ({"window": 8, "topk_distance": 9}, "exceeds window"),
         ({"offload_middle": "yes"}, "offload_middle must be a bool"),
+        ({"recall_scan_copy": 1}, "recall_scan_copy must be a bool"),
     ],
 )
 def test_config_validation(kwargs, message):

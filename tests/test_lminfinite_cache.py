@@ -70,6 +70,11 @@ def test_span_bytes_are_what_the_cache_holds():
     assert memory["starting"] == per_token.starting * N_STARTING and memory["window"] == per_token.window * WINDOW
     assert memory["starting"] + memory["window"] == per_token.bounded(resolved)
     assert memory["middle"] == per_token.middle * (n - N_STARTING - (WINDOW - 1))
+    # the same model on a GPU keeps no scan copy (scan_copy.py): float32 keys and values only
+    on_gpu = lminfinite.span_bytes(lminfinite.KVShape.from_config(model.config), resolved, torch.float32,
+                                   device_type="cuda")
+    head_bytes = model.config.num_key_value_heads * (model.config.hidden_size // model.config.num_attention_heads)
+    assert per_token.middle - on_gpu.middle == (model.config.num_hidden_layers - resolved.topk_from_layer) * head_bytes * 2
 
 
 def test_update_returns_the_key_context_the_attention_reads(model):
@@ -83,15 +88,19 @@ def test_update_returns_the_key_context_the_attention_reads(model):
     assert keys.decode_keys.shape[-2] == N_STARTING + WINDOW  # steady decoding: start and window, all visible
 
 
-def test_memory_counts_the_middle_store_and_its_spare_capacity():
-    config = lminfinite.LMInfiniteConfig(n_starting=N_STARTING, topk=2, topk_from_layer=1)
+@pytest.mark.parametrize("scan_copy", [True, False], ids=["scan-copy", "no-scan-copy"])
+def test_memory_counts_the_middle_store_and_its_spare_capacity(scan_copy):
+    config = lminfinite.LMInfiniteConfig(n_starting=N_STARTING, topk=2, topk_from_layer=1, recall_scan_copy=scan_copy)
     model = lminfinite.enable(tiny_model("llama-gqa"), config)
     cache = lminfinite.InfiniteCache(model)
     _prefill_and_decode(model, cache, 20 * WINDOW, 13)
     memory = cache.memory()
     evicted = 20 * WINDOW + 3 - N_STARTING - (WINDOW - 1)
-    layer_row_bytes = 2 * model.config.num_key_value_heads * HEAD_DIM * 4
+    kv_heads = model.config.num_key_value_heads
+    # float32 keys and values, and (a float32 model on the CPU) the keys' bfloat16 copy for recall's scan
+    layer_row_bytes = 2 * kv_heads * HEAD_DIM * 4 + (kv_heads * HEAD_DIM * 2 if scan_copy else 0)
     assert memory["middle"] == 2 * evicted * layer_row_bytes  # layers 1 and 2 recall
+    assert [layer.middle.scan is not None for layer in cache.layers[1:]] == [scan_copy, scan_copy]
     assert memory["middle_reserved"] > 0  # the store grows by doubling
     assert sum(memory.values()) == held_bytes(cache)
 

@@ -5,6 +5,7 @@ import torch
 from transformers import DynamicCache
 
 import lminfinite
+from lminfinite import scan_copy
 from lminfinite.reference import ReferenceModel
 from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
 
@@ -14,7 +15,18 @@ FP32_ATOL = 2e-5
 CONFIGS = {
     "lambda": lminfinite.LMInfiniteConfig(n_starting=4),
     "topk": lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1),
+    # recall scans the float32 middle keys themselves instead of their bfloat16 copy (scan_copy.py)
+    "topk-no-copy": lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1, recall_scan_copy=False),
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def recall_scans_the_copy_at_any_length():
+    """These contexts are far shorter than where the scan copy starts to pay; scan it anyway, so both of
+    recall's scans are checked against the reference ("topk" through the copy, "topk-no-copy" without)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(scan_copy, "COPY_PAYS_FROM", 0)
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +65,7 @@ def test_full_sequence_forward_equals_reference(references, family, config_name)
 
 
 @pytest.mark.parametrize("chunk", [1, 7, WINDOW, 3 * WINDOW])
-@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+@pytest.mark.parametrize("config_name", ["lambda", "topk", "topk-no-copy"])
 @pytest.mark.parametrize("family", ["llama-mha", "llama-gqa"])
 def test_chunked_prefill_equals_reference(references, family, config_name, chunk):
     model, _, expected = references(family, config_name)
@@ -73,7 +85,7 @@ def test_dynamic_cache_prefill_equals_reference(references, config_name):
     torch.testing.assert_close(torch.cat((first.logits, rest), 1).double(), expected, atol=FP32_ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+@pytest.mark.parametrize("config_name", ["lambda", "topk", "topk-no-copy"])
 @pytest.mark.parametrize("family", ["llama-mha", "qwen2-gqa"])
 def test_generate_with_infinite_cache_equals_reference_greedy(references, family, config_name):
     model, ref, _ = references(family, config_name)

@@ -44,9 +44,11 @@ class Budget:
 
 
 def middle_bytes_per_token(runtime: ModelRuntime) -> int:
-    """Keys + values one token adds to a session cache's middle store (only recall layers keep it)."""
+    """Keys + values (and their scan copy, where one is kept) one token adds to a session cache's middle store
+    (only recall layers keep it)."""
     shape = lminfinite.KVShape.from_config(runtime.model.config)
-    return lminfinite.span_bytes(shape, runtime.lm_config, runtime.dtype, keep_middle=True).middle
+    return lminfinite.span_bytes(shape, runtime.lm_config, runtime.dtype, keep_middle=True,
+                                 device_type=runtime.device_type).middle
 
 
 def free_memory(runtime: ModelRuntime) -> tuple[int, str]:
