@@ -186,7 +186,10 @@ def section(results) -> str | None:
             return f"{r[f'decode_{name}_tps']:.1f} ({r[f'decode_{name}_ms']:.0f} ms)" if f"decode_{name}_ms" in r else "–"
 
         def kv(memory):
-            return f"{sum(memory.values()):,.0f} (middle {memory['middle']:,.0f})" if memory else "–"
+            if not memory:
+                return "–"
+            copy = f" + scan copy {memory['middle_scan']:,.0f}" if memory.get("middle_scan") else ""
+            return f"{sum(memory.values()):,.0f} (middle {memory['middle']:,.0f}{copy})"
 
         def same_tokens(runs):
             compared = [r for r in runs if "scan_copy_same_tokens" in r]

@@ -187,12 +187,13 @@ class InfiniteCache(Cache):
     def memory(self) -> dict[str, int]:
         """Bytes held; the values add up to every tensor the cache keeps.
 
-        starting / window / middle (rows in use), as the app shows them; middle_reserved: the middle store's
+        starting / window / middle (rows in use), as the app shows them; middle_scan: the middle store's bfloat16
+        copy of its keys for recall's scan, where it keeps one (scan_copy.py); middle_reserved: the middle store's
         capacity beyond its rows (it grows by doubling; appends fill it first); rotation: the model's rotary
         tables, bounded by rotary.lookup_rows(window) and shared by every cache of the model, and this cache's
         DecodeStep. Per token, these are kv_bytes.span_bytes.
         """
-        total = {"starting": 0, "window": 0, "middle": 0, "middle_reserved": 0}
+        total = {"starting": 0, "window": 0, "middle": 0, "middle_scan": 0, "middle_reserved": 0}
         for layer in self.layers:
             for key, value in layer.memory().items():
                 total[key] += value

@@ -59,12 +59,14 @@ class SpanBytes:
 
     starting: each of the first n_starting tokens, kept twice (unrotated, and placed for the decode step);
     window: each of the window ring slots, preallocated; middle: each evicted token, once, in the layers that
-    keep a middle store (those from ``topk_from_layer`` on), with its scan copy where one is kept; 0 without one.
+    keep a middle store (those from ``topk_from_layer`` on), 0 without one; middle_scan: its key's bfloat16 copy
+    in those layers, where one is kept (scan_copy.py).
     """
 
     starting: int
     window: int
     middle: int
+    middle_scan: int = 0
 
     def bounded(self, config: LMInfiniteConfig) -> int:
         """Bytes of the starting and window spans once the window has filled: the same at any context length."""
@@ -77,12 +79,12 @@ def span_bytes(shape: KVShape, config: LMInfiniteConfig, dtype: Any, keep_middle
     (default: the config's ``topk > 0``); ``device_type``: where the model runs."""
     keep = config.topk > 0 if keep_middle is None else keep_middle
     middle_layers = max(0, shape.num_layers - config.topk_from_layer) if keep else 0
-    copy = scan_copy_row_bytes(shape.num_kv_heads, shape.head_dim)
-    copy *= middle_layers if keeps_scan_copy(config.recall_scan_copy, dtype, device_type) else 0
+    copy = keeps_scan_copy(config.recall_scan_copy, dtype, device_type)
     return SpanBytes(
         starting=2 * shape.token_bytes(dtype),
         window=shape.token_bytes(dtype),
-        middle=shape.token_bytes(dtype, layers=middle_layers) + copy,
+        middle=shape.token_bytes(dtype, layers=middle_layers),
+        middle_scan=middle_layers * scan_copy_row_bytes(shape.num_kv_heads, shape.head_dim) if copy else 0,
     )
 
 

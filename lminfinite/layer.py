@@ -242,17 +242,20 @@ class InfiniteLayer(CacheLayerMixin):
 
     def memory(self) -> dict[str, int]:
         """Bytes: the ring (n_starting decode rows + window slots, preallocated), the unrotated start keys,
-        the middle store's rows in use and its capacity beyond them."""
-        middle = (0, 0) if self.middle is None else (self.middle.nbytes, self.middle.reserved_bytes)
+        the middle store's rows in use, their scan copy and the capacity beyond them."""
+        middle = (0, 0, 0) if self.middle is None else (
+            self.middle.nbytes, self.middle.scan_bytes, self.middle.reserved_bytes)
         if not self.is_initialized:
-            return {"starting": 0, "window": 0, "middle": middle[0], "middle_reserved": middle[1]}
+            return {"starting": 0, "window": 0, "middle": middle[0], "middle_scan": middle[1],
+                    "middle_reserved": middle[2]}
         batch, kv_heads, _, head_dim = self.ring_k.shape
         row = batch * row_bytes(kv_heads, head_dim, self.ring_k.element_size())
         return {
             "starting": row * (self.start_k.shape[-2] + self.config.n_starting),
             "window": row * self.config.window_,
             "middle": middle[0],
-            "middle_reserved": middle[1],
+            "middle_scan": middle[1],
+            "middle_reserved": middle[2],
         }
 
 

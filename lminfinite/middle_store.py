@@ -59,16 +59,14 @@ class MiddleStore:
     def _reallocate(self, keys, values, capacity: int, device, model_device, take: bool = False) -> None:
         """Buffers for ``capacity`` rows holding the rows in use (``take``: ``keys`` and ``values`` themselves).
         Every buffer is allocated before any replaces the old one: an out-of-memory error here leaves the store
-        exactly as it was."""
+        as it was (``restore`` emptied it first)."""
         scan = self.scan
         if self.keys is None and keeps_scan_copy(self.scan_copy, keys.dtype, model_device.type):
             scan = ScanCopy()
         grown_keys = keys if take else self._grow(self.keys, keys, capacity, device)
         grown_values = values if take else self._grow(self.values, values, capacity, device)
         grown_scan = None if scan is None else scan.grown(keys, capacity, self.length)
-        self.keys, self.values, self.scan = grown_keys, grown_values, scan
-        if scan is not None:
-            scan.install(grown_scan)
+        self.keys, self.values, self.scan = grown_keys, grown_values, grown_scan
 
     def _write(self, rows: torch.Tensor, source: torch.Tensor) -> None:
         if rows.device.type == "cpu" and source.device.type == "cuda":
@@ -117,8 +115,15 @@ class MiddleStore:
         if self.keys is None:
             return 0
         batch, kv_heads, _, head_dim = self.keys.shape
-        copy = 0 if self.scan is None else scan_copy_row_bytes(kv_heads, head_dim)
-        return self.length * batch * (row_bytes(kv_heads, head_dim, self.keys.element_size()) + copy)
+        return self.length * batch * row_bytes(kv_heads, head_dim, self.keys.element_size())
+
+    @property
+    def scan_bytes(self) -> int:
+        """Bytes of the scan copy of the rows in use."""
+        if self.scan is None:
+            return 0
+        batch, kv_heads, _, head_dim = self.keys.shape
+        return self.length * batch * scan_copy_row_bytes(kv_heads, head_dim)
 
     @property
     def allocated_bytes(self) -> int:
@@ -129,5 +134,6 @@ class MiddleStore:
 
     @property
     def reserved_bytes(self) -> int:
-        """Capacity beyond the rows in use: held, and filled by the next appends before the store grows."""
-        return self.allocated_bytes - self.nbytes
+        """Capacity beyond the rows in use: held, and filled by the next appends before the store grows (and the
+        scan copy's per-head maxima, a few bytes)."""
+        return self.allocated_bytes - self.nbytes - self.scan_bytes

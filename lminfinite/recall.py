@@ -4,7 +4,7 @@ For every query row and head, the k middle tokens with the largest logits, score
 ``topk_distance``, join the softmax. The scan runs over the candidates in chunks with a running
 top-k, so no (queries × context) float32 matrix is ever held; an offloaded (CPU) middle store is
 scanned where it lives, and only the selected rows travel to the queries' device. A long store with a scan
-copy (scan_copy.py) is scanned through it instead, with the same result.
+copy is scanned through it where that pays (bounded_scan.py), with the same result.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .bounded_scan import copy_pays, scan_topk
 from .context import KeyContext
 from .rotary import Rope
-from . import scan_copy
 
 # Elements of one (queries × candidates) score chunk; bounds the scan's working memory.
 SCAN_BUDGET = 1 << 24
@@ -65,10 +65,12 @@ def recall_topk(
     chunk = max(256, SCAN_BUDGET // max(1, batch * kv_heads * groups * nb))
 
     # 1) The evicted middle store: every token there is beyond every query's window.
-    if ctx.middle_scan is not None and ctx.middle_len >= scan_copy.COPY_PAYS_FROM:
-        logits, idx = scan_copy.scan_topk(flat_q.to(ctx.middle_k.device), ctx.middle_k, ctx.middle_scan,
-                                k=min(k, ctx.middle_len), scale=scale, budget=SCAN_BUDGET)
-        merge(logits, idx + n_starting)
+    scanned = None
+    if ctx.middle_scan is not None and copy_pays(groups * nb, ctx.middle_len):
+        scanned = scan_topk(flat_q.to(ctx.middle_k.device), ctx.middle_k, ctx.middle_scan,
+                            k=min(k, ctx.middle_len), scale=scale, budget=SCAN_BUDGET)
+    if scanned is not None:
+        merge(scanned[0], scanned[1] + n_starting)
     elif ctx.middle_len:
         q_store = flat_q.to(ctx.middle_k.device)
         for lo in range(0, ctx.middle_len, chunk):

@@ -29,8 +29,8 @@ def test_memory_is_constant_in_context_length(model):
     # The model's rotation: cos and sin tables of 4 × window rows of head_dim / 2 (fp32), and inv_freq (float64).
     rotation_bytes = 2 * 4 * WINDOW * HEAD_DIM // 2 * 4 + HEAD_DIM // 2 * 8
     assert long.memory() == {
-        "starting": 2 * N_STARTING * row_bytes, "window": WINDOW * row_bytes, "middle": 0, "middle_reserved": 0,
-        "rotation": rotation_bytes,
+        "starting": 2 * N_STARTING * row_bytes, "window": WINDOW * row_bytes, "middle": 0, "middle_scan": 0,
+        "middle_reserved": 0, "rotation": rotation_bytes,
     }
 
 
@@ -69,12 +69,12 @@ def test_span_bytes_are_what_the_cache_holds():
     memory = cache.memory()
     assert memory["starting"] == per_token.starting * N_STARTING and memory["window"] == per_token.window * WINDOW
     assert memory["starting"] + memory["window"] == per_token.bounded(resolved)
-    assert memory["middle"] == per_token.middle * (n - N_STARTING - (WINDOW - 1))
-    # the same model on a GPU keeps no scan copy (scan_copy.py): float32 keys and values only
+    evicted = n - N_STARTING - (WINDOW - 1)
+    assert memory["middle"] == per_token.middle * evicted and memory["middle_scan"] == per_token.middle_scan * evicted
+    assert per_token.middle_scan > 0  # a float32 model on the CPU keeps a scan copy (scan_copy.py) ...
     on_gpu = lminfinite.span_bytes(lminfinite.KVShape.from_config(model.config), resolved, torch.float32,
                                    device_type="cuda")
-    head_bytes = model.config.num_key_value_heads * (model.config.hidden_size // model.config.num_attention_heads)
-    assert per_token.middle - on_gpu.middle == (model.config.num_hidden_layers - resolved.topk_from_layer) * head_bytes * 2
+    assert on_gpu.middle_scan == 0 and on_gpu.middle == per_token.middle  # ... and on a GPU it would not
 
 
 def test_update_returns_the_key_context_the_attention_reads(model):
@@ -97,9 +97,9 @@ def test_memory_counts_the_middle_store_and_its_spare_capacity(scan_copy):
     memory = cache.memory()
     evicted = 20 * WINDOW + 3 - N_STARTING - (WINDOW - 1)
     kv_heads = model.config.num_key_value_heads
-    # float32 keys and values, and (a float32 model on the CPU) the keys' bfloat16 copy for recall's scan
-    layer_row_bytes = 2 * kv_heads * HEAD_DIM * 4 + (kv_heads * HEAD_DIM * 2 if scan_copy else 0)
-    assert memory["middle"] == 2 * evicted * layer_row_bytes  # layers 1 and 2 recall
+    assert memory["middle"] == 2 * evicted * 2 * kv_heads * HEAD_DIM * 4  # layers 1 and 2 recall: float32 keys, values
+    # a float32 model on the CPU: the keys' bfloat16 copy for recall's scan
+    assert memory["middle_scan"] == (2 * evicted * kv_heads * HEAD_DIM * 2 if scan_copy else 0)
     assert [layer.middle.scan is not None for layer in cache.layers[1:]] == [scan_copy, scan_copy]
     assert memory["middle_reserved"] > 0  # the store grows by doubling
     assert sum(memory.values()) == held_bytes(cache)

@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache
 
 import lminfinite
-from lminfinite import scan_copy
+from lminfinite import bounded_scan
 from lminfinite.reference import ReferenceModel
 from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
 
@@ -25,7 +25,8 @@ def recall_scans_the_copy_at_any_length():
     """These contexts are far shorter than where the scan copy starts to pay; scan it anyway, so both of
     recall's scans are checked against the reference ("topk" through the copy, "topk-no-copy" without)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(scan_copy, "COPY_PAYS_FROM", 0)
+        patch.setattr(bounded_scan, "COPY_PAYS_FROM", 0)
+        patch.setattr(bounded_scan, "COPY_MAX_ROWS", 10**6)  # prefill blocks too
         yield
 
 

@@ -44,11 +44,12 @@ class Budget:
 
 
 def middle_bytes_per_token(runtime: ModelRuntime) -> int:
-    """Keys + values (and their scan copy, where one is kept) one token adds to a session cache's middle store
-    (only recall layers keep it)."""
+    """Keys + values (and the keys' scan copy, where one is kept) one token adds to a session cache's middle
+    store (only recall layers keep it)."""
     shape = lminfinite.KVShape.from_config(runtime.model.config)
-    return lminfinite.span_bytes(shape, runtime.lm_config, runtime.dtype, keep_middle=True,
-                                 device_type=runtime.device_type).middle
+    per_token = lminfinite.span_bytes(shape, runtime.lm_config, runtime.dtype, keep_middle=True,
+                                      device_type=runtime.device_type)
+    return per_token.middle + per_token.middle_scan
 
 
 def free_memory(runtime: ModelRuntime) -> tuple[int, str]:

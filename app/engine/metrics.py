@@ -63,7 +63,8 @@ class LiveStats:
     eta_s: float | None = None
 
     def set_kv(self, memory: dict[str, int]) -> None:
-        self.kv_starting, self.kv_window, self.kv_middle = memory["starting"], memory["window"], memory["middle"]
+        self.kv_starting, self.kv_window = memory["starting"], memory["window"]
+        self.kv_middle = memory["middle"] + memory.get("middle_scan", 0)  # the store's rows and their scan copy
         self.kv_other = sum(memory.values()) - self.kv_starting - self.kv_window - self.kv_middle
 
     @property
