@@ -192,7 +192,10 @@ def test_controls_table_and_progress_follow_the_work(tmp_path):
         assert "Feeding" in page.inner_text("#activity") and "cancelled" not in page.inner_text("#documents-table")
         page.click("#cancel-button")
         _table_includes(page, "■ cancelled")
-        page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=30_000)
+        # Cancel's own reply ("Stopping 1 action…") may land after the model step's settled view; the
+        # controls step chained after Cancel then settles the note again
+        page.wait_for_function("() => document.querySelector('#stop-button').disabled"
+                               " && document.querySelector('#stop-note').innerText.trim() === ''", timeout=30_000)
         assert page.is_disabled("#cancel-button") and page.inner_text("#stop-note").strip() == ""
         seen = page.evaluate("window.__seen")
         assert seen["stopActive"] and seen["cancelActive"] and seen["bars"] > 0 and not seen["animated"]

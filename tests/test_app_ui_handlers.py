@@ -106,6 +106,36 @@ def test_a_work_that_ends_as_stop_lands_leaves_no_stopping_note(handlers, monkey
     assert not session.has_work and session.stop_note == "" and handlers.controls(req)[0] == ""
 
 
+def test_the_stop_note_and_the_buttons_are_read_together(handlers):
+    """The buttons' state and the note were read one after the other: a work ending in between showed Stop and
+    Cancel active with nothing to stop (or, read the other way round, a stale note beside idle buttons). Here the
+    work ends, in its own thread as it does, right after the reader has looked at its pending work."""
+    import threading
+
+    req = request("torn-read")
+    handlers.submit({"text": "What is the pass key?", "files": []}, req)
+    session = handlers.registry.peek("torn-read")
+    handlers.stop(req)
+    before, after = ("Stopping 1 action…", True), ("", False)
+    started, ended = threading.Event(), threading.Event()
+
+    class EndsWhileRead(list):
+        def __bool__(self):
+            had_work = len(self) > 0
+            if had_work and not started.is_set():
+                started.set()
+                threading.Thread(target=lambda: (session.finish_work(self[0]), ended.set())).start()
+                ended.wait(0.5)  # it ends now, unless the reader holds the lock that ends work
+            return had_work
+
+    session.pending = EndsWhileRead(session.pending)
+    note, stop, cancel = handlers.controls(req)
+    assert (note, stop["interactive"]) in (before, after) and cancel["interactive"] == stop["interactive"]
+    assert ended.wait(10)
+    note, stop, cancel = handlers.controls(req)
+    assert (note, stop["interactive"], cancel["interactive"]) == ("", False, False)
+
+
 def test_stop_cancel_note_and_export_follow_the_work(handlers, tmp_path):
     req = request("controls")
     view = handlers.show(req)

@@ -207,6 +207,12 @@ class Session:
         """Running or queued actions: what Stop and Cancel can act on."""
         return bool(self.pending)
 
+    def controls_state(self) -> tuple[str, bool]:
+        """The stop note and whether Stop / Cancel have work to act on, read together under the lock that
+        ends work: read apart, a work ending in between showed its "Stopping 1 action…" beside idle buttons."""
+        with self.lock:
+            return self.stop_note, bool(self.pending)
+
     def next_work(self, stage: Stage) -> Work | None:
         with self.lock:
             return next((w for w in self.pending if w.stage == stage), None)

@@ -89,8 +89,8 @@ class Handlers(WorkspaceEvents):
         if session.exported is not None and session.exported != chat:
             session.exported = None
             export = gr.update(value=None, visible=False)
-        busy = session.has_work
-        return (chat, shown_rows, context, activity, session.stop_note, export, gr.update(interactive=busy),
+        note, busy = session.controls_state()
+        return (chat, shown_rows, context, activity, note, export, gr.update(interactive=busy),
                 gr.update(interactive=busy))
 
     def progress_view(self, session: Session) -> tuple:
@@ -160,9 +160,8 @@ class Handlers(WorkspaceEvents):
     def controls(self, request: gr.Request):
         """The stop note and Stop / Cancel as the work now stands, after Stop and after the model step: the
         replies of events running side by side can reach the browser in either order."""
-        session = self._session(request, touch=False)
-        busy = session.has_work
-        return session.stop_note, gr.update(interactive=busy), gr.update(interactive=busy)
+        note, busy = self._session(request, touch=False).controls_state()
+        return note, gr.update(interactive=busy), gr.update(interactive=busy)
 
     def queue_regenerate(self, request: gr.Request):
         session = self._session(request)
