@@ -18,13 +18,13 @@ class MiddleStore:
     Offloaded from a GPU, an append is a copy queued on the GPU's stream straight into the pinned store, not
     waited for; ``view`` and a growth wait for it, so the CPU never reads a row before it has landed.
 
-    ``scan_copy``: keep a bfloat16 copy of the keys for recall's scan (scan_copy.py) where it pays, decided
-    at the first append from the keys' dtype and device (kv_bytes.keeps_scan_copy).
+    ``scan_copy``: whether a bfloat16 copy of the keys for recall's scan (``scan``, scan_copy.py) is wanted; the
+    first append decides from the keys' dtype and device whether it is kept (kv_bytes.keeps_scan_copy).
     """
 
     def __init__(self, device: torch.device | str | None = None, scan_copy: bool = True):
         self.device = None if device is None else torch.device(device)
-        self.scan_copy = scan_copy
+        self.wants_scan_copy = scan_copy
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.scan: ScanCopy | None = None
@@ -61,7 +61,7 @@ class MiddleStore:
         Every buffer is allocated before any replaces the old one: an out-of-memory error here leaves the store
         as it was (``restore`` emptied it first)."""
         scan = self.scan
-        if self.keys is None and keeps_scan_copy(self.scan_copy, keys.dtype, model_device.type):
+        if self.keys is None and keeps_scan_copy(self.wants_scan_copy, keys.dtype, model_device.type):
             scan = ScanCopy()
         grown_keys = keys if take else self._grow(self.keys, keys, capacity, device)
         grown_values = values if take else self._grow(self.values, values, capacity, device)

@@ -155,7 +155,7 @@ class Handlers(WorkspaceEvents):
         """Stop this session's running and queued work (the engine rolls back within a chunk or token)."""
         session = self._session(request)
         session.stop(say=True)
-        return session.stop_note
+        return session.controls_state()[0]
 
     def controls(self, request: gr.Request):
         """The stop note and Stop / Cancel as the work now stands, after Stop and after the model step: the
