@@ -20,6 +20,13 @@ from app_fixtures import start_server  # noqa: E402
 from test_app_browser import CHROMIUM, CHROMIUM_ARGS, drop_pdf_and_ask  # noqa: E402
 
 SPEC = "/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf"
+# The chat scrolls to its newest line; the picture starts at the question instead, so none of it is cut off.
+FRAME_THE_QUESTION = """() => {
+    const question = [...document.querySelectorAll('#chat .message')].find(m => m.innerText.includes('?'));
+    let box = question.parentElement;
+    while (box && box.scrollHeight <= box.clientHeight) box = box.parentElement;
+    box.scrollTop += question.getBoundingClientRect().top - box.getBoundingClientRect().top - 8;
+}"""
 
 
 def main(argv=None) -> None:
@@ -41,6 +48,7 @@ def main(argv=None) -> None:
                 "() => [...document.querySelectorAll('#chat .message')].some(m => m.innerText.includes('Sources'))",
                 timeout=900_000)
             page.wait_for_timeout(2500)  # two more panel ticks: the final numbers
+            page.evaluate(FRAME_THE_QUESTION)
             answer = page.inner_text("#chat")
             args.out.parent.mkdir(exist_ok=True)
             page.screenshot(path=str(args.out), full_page=True)

@@ -266,6 +266,46 @@ def test_regenerate_reuses_the_question_prefill(runtime):
         run(engine.regenerate(GREEDY))
 
 
+def scripted(monkeypatch, tokens: list[int]) -> None:
+    """The engine's sampler says ``tokens``, one per call, whatever the logits: an answer shaped at will."""
+    import app.engine.context as context
+
+    script = iter(tokens)
+    monkeypatch.setattr(context, "next_token", lambda logits, answer, settings: next(script))
+
+
+def test_an_answer_that_repeats_itself_is_cut_and_the_context_holds_what_is_shown(runtime, monkeypatch):
+    """The repeat is cut off the answer, and out of the context: the context is then the one an answer that ended
+    where the repeat began leaves (same tokens, same next-token logits), so a regeneration starts from there too."""
+    probe = new_engine(runtime)
+    sentence = probe.format.tokenizer.encode(" The pass key is 71432.", add_special_tokens=False)
+    assert len(sentence) > 16 and len(set(sentence)) > 8  # longer than LoopGuard's n-gram
+    end, settings = probe.format.end_of_turn, dataclasses.replace(GREEDY, max_new_tokens=4 * len(sentence))
+    engines, results = [new_engine(runtime), new_engine(runtime)], []
+    for engine, said in zip(engines, [sentence * 3, [*sentence, end]]):
+        run(engine.feed_documents(pdf_like()))
+        scripted(monkeypatch, said)
+        streamed = [item.tokens for item in engine.ask("What is the pass key?", settings)
+                    if isinstance(item, AnswerDelta)]
+        results.append((engine.turns[-1], engine.history[-1], streamed))
+    (cut, cut_history, streamed), (ended, ended_history, _) = results
+    repeated, plain = engines
+    assert max(streamed) == len(sentence) + 16  # the repeat was streamed until it was sure
+    assert cut_history.answer_ids == ended_history.answer_ids == tuple(sentence)
+    assert repeated.token_ids == plain.token_ids and repeated.length == plain.length == cut.end == ended.end
+    assert [(s.start, s.end, s.kind) for s in repeated.spans] == [(s.start, s.end, s.kind) for s in plain.spans]
+    assert repeated.state is plain.state is TurnState.CLOSED
+    scripted(monkeypatch, sentence * 3)  # drawn again, from the state the question left: cut the same way
+    again = run(repeated.regenerate(settings))
+    assert again.finish == "repetition" and again.answer_ids == tuple(sentence)
+    assert repeated.token_ids == plain.token_ids and len(repeated.turns) == 1
+    monkeypatch.undo()
+    follow = [answer(engine, "Who wrote page 3?") for engine in engines]
+    assert follow[0].answer_ids == follow[1].answer_ids
+    logits = [runtime.forward([5], engine.cache, topk=5) for engine in engines]
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
 def test_forget_conversation_keeps_documents(runtime):
     engine = new_engine(runtime)
     run(engine.feed_documents(pdf_like()))

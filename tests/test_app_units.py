@@ -175,21 +175,23 @@ def test_fit_budget_refuses_whole_files_that_do_not_fit():
 
 
 # -- sampling ------------------------------------------------------------------------------------
-def test_loop_guard_stops_an_answer_that_repeats_itself():
+def test_loop_guard_stops_an_answer_that_repeats_itself_and_says_where_the_repeat_began():
     from app.engine.generation import LoopGuard
 
     sentence = [5, 6, 7, 8, 9, 10]  # "The document is written by Thomas Leonard," and again
-    guard, answer, stopped_at = LoopGuard(n=4), [], None
+    guard, answer, stopped = LoopGuard(n=4), [], None
     for token in sentence + [11] + sentence:
         answer.append(token)
-        if guard.repeats(answer):
-            stopped_at = len(answer)
+        stopped = guard.repeat_from(answer)
+        if stopped is not None:
             break
-    assert stopped_at == len(sentence) + 1 + 4  # the first 4 tokens seen twice
+    assert len(answer) == len(sentence) + 1 + 4  # the first 4 tokens seen twice
+    assert answer[:stopped] == sentence + [11]  # what is kept: everything before the second copy
     varied, guard = [], LoopGuard(n=4)
-    assert not any(guard.repeats(varied) for token in [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 4, 4] if not varied.append(token))
+    assert all(guard.repeat_from(varied) is None
+               for token in [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 4, 4] if not varied.append(token))
     assert views.answer_markdown(ChatItem("assistant", "answer", "x", stats={"finish": "repetition", "tokens": 9})) \
-        .endswith("9 tokens · stopped: the answer began to repeat itself</sub>")
+        .endswith("9 tokens · cut where the answer began to repeat itself</sub>")
 
 
 def test_greedy_top_p_and_repetition_penalty():

@@ -328,9 +328,16 @@ class ContextEngine:
         return self.length, self.tokens_fed
 
     # -- decode --------------------------------------------------------------------------------
-    def _decode(self, logits, settings: GenerationSettings, cancel, started: float, prefill_tps: float,
-                question_tokens: int, citations: CitationReport) -> Iterator[AnswerDelta | AnswerResult]:
-        """Sample until </s> or max tokens, feeding each token back; then close the answer with </s>."""
+    def _decode(self, after_question: Saved, settings: GenerationSettings, cancel, started: float,
+                prefill_tps: float, question_tokens: int,
+                citations: CitationReport) -> Iterator[AnswerDelta | AnswerResult]:
+        """Sample from ``after_question`` (the state the question's prefill left) until </s>, max tokens or a
+        repeat, feeding each token back; then close the answer with </s>.
+
+        An answer that began to repeat itself is cut where the repeat began, and the context goes back to
+        ``after_question`` and reads the kept answer again: it holds what the user is shown, no more.
+        """
+        logits = after_question.logits
         topk = settings.answer_topk
         max_new = min(settings.max_new_tokens, self.budget - self.length - 2)
         if max_new < 1:
@@ -338,7 +345,7 @@ class ContextEngine:
         answer: list[int] = []
         start = self.length
         finish = "length"
-        loop = LoopGuard()
+        loop, cut = LoopGuard(), None
         ttft = None
         self.stats.phase, self.stats.detail, self.stats.done, self.stats.total = "decode", "answer", 0, max_new
         self.stats.eta_s = None
@@ -357,7 +364,8 @@ class ContextEngine:
             answer.append(token)
             self.stats.done, self.stats.decode_tps = len(answer), decode_meter.rate
             yield AnswerDelta(self.format.decode_answer(answer), len(answer), ttft)
-            if loop.repeats(answer):
+            cut = loop.repeat_from(answer)
+            if cut is not None:
                 finish = "repetition"
                 break
             if len(answer) >= max_new:
@@ -365,10 +373,14 @@ class ContextEngine:
             if cancel is not None and cancel.is_set():
                 raise Stopped("the answer")
             logits = self._forward([token], topk=topk)
+        fed = len(answer) if finish == "eos" else len(answer) - 1  # the last sampled token was never fed
+        if cut is not None:
+            answer, fed = answer[:cut], 0
+            self._restore(after_question)
         closing, carry = self.format.close_answer(answer, self.carry)
-        if finish != "eos":  # the last sampled token was never fed: it closes the answer with the end-of-turn
-            closing = [answer[-1], *closing]
-        self._forward(closing, topk=topk)
+        unfed = [*answer[fed:], *closing]
+        for lo in range(0, len(unfed), self.runtime.prefill_chunk):
+            self._forward(unfed[lo : lo + self.runtime.prefill_chunk], topk=topk)
         self.spans.append(Span(start, self.length, SpanKind.ANSWER))
         self.state, self.carry = TurnState.CLOSED, carry
         decode_tps = decode_meter.final_rate if decode_meter is not None else 0.0
@@ -405,7 +417,7 @@ class ContextEngine:
             citations, seconds = yield from self._read_question(pieces, baseline, settings.answer_topk, cancel, before)
             prefill_tps = planned / max(seconds, 1e-9)
             after_question = self._save(self._logits)
-            for item in self._decode(self._logits, settings, cancel, started, prefill_tps, planned, citations):
+            for item in self._decode(after_question, settings, cancel, started, prefill_tps, planned, citations):
                 if isinstance(item, AnswerResult):
                     self.turns.append(Turn(before, after_question, citations, self.length))
                     self.history.append(Exchange(question, item.answer_ids))
@@ -478,7 +490,7 @@ class ContextEngine:
         with self._answering(), self._operation(restore_to=turn.before):
             self._restore(turn.after_question)
             question_tokens = turn.after_question.n_tokens - turn.before.n_tokens
-            for item in self._decode(turn.after_question.logits, settings, cancel, started, 0.0, question_tokens,
+            for item in self._decode(turn.after_question, settings, cancel, started, 0.0, question_tokens,
                                      turn.citations):
                 if isinstance(item, AnswerResult):
                     self.turns.append(Turn(turn.before, turn.after_question, turn.citations, self.length))

@@ -85,19 +85,21 @@ class LoopGuard:
     """Ends an answer that repeats itself: small models (SmolLM2-135M) often restate a sentence until max tokens.
 
     An answer that has produced the same ``n`` tokens twice is looping; stopping there saves the user the
-    rest and the context the tokens. O(1) per token: the answer's n-grams are kept in a set.
+    rest and the context the tokens, and cutting the second copy off shows the answer once. O(1) per token:
+    the answer's n-grams are kept in a set.
     """
 
     def __init__(self, n: int = 16):
         self.n = n
         self._seen: set[tuple[int, ...]] = set()
 
-    def repeats(self, answer: list[int]) -> bool:
-        """Call after each token appended to ``answer``: True once its last ``n`` tokens occurred before."""
+    def repeat_from(self, answer: list[int]) -> int | None:
+        """Call after each token appended to ``answer``: once its last ``n`` tokens occurred before, where
+        that second copy begins (the length of the answer worth keeping); None until then."""
         if self.n <= 0 or len(answer) < self.n:
-            return False
+            return None
         gram = tuple(answer[-self.n:])
         if gram in self._seen:
-            return True
+            return len(answer) - self.n
         self._seen.add(gram)
-        return False
+        return None

@@ -24,7 +24,7 @@ PHASE_LABELS = {"idle": "Idle", "reading": "Reading documents", "prefill": "Feed
                 "decode": "Answering", "waiting": "Waiting for the model", "saving": "Saving the workspace"}
 
 
-FINISH_NOTES = {"length": " · stopped at max tokens", "repetition": " · stopped: the answer began to repeat itself"}
+FINISH_NOTES = {"length": " · stopped at max tokens", "repetition": " · cut where the answer began to repeat itself"}
 
 
 
