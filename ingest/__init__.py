@@ -7,7 +7,8 @@ Public API
 ingest(sources, *, tokenizer=None, password=None, limits=IngestLimits(),
        progress=None, cancel=None, chunk_tokens=512, allow_urls=True) -> Corpus
     sources: one or a list of str/Path: files (PDF, text, Markdown, code,
-    HTML, Jupyter notebooks), folders (read as repositories), archives
+    HTML, Jupyter notebooks; also compressed alone, manual.pdf.gz, .bz2 or
+    .xz, read as the file inside), folders (read as repositories), archives
     (.zip, .tar, .tar.gz/.tgz, .tar.bz2, .tar.xz; read as repositories,
     never extracted to disk) and https:// git URLs (shallow clone; other
     schemes are refused, an unreachable host fails within dns_timeout_s).

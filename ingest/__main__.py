@@ -20,7 +20,8 @@ from .visible import visible
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m ingest",
-        description="Ingest files (PDF, text, Markdown, code, HTML, Jupyter notebooks), folders, archives "
+        description="Ingest files (PDF, text, Markdown, code, HTML, Jupyter notebooks; also as .gz, .bz2 or "
+                    ".xz), folders, archives "
                     "(.zip, .tar, .tar.gz/.tgz, .tar.bz2, .tar.xz) and https git URLs; print what was read, "
                     "skipped or failed, and why.  Archive and folder entries are shown as "
                     "'<archive or folder name>/<path inside>'.",

@@ -24,6 +24,7 @@ class FileEntry:
     read: Callable[[int], bytes]
     explicit: bool = False  # picked by the user, not found inside a repository
     origin: str = ""  # the source string the user gave (explicit files), for password lookup
+    compressed: bool = False  # read through a decompressor (compressed.py): size is the compressed size
 
 
 Item = Union[FileEntry, FileReport]

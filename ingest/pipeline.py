@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Mapping, Union
 
 from .archive import archive_type, list_archive
+from .compressed import decompressing_reader, inner_name
 from .corpus import Corpus, CorpusBuilder
 from .documents import Document, Section, page_header
 from .entries import FileEntry, Listing
@@ -199,6 +200,8 @@ class _Run:
         """Why the bytes read are not used (too many or none), if so."""
         if len(data) > cap:
             return f"file is larger than the {human_bytes(cap)} limit"
+        if self.bytes_read > self.limits.max_total_bytes:  # a compressed file's size was known only once read
+            return f"total input limit of {human_bytes(self.limits.max_total_bytes)} reached"
         if not data:
             return "empty file"
         return None
@@ -326,7 +329,8 @@ class _Run:
 
 
 def list_local(text: str, limits: IngestLimits, prefetch: bool = True) -> Listing:
-    """List a local source: a folder or an archive as a repository, any other path as one file.
+    """List a local source: a folder or an archive as a repository, any other path as one file (a compressed
+    one, manual.pdf.gz, as the file inside: compressed.py).
 
     Display paths: 'name' for a file, 'folder/<path inside>' for a folder
     and 'archive.zip/<path inside>' for an archive, whatever other sources
@@ -344,6 +348,9 @@ def list_local(text: str, limits: IngestLimits, prefetch: bool = True) -> Listin
         size = path.stat().st_size
     except OSError as exc:
         return Listing(items=[FileReport(path=name, status=ERROR, reason=f"cannot read: {exc.strerror}")])
+    if (inner := inner_name(path.name)) and path.is_file():
+        return Listing(items=[FileEntry(path=name, rel=inner, size=size, read=decompressing_reader(str(path), name),
+                                        explicit=True, origin=text, compressed=True)])
     return Listing(items=[FileEntry(path=name, rel=name, size=size, read=disk_reader(str(path)),
                                     explicit=True, origin=text)])
 

@@ -20,6 +20,8 @@ rare and the bound is still a fair ceiling.  PDFs have no true bound
 (compressed content streams can expand arbitrarily): their figure assumes
 at most one token per byte of the file, which holds for ordinary PDFs
 (layout operators and fonts outweigh the text) and is noted as a heuristic.
+A file compressed on its own (notes.txt.gz) may expand to anything up to
+the size limit it is read to, so that limit is its bound.
 Files ingest() will certainly skip (by name, size or limits) count 0;
 files it may still skip after reading (binary content, duplicates) count
 in full.  Git URLs cannot be sized without cloning: tokens_upper is None.
@@ -96,8 +98,13 @@ def plan(sources: Iterable[Source] | Source, *, limits: IngestLimits | None = No
                     continue
                 files += 1
                 total += item.size
-                bound = item.size + _header_bytes(path)
                 pdf = PurePosixPath(item.rel).suffix.lower() == ".pdf"
+                if item.compressed:  # it may expand to anything up to the limit it is read to
+                    cap = limits.max_pdf_bytes if pdf else limits.max_file_bytes
+                    items.append(PlanItem(path, item.size, cap + _header_bytes(path),
+                                          f"{'PDF, ' if pdf else ''}compressed: bound from the size limit"))
+                    continue
+                bound = item.size + _header_bytes(path)
                 items.append(PlanItem(path, item.size, bound,
                                       "PDF: heuristic bound (1 token per byte of the file)" if pdf else ""))
         finally:
