@@ -1,4 +1,4 @@
-"""Evicted keys/values kept once for top-k recall, in a buffer that grows by doubling."""
+"""Evicted keys/values kept once for top-k recall, in a buffer that grows by a quarter at a time."""
 
 from __future__ import annotations
 
@@ -8,11 +8,16 @@ from .kv_bytes import keeps_scan_copy, row_bytes, scan_copy_row_bytes
 from .modes import outside_inference_mode
 from .scan_copy import ScanCopy, ScanKeys
 
+# Each growth copies the rows into a buffer this much larger. Doubling left up to as much spare capacity as rows
+# (a 16K-row buffer for 8.7K rows); a quarter keeps the spare under a quarter of the rows, for about twice the
+# copying (each row is copied four times on average instead of twice, one layer's store at a time).
+GROWTH = 1.25
+
 
 class MiddleStore:
     """Append-only rows at positions ``[n_starting, n_starting + length)``; ``device`` may be the CPU (offload).
 
-    Appends write past ``length`` (or into a fresh, doubled buffer), so a prefix view taken earlier never
+    Appends write past ``length`` (or into a fresh, larger buffer: ``GROWTH``), so a prefix view taken earlier never
     changes: that is what makes snapshots and the attention's "before this call" view free.
 
     Offloaded from a GPU, an append is a copy queued on the GPU's stream straight into the pinned store, not
@@ -38,7 +43,7 @@ class MiddleStore:
         device = self.device or keys.device
         needed = self.length + n
         if self.keys is None or needed > self.keys.shape[-2]:
-            capacity = max(needed, 2 * (0 if self.keys is None else self.keys.shape[-2]), 64)
+            capacity = max(needed, int(GROWTH * (0 if self.keys is None else self.keys.shape[-2])), 64)
             self._reallocate(keys, values, capacity, device, keys.device)
         self._write(self.keys[..., self.length : needed, :], keys)
         self._write(self.values[..., self.length : needed, :], values)

@@ -133,7 +133,7 @@ def _restore_layer(layer, i: int, saved: dict, tensors, info: dict, device: torc
 
 
 def _fill_middle(store, keys, values, dtype, ring_device) -> None:
-    """Hand the store its rows directly (capacity = length; the next append grows it by doubling as usual).
+    """Hand the store its rows directly (capacity = length; the next append grows it as usual).
     An offloaded store of a GPU cache is pinned, as MiddleStore allocates it, so recall's copies stay async."""
     target = store.device or ring_device
     keys, values = keys.to(target, dtype, copy=True), values.to(target, dtype, copy=True)

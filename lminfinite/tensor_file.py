@@ -1,6 +1,6 @@
 """Tensors to one safetensors file and back, without a second copy of them in memory.
 
-A cache's middle store is a view of a larger buffer (it grows by doubling), so it is not contiguous, and
+A cache's middle store is a view of a larger buffer (it grows ahead of its rows), so it is not contiguous, and
 safetensors' own writer wants contiguous tensors: a copy of the whole store just to save it, gigabytes for a
 long context. Here each tensor is written as the contiguous pieces it is made of (one head's rows, say), in
 the safetensors format (an 8-byte little-endian header length, a JSON header with dtype, shape and offsets,

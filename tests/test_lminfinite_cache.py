@@ -101,7 +101,7 @@ def test_memory_counts_the_middle_store_and_its_spare_capacity(scan_copy):
     # a float32 model on the CPU: the keys' bfloat16 copy for recall's scan
     assert memory["middle_scan"] == (2 * evicted * kv_heads * HEAD_DIM * 2 if scan_copy else 0)
     assert [layer.middle.scan is not None for layer in cache.layers[1:]] == [scan_copy, scan_copy]
-    assert memory["middle_reserved"] > 0  # the store grows by doubling
+    assert memory["middle_reserved"] > 0  # the store grows ahead of its rows
     assert sum(memory.values()) == held_bytes(cache)
 
 
@@ -231,3 +231,19 @@ def test_middle_store_is_unchanged_by_a_failed_growth(monkeypatch):
     keys, values = store.view()
     torch.testing.assert_close(keys, torch.cat((rows, rows[..., :8, :]), dim=-2))
     torch.testing.assert_close(values, -keys)
+
+
+def test_middle_store_spare_capacity_stays_under_a_quarter_of_its_rows():
+    """Appends of any size: the store never holds more than a quarter of its rows spare (64 rows at first),
+    and keeps every row it was given."""
+    from lminfinite.middle_store import MiddleStore
+
+    store, generator, appended = MiddleStore(scan_copy=False), torch.Generator().manual_seed(3), []
+    for size in torch.randint(1, 700, (120,), generator=generator).tolist() + [1] * 300:
+        rows = torch.randn(1, 2, size, 4, generator=generator)
+        store.append(rows, 2 * rows)
+        appended.append(rows)
+        spare = store.keys.shape[-2] - store.length
+        assert 0 <= spare <= max(64, store.length // 4), (store.length, spare)
+    keys, values = store.view()
+    assert torch.equal(keys, torch.cat(appended, dim=-2)) and torch.equal(values, 2 * keys)
