@@ -13,6 +13,7 @@ import lzma
 from typing import Callable
 
 from .archive import archive_type
+from .repo import open_regular
 
 DECOMPRESSORS: dict[str, Callable] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
@@ -33,7 +34,7 @@ def decompressing_reader(path: str, name: str) -> Callable[[int], bytes]:
     opener = DECOMPRESSORS[name.lower()[name.rfind("."):]]
 
     def read(n: int) -> bytes:
-        with opener(path, "rb") as stream:
+        with open_regular(path) as raw, opener(raw, "rb") as stream:
             return stream.read(n)
 
     return read

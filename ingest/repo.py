@@ -20,14 +20,22 @@ from .limits import IngestLimits
 from .results import ERROR, SKIPPED, FileReport
 
 
+def open_regular(path: str):
+    """``path`` opened for reading in binary, refused unless it is a regular file when opened (a FIFO put in its
+    place after it was listed is not waited on)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        f.close()
+        raise OSError("not a regular file")
+    return f
+
+
 def disk_reader(path: str):
     """read(n) for a file on disk; only regular files are opened."""
 
     def read(n: int) -> bytes:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise OSError("not a regular file")
+        with open_regular(path) as f:
             return f.read(n)
 
     return read

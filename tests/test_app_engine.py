@@ -294,7 +294,7 @@ def test_an_answer_that_repeats_itself_is_cut_and_the_context_holds_what_is_show
     assert cut_history.answer_ids == ended_history.answer_ids == tuple(sentence)
     assert repeated.token_ids == plain.token_ids and repeated.length == plain.length == cut.end == ended.end
     assert [(s.start, s.end, s.kind) for s in repeated.spans] == [(s.start, s.end, s.kind) for s in plain.spans]
-    assert repeated.state is plain.state is TurnState.CLOSED
+    assert repeated.state is plain.state is TurnState.CLOSED and repeated.stats.done == len(sentence)
     scripted(monkeypatch, sentence * 3)  # drawn again, from the state the question left: cut the same way
     again = run(repeated.regenerate(settings))
     assert again.finish == "repetition" and again.answer_ids == tuple(sentence)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import bz2
 import gzip
 import lzma
+import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 import ingest
-from ingest.compressed import inner_name
+from ingest.compressed import decompressing_reader, inner_name
 from ingest.limits import IngestLimits
 from ingest_fixtures import report_for
 
@@ -46,7 +48,11 @@ def test_a_compressed_bomb_is_read_no_further_than_the_limit(tmp_path):
     bomb = tmp_path / "zeros.txt.gz"
     bomb.write_bytes(gzip.compress(b"0" * (64 << 20), compresslevel=9))  # 64 MiB in about 64 KiB
     assert bomb.stat().st_size < 200_000
+    tracemalloc.start()
     corpus = ingest.ingest([bomb], limits=IngestLimits(max_file_bytes=1 << 20))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 << 20  # the file is decompressed into at most the limit, not all of it
     report = report_for(corpus, "zeros.txt.gz")
     assert (report.status, report.reason) == ("skipped", "file is larger than the 1.0 MB limit")
     assert report.bytes == (1 << 20) + 1  # one byte past the limit, no more
@@ -88,3 +94,11 @@ def test_a_plan_bounds_a_compressed_file_by_the_limit_it_is_read_to(tmp_path):
     assert item.bytes == packed.stat().st_size and item.note == "compressed: bound from the size limit"
     tokens = sum(c.tokens for c in ingest.ingest([packed], limits=limits).chunks)
     assert packed.stat().st_size < tokens <= item.tokens_upper and item.tokens_upper > 1 << 20
+
+
+def test_a_fifo_put_in_place_of_a_listed_file_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "notes.txt.gz"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        decompressing_reader(str(fifo), fifo.name)(100)
+    assert ingest.ingest([fifo]).reports[0].status == "skipped"  # never listed as a file to read

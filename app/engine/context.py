@@ -373,6 +373,7 @@ class ContextEngine:
             if cancel is not None and cancel.is_set():
                 raise Stopped("the answer")
             logits = self._forward([token], topk=topk)
+        decode_tps = decode_meter.final_rate if decode_meter is not None else 0.0  # the sampling, not what follows
         fed = len(answer) if finish == "eos" else len(answer) - 1  # the last sampled token was never fed
         if cut is not None:
             answer, fed = answer[:cut], 0
@@ -383,8 +384,7 @@ class ContextEngine:
             self._forward(unfed[lo : lo + self.runtime.prefill_chunk], topk=topk)
         self.spans.append(Span(start, self.length, SpanKind.ANSWER))
         self.state, self.carry = TurnState.CLOSED, carry
-        decode_tps = decode_meter.final_rate if decode_meter is not None else 0.0
-        self.stats.decode_tps = decode_tps
+        self.stats.decode_tps, self.stats.done = decode_tps, len(answer)
         yield AnswerResult(
             text=self.format.decode_answer(answer), tokens=len(answer), finish=finish,
             citations=citations, ttft_s=ttft or 0.0, prefill_tps=prefill_tps,
