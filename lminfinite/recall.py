@@ -74,8 +74,7 @@ def recall_topk(
     elif ctx.middle_len:
         q_store = flat_q.to(ctx.middle_k.device)
         for lo in range(0, ctx.middle_len, chunk):
-            keys = ctx.middle_k[..., lo : lo + chunk, :]
-            logits = (q_store @ keys.transpose(-1, -2)).float() * scale
+            logits = _store_logits(q_store, ctx.middle_k[..., lo : lo + chunk, :], scale)
             top = min(k, logits.shape[-1])
             vals, idx = logits.topk(top, dim=-1)
             merge(vals, idx + (n_starting + lo))
@@ -100,6 +99,21 @@ def recall_topk(
         return None
     values = _gather_values(ctx, best_pos, n_starting)
     return Recalled(best_logits, best_pos, values)
+
+
+def _store_logits(query: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
+    """(B, Hkv, R, n) float32 ``scale``·q·kᵀ for rows of a middle store. On the CPU, one matrix product per head:
+    a batched product over the store's rows, which its capacity strides apart per head, takes a slow path
+    (measured on 31.7K keys × 3 heads × 64 dims: 11.5 against 0.66 ms in bfloat16, 1.09 against 0.87 ms in
+    float32)."""
+    if keys.device.type != "cpu":
+        return (query @ keys.transpose(-1, -2)).float() * scale
+    batch, kv_heads, rows, _ = query.shape
+    out = torch.empty((batch, kv_heads, rows, keys.shape[-2]), dtype=query.dtype)
+    for b in range(batch):
+        for h in range(kv_heads):
+            torch.mm(query[b, h], keys[b, h].t(), out=out[b, h])
+    return out.float() * scale
 
 
 def _gather_values(ctx: KeyContext, positions: torch.Tensor, n_starting: int) -> torch.Tensor:
