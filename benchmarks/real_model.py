@@ -67,6 +67,7 @@ def parse_args(argv=None):
     p.add_argument("--context", type=int, default=4 * L, help="speed: context length")
     p.add_argument("--speed-chunks", default=None, help="speed: prefill chunks to compare (default: --chunk)")
     p.add_argument("--speed-from-layers", default=None, help="speed: top-k from these layers (default 5)")
+    p.add_argument("--speed-dtypes", default=None, help="speed: weights of the long-context runs (default float32)")
     p.add_argument("--quant", default="float32,int8,nf4-fp32,nf4-bf16", help="speed/NLL of these weight formats (4K tokens)")
     return p.parse_args(argv)
 

@@ -35,16 +35,16 @@ def peak_mib() -> float:
 
 @torch.inference_mode()
 def long_context(window: int, context: int, chunk: int, threads: int, decode_tokens: int = 32,
-                 topk_from_layer: int = 5, rounds: int = 3) -> dict:
+                 topk_from_layer: int = 5, rounds: int = 3, dtype: str = "float32") -> dict:
     """Prefill ``context`` real tokens with recall off, then decode with recall on (k = 5) and off.
 
-    Recall on is timed twice, side by side from the same prefill: scanning the middle store's bfloat16 copy (the
-    default, scan_copy.py) and scanning its float32 keys (a copy of the cache restored without one), in
-    alternating rounds; both must decode the same tokens."""
+    With float32 weights, recall on is timed twice, side by side from the same prefill: scanning the middle
+    store's bfloat16 copy (the default, scan_copy.py) and scanning its float32 keys (a copy of the cache restored
+    without one), in alternating rounds; both must decode the same tokens. bfloat16 weights keep no copy."""
     from benchmarks.real_nll import real_text_ids
 
     torch.set_num_threads(threads)
-    tokenizer, model = rc.load_real()
+    tokenizer, model = rc.load_real(dtype=getattr(torch, dtype))
     settings = rc.Settings(window=window, prefill_chunk=chunk, topk_from_layer=topk_from_layer)
     ids = real_text_ids(tokenizer, context)
     rss_loaded = rss_mib()
@@ -57,17 +57,21 @@ def long_context(window: int, context: int, chunk: int, threads: int, decode_tok
     prefill_s = sum(times)
     last = max(1, len(times) // 4)
     result = dict(window=window, context=context, chunk=chunk, threads=threads, topk_from_layer=topk_from_layer,
+                  dtype=dtype,
                   prefill_s=round(prefill_s, 2),
                   prefill_tps=round(len(ids) / prefill_s, 1),
                   prefill_tps_last_quarter=round(last * chunk / sum(times[-last:]), 1),
                   rss_loaded_mib=round(rss_loaded, 1), kv_mib={k: round(v / MiB, 1) for k, v in cache.memory().items()})
     result["peak_rss_mib"] = round(peak_mib(), 1)  # before the comparison's second cache
-    without_copy = rc.Settings(window=window, prefill_chunk=chunk, topk_from_layer=topk_from_layer, scan_copy=False)
-    rc.set_topk(model, without_copy, 0)
-    plain = lminfinite.restore_cache(model, *lminfinite.cache_state(cache, copy=False))
-    result["kv_mib_no_scan_copy"] = {k: round(v / MiB, 1) for k, v in plain.memory().items()}
     q_ids = rc.question_ids(tokenizer, "x", QUESTION)
-    runs = {"topk": (cache, settings, 5), "topk_no_scan_copy": (plain, without_copy, 5), "no_topk": (cache, settings, 0)}
+    runs = {"topk": (cache, settings, 5), "no_topk": (cache, settings, 0)}
+    if cache.memory()["middle_scan"]:
+        without_copy = rc.Settings(window=window, prefill_chunk=chunk, topk_from_layer=topk_from_layer,
+                                   scan_copy=False)
+        rc.set_topk(model, without_copy, 0)
+        plain = lminfinite.restore_cache(model, *lminfinite.cache_state(cache, copy=False))
+        result["kv_mib_no_scan_copy"] = {k: round(v / MiB, 1) for k, v in plain.memory().items()}
+        runs["topk_no_scan_copy"] = (plain, without_copy, 5)
     steps: dict[str, list[float]] = {name: [] for name in runs}
     questions: dict[str, list[float]] = {name: [] for name in runs}
     tokens: dict[str, list[int]] = {}
@@ -92,7 +96,8 @@ def long_context(window: int, context: int, chunk: int, threads: int, decode_tok
         result[f"decode_{name}_ms"] = round(1000 * median, 1)
         result[f"decode_{name}_tps"] = round(1 / median, 1)
         result[f"question_{name}_s"] = round(statistics.median(questions[name]), 2)
-    result["scan_copy_same_tokens"] = tokens["topk"] == tokens["topk_no_scan_copy"]
+    if "topk_no_scan_copy" in tokens:
+        result["scan_copy_same_tokens"] = tokens["topk"] == tokens["topk_no_scan_copy"]
     return result
 
 
@@ -156,11 +161,13 @@ def run(args, results) -> None:
     saved = json.loads(path.read_text()) if path.is_file() else {}
     chunks = [int(c) for c in str(getattr(args, "speed_chunks", None) or args.chunk).split(",") if int(c) > 0]
     from_layers = [int(x) for x in str(getattr(args, "speed_from_layers", None) or 5).split(",")]
-    for chunk, from_layer in [(c, f) for c in chunks for f in from_layers]:
-        key = f"long W={args.window} chunk={chunk}" + (f" from={from_layer}" if from_layer != 5 else "")
+    dtypes = str(getattr(args, "speed_dtypes", None) or "float32").split(",")
+    for chunk, from_layer, dtype in [(c, f, d) for c in chunks for f in from_layers for d in dtypes]:
+        key = (f"long W={args.window} chunk={chunk}" + (f" from={from_layer}" if from_layer != 5 else "")
+               + (f" {dtype}" if dtype != "float32" else ""))
         print(f"speed: {key}", flush=True)
         saved[key] = _subprocess("long_context", window=args.window, context=args.context, chunk=chunk,
-                                 threads=args.threads, topk_from_layer=from_layer)
+                                 threads=args.threads, topk_from_layer=from_layer, dtype=dtype)
         print(saved[key], flush=True)
         path.write_text(json.dumps(saved, indent=1))
     for fmt in [f for f in args.quant.split(",") if f]:
@@ -198,17 +205,19 @@ def section(results) -> str | None:
                 return "the two scans decoded different tokens from layer " + ", ".join(differ)
             return f"the two scans decoded the same tokens in all {len(compared)} runs"
 
-        rows = [[f"{r['context']:,}", f"{r['window']:,}", str(r["chunk"]), str(r.get("topk_from_layer", 5)),
+        rows = [[r.get("dtype", "float32"), f"{r['context']:,}", f"{r['window']:,}", str(r["chunk"]),
+                 str(r.get("topk_from_layer", 5)),
                  f"{r['prefill_tps']:,.0f}", f"{r['prefill_tps_last_quarter']:,.0f}", decode(r, "topk"),
                  decode(r, "topk_no_scan_copy"), decode(r, "no_topk"), kv(r["kv_mib"]),
                  kv(r.get("kv_mib_no_scan_copy")), f"{r['peak_rss_mib']:,.0f}"]
                 for r in longs]
-        parts.append("**Long context, CPU, 2 threads, float32**: the documents prefilled with top-k off, then the "
-                     "answer decoded with top-k on (k = 5), as in the app: recall scanning the middle keys' bfloat16 "
-                     "copy (the default, `lminfinite/scan_copy.py`) and, from a copy of the same cache without one, "
-                     "scanning the float32 keys; then top-k off. Decode: median of 3 alternating rounds of 32 tokens "
+        parts.append("**Long context, CPU, 2 threads**: the documents prefilled with top-k off, then the "
+                     "answer decoded with top-k on (k = 5), as in the app. With float32 weights recall scans the "
+                     "middle keys' bfloat16 copy (the default, `lminfinite/scan_copy.py`) and, from a copy of the "
+                     "same cache without one, the float32 keys; bfloat16 weights scan their own keys and keep no "
+                     "copy. Then top-k off. Decode: median of 3 alternating rounds of 32 tokens "
                      f"each; {same_tokens(longs)}. Peak RSS: after the prefill.\n\n" + markdown_table(
-                         ["context", "W", "chunk", "top-k from layer", "prefill tok/s", "prefill tok/s, last quarter",
+                         ["weights", "context", "W", "chunk", "top-k from layer", "prefill tok/s", "prefill tok/s, last quarter",
                           "decode tok/s, top-k on", "decode tok/s, top-k on, float32 scan", "decode tok/s, top-k off",
                           "KV cache MiB", "KV cache MiB, no scan copy", "peak RSS MiB"], rows))
     fmts = [v for k, v in saved.items() if k.startswith("format")]
@@ -239,6 +248,7 @@ if __name__ == "__main__":
     p.add_argument("--quant", default="float32,int8,nf4-fp32,nf4-bf16")
     p.add_argument("--speed-chunks", default=None)
     p.add_argument("--speed-from-layers", default=None)
+    p.add_argument("--speed-dtypes", default=None, help="weights of the long-context runs (default float32)")
     from pathlib import Path
 
     run(p.parse_args(), Path(__file__).resolve().parent / "results")

@@ -63,7 +63,8 @@ def runtime():
     torch.manual_seed(0)
     directory = str(model_dir())
     # One thread: on a small shared machine, more threads only spin against each other.
-    yield load_runtime(AppConfig(model=directory, prefill_chunk=64, cpu_threads=1), ModelChoice(directory, "test"))
+    yield load_runtime(AppConfig(model=directory, prefill_chunk=64, cpu_threads=1, dtype="float32"),
+                       ModelChoice(directory, "test"))
     torch.set_num_threads(threads)
 
 

@@ -282,6 +282,13 @@ def test_a_downloaded_workspace_imports_on_another_server_and_a_foreign_one_is_r
             there.import_workspace(downloaded, request("import-3"))
     finally:
         there.runtime.name = real_name
+    there.runtime.dtype = torch.bfloat16  # the same model run in another dtype: the message says which to start with
+    try:
+        with pytest.warns(UserWarning, match="made with the model in float32, this server runs it in bfloat16; "
+                                             "open it on a server started with --dtype float32"):
+            there.import_workspace(downloaded, request("import-4"))
+    finally:
+        there.runtime.dtype = torch.float32
 
 
 def rewrite_record(source, target, edit):

@@ -44,18 +44,25 @@ def model_identity(runtime: ModelRuntime) -> dict:
     digest = hashlib.sha256(runtime.model.config.to_json_string(use_diff=False).encode())
     digest.update(embedding[:4].detach().float().cpu().numpy().tobytes())
     config = runtime.lm_config
-    return {"model": runtime.name, "fingerprint": digest.hexdigest()[:32], "window": config.window_,
-            "n_starting": config.n_starting, "topk_from_layer": config.topk_from_layer}
+    return {"model": runtime.name, "dtype": str(runtime.dtype).removeprefix("torch."),
+            "fingerprint": digest.hexdigest()[:32], "window": config.window_, "n_starting": config.n_starting,
+            "topk_from_layer": config.topk_from_layer}
 
 
 def check_identity(saved: dict, runtime: ModelRuntime) -> None:
     """Refuse a context made with another model or setting, naming what differs."""
     current = model_identity(runtime)
     for key, value in current.items():
+        if key == "dtype" and key not in saved:  # saved before the dtype was recorded: the fingerprint tells
+            continue
         if saved.get(key) != value:
+            if key == "dtype":
+                raise ContextMismatch(f"this context was made with the model in {saved[key]}, this server runs it "
+                                      f"in {value}; open it on a server started with --dtype {saved[key]}")
             what = "model" if key in ("model", "fingerprint") else f"LM-Infinite setting {key}"
-            raise ContextMismatch(f"this context was made with another {what} ({saved.get(key)!r}, this server "
-                                  f"runs {value!r}); open it on a server running the same model and settings")
+            also = " (or the same model in another dtype: --dtype)" if key == "fingerprint" else ""
+            raise ContextMismatch(f"this context was made with another {what}{also} ({saved.get(key)!r}, this "
+                                  f"server runs {value!r}); open it on a server running the same model and settings")
 
 
 class Prefixed(Mapping):

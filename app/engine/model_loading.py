@@ -19,6 +19,7 @@ import lminfinite
 
 from ..cli import DEMO_MODEL_DIR, LLAMA2_CHAT, AppConfig
 from . import bundled_model
+from .cpu_dtype import default_cpu_dtype
 from .runtime import ExclusiveCudaGraph, ModelRuntime
 
 log = logging.getLogger(__name__)
@@ -85,12 +86,13 @@ def choose_model(config: AppConfig, cuda_available: bool | None = None) -> Model
     return from_gguf(gguf, f"the default real model: {why}")
 
 
-def resolve_dtype(config: AppConfig, on_cuda: bool) -> torch.dtype:
+def resolve_dtype(config: AppConfig, on_cuda: bool) -> tuple[torch.dtype, str]:
+    """The model's dtype, and why where ``--dtype auto`` chose it on the CPU (cpu_dtype.py), else ""."""
     if config.dtype != "auto":
-        return getattr(torch, config.dtype)
+        return getattr(torch, config.dtype), ""
     if on_cuda:
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
+        return (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16), ""
+    return default_cpu_dtype()
 
 
 def quantization_config(kind: str, compute_dtype: torch.dtype):
@@ -127,7 +129,7 @@ def load_runtime(config: AppConfig, choice: ModelChoice | None = None) -> ModelR
         torch.set_num_threads(config.cpu_threads)
     on_cuda = torch.cuda.is_available() and not config.device.startswith("cpu")
     quant = config.quantization or ("4bit" if on_cuda and choice.name_or_path == LLAMA2_CHAT else "none")
-    dtype = resolve_dtype(config, on_cuda)
+    dtype, why_dtype = resolve_dtype(config, on_cuda)
     kwargs: dict = {"dtype": dtype}
     if quant != "none":
         kwargs["quantization_config"] = quantization_config(quant, dtype)
@@ -149,7 +151,8 @@ def load_runtime(config: AppConfig, choice: ModelChoice | None = None) -> ModelR
     short = choice.display_name or (Path(name).name if os.path.isdir(name) else name)
     return ModelRuntime(
         model=model, tokenizer=tokenizer, ingest_tokenizer=ingest_tokenizer, name=short,
-        notice=f"Model: {short} ({choice.reason}); {quant_label(quant)}, {str(dtype).removeprefix('torch.')}",
+        notice=(f"Model: {short} ({choice.reason}); {quant_label(quant)}, {str(dtype).removeprefix('torch.')}"
+                + (f" ({why_dtype})" if why_dtype else "")),
         lm_config=resolved, prefill_chunk=config.prefill_chunk, offload_middle=config.offload_middle,
         quantization=quant, dtype=dtype, graph_recorder=ExclusiveCudaGraph if on_cuda and config.cuda_graphs else None,
     )
