@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from .head_products import head_products
 from .scan_copy import ScanKeys
 
 # Where scanning the copy pays, measured on CPU for a decode step's recall in one layer (3 key heads of 64
@@ -57,10 +58,7 @@ def scan_topk(query: torch.Tensor, keys: torch.Tensor, scan: ScanKeys, *, k: int
         return None
     most = min(n, max(k, budget // (cells * dim)))  # candidates whose float32 keys fit in the budget
     low = query.detach().to(torch.bfloat16)
-    scanned = torch.empty((batch, kv_heads, rows, n), dtype=torch.bfloat16, device=query.device)
-    for b in range(batch):  # one matrix product per head: the copy's heads are strided by its capacity
-        for h in range(kv_heads):
-            torch.mm(low[b, h], scan.keys_t[b, h], out=scanned[b, h])
+    scanned = head_products(low, scan.keys_t)
     slack = _row_slack(query.detach(), low, scan)
     count = min(most, max(FIRST_CANDIDATES, 4 * k))
     while True:
