@@ -58,7 +58,7 @@ def scan_topk(query: torch.Tensor, keys: torch.Tensor, scan: ScanKeys, *, k: int
         return None
     most = min(n, max(k, budget // (cells * dim)))  # candidates whose float32 keys fit in the budget
     low = query.detach().to(torch.bfloat16)
-    scanned = head_products(low, scan.keys_t)
+    scanned = head_products(low, scan.keys_t.transpose(-1, -2))
     slack = _row_slack(query.detach(), low, scan)
     count = min(most, max(FIRST_CANDIDATES, 4 * k))
     while True:

@@ -75,9 +75,7 @@ def recall_topk(
     elif ctx.middle_len:
         q_store = flat_q.to(ctx.middle_k.device)
         for lo in range(0, ctx.middle_len, chunk):
-            logits = _store_logits(q_store, ctx.middle_k[..., lo : lo + chunk, :], scale)
-            top = min(k, logits.shape[-1])
-            vals, idx = logits.topk(top, dim=-1)
+            vals, idx = _store_topk(q_store, ctx.middle_k[..., lo : lo + chunk, :], k, scale)
             merge(vals, idx + (n_starting + lo))
 
     # 2) Tokens still in `recent` that fall out of the window of some query in this block.
@@ -102,12 +100,20 @@ def recall_topk(
     return Recalled(best_logits, best_pos, values)
 
 
-def _store_logits(query: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
-    """(B, Hkv, R, n) float32 ``scale``·q·kᵀ for rows of a middle store: head by head on the CPU
-    (head_products.py says why); a batched product on other devices, and under autograd (``out=`` has no grad)."""
+def _store_topk(query: torch.Tensor, keys: torch.Tensor, k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (up to) ``k`` largest float32 logits ``scale``·q·k of each query row (B, Hkv, R, D) over rows of a
+    middle store (B, Hkv, n, D), and their indices there.
+
+    Selected among the products in their own dtype, and only the winners widened and scaled: with scale > 0,
+    widening and scaling keep the order (two different bfloat16 values stay different in float32), and it
+    spares a float32 pass over every product. Head by head on the CPU (head_products.py says why); a batched
+    product on other devices, and under autograd (``out=`` has no grad)."""
     if keys.device.type != "cpu" or (query.requires_grad and torch.is_grad_enabled()):
-        return (query @ keys.transpose(-1, -2)).float() * scale
-    return head_products(query, keys.transpose(-1, -2)).float() * scale
+        products = query @ keys.transpose(-1, -2)
+    else:
+        products = head_products(query, keys)
+    vals, idx = products.topk(min(k, products.shape[-1]), dim=-1)
+    return vals.float() * scale, idx
 
 
 def _gather_values(ctx: KeyContext, positions: torch.Tensor, n_starting: int) -> torch.Tensor:
