@@ -66,6 +66,14 @@ ARCHIVE_EXTENSIONS = {".zip", ".jar", ".war", ".whl", ".egg", ".apk", ".tar", ".
                       ".zst", ".7z", ".rar", ".lz", ".lzma", ".iso", ".dmg", ".deb", ".rpm", ".nupkg"}
 
 
+def archive_reason(suffix: str, compressed: bool) -> str:
+    """Why an explicitly picked archive that is not read as a repository is skipped: a format we do not list,
+    or a .zip or .tar compressed once more on its own (repo.zip.gz), whose inside we do not list either."""
+    if compressed and suffix in (".zip", ".tar"):
+        return f"a {suffix} compressed again; upload the {suffix} itself"
+    return f"unsupported archive format ({suffix}); upload repositories as .zip, .tar, .tar.gz or .tgz"
+
+
 def dir_skip_reason(name: str) -> str | None:
     """Reason to skip a whole folder by its name, or None to walk it."""
     if name in VCS_DIRS:

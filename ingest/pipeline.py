@@ -22,7 +22,7 @@ from .compressed import decompressing_reader, inner_name
 from .corpus import Corpus, CorpusBuilder
 from .documents import Document, Section, page_header
 from .entries import FileEntry, Listing
-from .filters import ARCHIVE_EXTENSIONS, BINARY_EXTENSIONS, unsupported_document_reason
+from .filters import ARCHIVE_EXTENSIONS, BINARY_EXTENSIONS, archive_reason, unsupported_document_reason
 from .formats import HTML_EXTENSIONS, NOTEBOOK_EXTENSIONS, html_declared_charset, html_to_text, notebook_to_text
 from .git_url import CloneRefused, check_https_url, clone_https, looks_like_url, repo_name
 from .languages import language_for, language_from_shebang
@@ -173,8 +173,7 @@ class _Run:
         if entry.explicit and suffix in BINARY_EXTENSIONS:
             return unsupported_document_reason(suffix) or f"binary file ({suffix})"
         if entry.explicit and suffix in ARCHIVE_EXTENSIONS:
-            return (f"unsupported archive format ({suffix}); upload repositories as .zip, .tar, "
-                    ".tar.gz or .tgz")
+            return archive_reason(suffix, entry.compressed)
         if self.files_read >= limits.max_files:
             return f"file limit reached ({limits.max_files} files)"
         if entry.size > cap:

@@ -35,7 +35,7 @@ from typing import Iterable, NamedTuple, Union
 
 from .documents import file_header
 from .entries import FileEntry
-from .filters import ARCHIVE_EXTENSIONS, BINARY_EXTENSIONS
+from .filters import ARCHIVE_EXTENSIONS, BINARY_EXTENSIONS, archive_reason
 from .git_url import looks_like_url
 from .languages import language_for
 from .limits import IngestLimits
@@ -118,7 +118,7 @@ def _skip_reason(entry: FileEntry, limits: IngestLimits, files: int, total: int)
     if entry.explicit and suffix in BINARY_EXTENSIONS:
         return f"binary file ({suffix})"
     if entry.explicit and suffix in ARCHIVE_EXTENSIONS:
-        return f"unsupported archive format ({suffix})"
+        return archive_reason(suffix, entry.compressed)
     if files >= limits.max_files:
         return f"file limit reached ({limits.max_files} files)"
     cap = limits.max_pdf_bytes if suffix == ".pdf" else limits.max_file_bytes

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import lzma
 import os
 import tracemalloc
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,18 @@ def test_damaged_compressed_files_are_errors_and_the_others_are_read(tmp_path):
     assert statuses["cut.txt.gz"][0] == statuses["junk.txt.xz"][0] == "error"
     assert all(reason.startswith("cannot read: ") for _, reason in (statuses["cut.txt.gz"], statuses["junk.txt.xz"]))
     assert statuses["good.txt.gz"] == ("ingested", "")
+
+
+def test_a_repository_archive_compressed_again_is_skipped_with_what_to_upload(tmp_path):
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w") as archive:
+        archive.writestr("src/main.py", "print('hello')\n")
+    doubled = tmp_path / "repo.zip.gz"
+    doubled.write_bytes(gzip.compress(packed.getvalue()))
+    [report] = ingest.ingest([doubled]).reports
+    assert (report.status, report.reason) == ("skipped", "a .zip compressed again; upload the .zip itself")
+    [item] = ingest.plan([doubled])
+    assert (item.tokens_upper, item.note) == (0, f"skipped: {report.reason}")
 
 
 def test_which_names_are_single_compressed_files():
