@@ -307,6 +307,27 @@ def test_an_answer_that_repeats_itself_is_cut_and_the_context_holds_what_is_show
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
 
 
+def test_an_answer_that_repeats_mid_sentence_is_cut_back_to_its_last_whole_sentence(runtime, monkeypatch):
+    """"The author is Thomas Leonard. He wrote the spec and the key … and he wrote the spec …": the repeat begins
+    mid-sentence, and the answer kept (and read into the context) is the first sentence alone."""
+    probe = new_engine(runtime)
+    tokenizer, end = probe.format.tokenizer, probe.format.end_of_turn
+    whole = tokenizer.encode(" The author is Thomas Leonard.", add_special_tokens=False)
+    unended = tokenizer.encode(" He wrote the spec and the pass key is 71432 and then he", add_special_tokens=False)
+    assert len(unended) > 16  # longer than LoopGuard's n-gram
+    settings = dataclasses.replace(GREEDY, max_new_tokens=4 * (len(whole) + len(unended)))
+    engines = [new_engine(runtime), new_engine(runtime)]
+    for engine, said in zip(engines, [[*whole, *unended, *unended, *unended], [*whole, end]]):
+        run(engine.feed_documents(pdf_like()))
+        scripted(monkeypatch, said)
+        answer(engine, "Who wrote it?", settings)
+    repeated, plain = engines
+    assert repeated.history[-1].answer_ids == plain.history[-1].answer_ids == tuple(whole)
+    assert repeated.token_ids == plain.token_ids and repeated.stats.done == len(whole)
+    logits = [runtime.forward([5], engine.cache, topk=5) for engine in engines]
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
 def test_forget_conversation_keeps_documents(runtime):
     engine = new_engine(runtime)
     run(engine.feed_documents(pdf_like()))

@@ -194,6 +194,21 @@ def test_loop_guard_stops_an_answer_that_repeats_itself_and_says_where_the_repea
         .endswith("9 tokens · cut where the answer began to repeat itself</sub>")
 
 
+def test_a_cut_answer_keeps_its_whole_sentences_or_lines():
+    from app.engine.generation import whole_sentences
+
+    def kept(pieces):
+        return "".join(pieces[: whole_sentences(pieces, "".join)])
+
+    assert kept(["The author", " is Thomas", " Leonard.", "\n\n", "The document", " is not"]) \
+        == "The author is Thomas Leonard."  # the blank lines after it go too
+    assert kept(["It said \"", "yes.", "\"", " and then", " it"]) == "It said \"yes.\""
+    assert kept(["**Leonard", ".**", " He also"]) == "**Leonard.**"
+    assert kept(["Steps:", "\n", "1.", " Open the"]) == "Steps:"  # a list number ends no sentence
+    assert kept(["Is it", " 7?", " ", " Or"]) == "Is it 7?"
+    assert kept(["no end", " anywhere", " here"]) == "no end anywhere here"  # nothing to go back to: all kept
+
+
 def test_greedy_top_p_and_repetition_penalty():
     logits = torch.tensor([1.0, 3.0, 2.9, -5.0])
     assert next_token(logits, [], GenerationSettings(temperature=0)) == 1

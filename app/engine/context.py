@@ -22,7 +22,7 @@ from ingest import Provenance
 
 from .chat_format import Carry, ChatFormat, TurnState
 from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, cite
-from .generation import GenerationSettings, LoopGuard, next_token
+from .generation import GenerationSettings, LoopGuard, next_token, whole_sentences
 from .history import DocumentsFed, Exchange
 from .metrics import LiveStats, RateMeter
 from .runtime import ModelRuntime, is_out_of_memory
@@ -334,8 +334,9 @@ class ContextEngine:
         """Sample from ``after_question`` (the state the question's prefill left) until </s>, max tokens or a
         repeat, feeding each token back; then close the answer with </s>.
 
-        An answer that began to repeat itself is cut where the repeat began, and the context goes back to
-        ``after_question`` and reads the kept answer again: it holds what the user is shown, no more.
+        An answer that began to repeat itself is cut where the repeat began (back to the end of its last whole
+        sentence), and the context goes back to ``after_question`` and reads the kept answer again: it holds
+        what the user is shown, no more.
         """
         logits = after_question.logits
         topk = settings.answer_topk
@@ -376,7 +377,7 @@ class ContextEngine:
         decode_tps = decode_meter.final_rate if decode_meter is not None else 0.0  # the sampling, not what follows
         fed = len(answer) if finish == "eos" else len(answer) - 1  # the last sampled token was never fed
         if cut is not None:
-            answer, fed = answer[:cut], 0
+            answer, fed = answer[: whole_sentences(answer[:cut], self.format.decode_answer)], 0
             self._restore(after_question)
         closing, carry = self.format.close_answer(answer, self.carry)
         unfed = [*answer[fed:], *closing]

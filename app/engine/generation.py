@@ -7,7 +7,9 @@ transformers' own logits processors, the ones ``generate()`` uses, applied to on
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 from transformers.generation.logits_process import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
@@ -103,3 +105,28 @@ class LoopGuard:
             return len(answer) - self.n
         self._seen.add(gram)
         return None
+
+
+SENTENCE_ENDS = (".", "!", "?", "…", "。", "！", "？")
+CLOSERS = "\"')]}”’»*`"  # after a sentence's end mark: "…it said." (see p. 3). **Bold.**
+LIST_MARKER = re.compile(r"(?:^|\n)[ \t]*\d+\.$")  # "2." opening a numbered item ends no sentence
+
+
+def whole_sentences(answer: Sequence[int], decode: Callable[[Sequence[int]], str]) -> int:
+    """How much of ``answer`` (a token count) to keep when it is cut short mid-way: up to the end of its last
+    whole sentence or line, without the blank space after it, so the user is not left with "The document is
+    not"; all of it where no sentence or line ends in it. ``decode`` turns tokens into text."""
+    for keep in range(len(answer), 0, -1):
+        text = decode(answer[:keep])
+        if _ends_a_sentence_or_line(text):
+            while keep > 1 and decode(answer[: keep - 1]).rstrip() == text.rstrip():
+                keep -= 1
+            return keep
+    return len(answer)
+
+
+def _ends_a_sentence_or_line(text: str) -> bool:
+    if text.rstrip(" \t").endswith("\n"):
+        return True
+    text = text.rstrip().rstrip(CLOSERS)
+    return text.endswith(SENTENCE_ENDS) and not LIST_MARKER.search(text)
