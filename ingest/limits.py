@@ -9,6 +9,7 @@ may tighten them per request.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from .units import GiB, KiB, MiB
 
@@ -57,4 +58,8 @@ class IngestLimits:
                 raise ValueError(f"IngestLimits.{name} must be >= 0, got {value!r}")
         if self.max_zip_ratio < 1:
             raise ValueError("IngestLimits.max_zip_ratio must be >= 1")
+
+    def file_cap(self, name: str) -> int:
+        """The most bytes one file called ``name`` is read to: PDFs have their own, larger bound."""
+        return self.max_pdf_bytes if PurePosixPath(name).suffix.lower() == ".pdf" else self.max_file_bytes
 

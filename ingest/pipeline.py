@@ -149,7 +149,7 @@ class _Run:
 
     def read_into(self, entry: FileEntry, report: FileReport) -> None:
         suffix = PurePosixPath(entry.rel).suffix.lower()
-        cap = self.limits.max_pdf_bytes if suffix == ".pdf" else self.limits.max_file_bytes
+        cap = self.limits.file_cap(entry.rel)
         if (reason := self.refusal_before_reading(entry, suffix, cap)) is not None:
             report.reason = reason
             return

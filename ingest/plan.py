@@ -100,8 +100,7 @@ def plan(sources: Iterable[Source] | Source, *, limits: IngestLimits | None = No
                 total += item.size
                 pdf = PurePosixPath(item.rel).suffix.lower() == ".pdf"
                 if item.compressed:  # it may expand to anything up to the limit it is read to
-                    cap = limits.max_pdf_bytes if pdf else limits.max_file_bytes
-                    items.append(PlanItem(path, item.size, cap + _header_bytes(path),
+                    items.append(PlanItem(path, item.size, limits.file_cap(item.rel) + _header_bytes(path),
                                           f"{'PDF, ' if pdf else ''}compressed: bound from the size limit"))
                     continue
                 bound = item.size + _header_bytes(path)
@@ -121,7 +120,7 @@ def _skip_reason(entry: FileEntry, limits: IngestLimits, files: int, total: int)
         return archive_reason(suffix, entry.compressed)
     if files >= limits.max_files:
         return f"file limit reached ({limits.max_files} files)"
-    cap = limits.max_pdf_bytes if suffix == ".pdf" else limits.max_file_bytes
+    cap = limits.file_cap(entry.rel)
     if entry.size > cap:
         return f"file is {human_bytes(entry.size)}, over the {human_bytes(cap)} limit"
     if total + entry.size > limits.max_total_bytes:

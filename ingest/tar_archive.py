@@ -126,7 +126,7 @@ def _prefetch_cap(info: tarfile.TarInfo, limits: IngestLimits, prefetch: bool) -
         return None
     if name == ".gitignore":
         return MAX_IGNORE_FILE_BYTES
-    return limits.max_pdf_bytes if name.lower().endswith(".pdf") else limits.max_file_bytes
+    return limits.file_cap(name)
 
 
 class _TarReader:
