@@ -76,6 +76,11 @@ class AppConfig:
                               at_least=1)
     topk: int = flag(5, "middle tokens recalled per head while answering; 0 turns recall off by default "
                      "(default: 5)", group=LM_INFINITE, type=int, at_least=0)
+    quote: bool = flag(True, group=LM_INFINITE, switches={
+        "--no-quote": (False, "answer from the question read with recall, rather than quoting the top source "
+                              "before the question and answering without recall (the default doubles the right "
+                              "answers of SmolLM2 on the benchmark's documents; app/engine/quoting.py)"),
+    })
     # None: lminfinite.suggested_topk_from_layer (5 for Llama-2, 1 for the demo)
     topk_from_layer: int | None = flag(None, "first layer that recalls middle tokens (default: 5 for 30+ layers as "
                                        "in the paper, 1 for the demo model)", group=LM_INFINITE, type=int, at_least=0)

@@ -3,7 +3,10 @@
 Each document is ingested (``ingest.ingest``) and prefilled once in the app's prompt with top-k recall off;
 every question is then answered from a snapshot of that cache, rolled back after each answer:
 
-- ``lminfinite``: recall off; ``lminfinite_topk``: recall on (the app's setting);
+- ``lminfinite``: recall off; ``lminfinite_topk``: recall on while the question is read and answered;
+- ``lminfinite_quote`` (the app's default): the question read with recall ranks the sources; then the first
+  source's densest ``quote_size(W)`` tokens, then the question, are read and answered with recall off
+  (``app.engine.quoting``, the same code);
 - ``truncate``: the unpatched model on the last ``W`` tokens (the last ``W - TRUNCATE_ROOM`` document
   tokens, shared by the document's questions, then the question).
 
@@ -29,9 +32,12 @@ from dataclasses import dataclass, field
 import torch
 
 from app.engine.citations import NEUTRAL_QUESTION, RecallTally, content_token_ids, relevance
+from app.engine.quoting import densest_window, quote_size, quoted_question
+from ingest.results import citation_label
 from benchmarks import real_common as rc
 
 MAX_NEW_TOKENS = 32
+ANSWERS = ("truncate", "lminfinite", "lminfinite_topk", "lminfinite_quote")  # the ways of answering compared
 TRUNCATE_ROOM = 96  # tokens left for the question in the truncation baseline's W
 
 
@@ -156,6 +162,11 @@ def run_document(model, tokenizer, path: str, questions, settings: rc.Settings, 
         record["lminfinite_topk"] = tokenizer.decode(ids, skip_special_tokens=True)
         cache.rollback(snap)
         rc.set_topk(model, settings, 0)
+        app_scores = relevance(on_question, neutral, is_content)
+        record["lminfinite_quote"] = (record["lminfinite_topk"] if not rank_passages(app_scores, positions) else
+                                      _quoted_answer(model, tokenizer, cache, settings, corpus, context, positions,
+                                                     pages, app_scores, q.question))
+        cache.rollback(snap)
         for name, scores in (("cite_decode", relevance(on_decode, None, every)),
                              ("cite_decode_content", relevance(on_decode, None, is_content)),
                              ("cite_question", relevance(on_question, None, is_content)),
@@ -179,10 +190,25 @@ def run_document(model, tokenizer, path: str, questions, settings: rc.Settings, 
                                               skip_special_tokens=True)
         cache.crop(mark - cache.get_seq_length())
     for q, record in zip(questions, records):
-        for method in ("truncate", "lminfinite", "lminfinite_topk"):
+        for method in ANSWERS:
             record[method + "_correct"] = is_correct(record[method], q.answers)
     rc.set_topk(model, settings, 0)
     return records
+
+
+def _quoted_answer(model, tokenizer, cache, settings: rc.Settings, corpus, context: list[int], positions: PositionMap,
+                   pages, scores: dict[int, float], question: str) -> str:
+    """The app's answer (``ContextEngine.ask`` with quoting): its first source's densest part quoted before the
+    question, read and answered with recall off (the caller rolls the cache back)."""
+    (_, passage), _ = rank_passages(scores, positions)[0]
+    lo, hi = densest_window(scores, *pages[passage], quote_size(settings.window))
+    found = corpus.locate(positions.token_chars[lo] - positions.doc_char)
+    where = (citation_label(found.source, found.page, found.page_label) if found.page is not None
+             else citation_label(found.source, line_start=passage[0], line_end=passage[1]))
+    text = quoted_question(where, tokenizer.decode(context[lo:hi], skip_special_tokens=True), question)
+    logits = rc.feed(model, cache, rc.question_ids(tokenizer, corpus.text, text), settings.prefill_chunk)
+    return tokenizer.decode(rc.greedy(model, cache, logits, tokenizer.eos_token_id, MAX_NEW_TOKENS),
+                            skip_special_tokens=True)
 
 
 def run(args, results) -> None:
@@ -214,8 +240,10 @@ def section_for(records: list[dict]) -> str | None:
     rows = [["questions", *[str(len(g)) for g in groups]],
             ["context tokens", *[f"{g[0]['context_tokens']:,}" for g in groups[:-1]], "–"]]
     rows += _correct_rows(groups, window) + _citation_rows(records, groups)
-    detail_header = ["document", "question", "answer at", "truncate", "top-k off", "top-k", "cited (share)"]
-    detail = [_detail_row(r) for r in records]
+    quoting = all("lminfinite_quote" in r for r in records)
+    detail_header = ["document", "question", "answer at", "truncate", "top-k off", "top-k",
+                     *(["top source quoted (app)"] if quoting else []), "cited (share)"]
+    detail = [_detail_row(r, quoting) for r in records]
     return (f"**Document QA with citations** ({len(records)} questions with short known answers, W = {window:,}, "
             f"top-k = 5 from layer 5, answers of at most {MAX_NEW_TOKENS} tokens; questions in "
             "`benchmarks/docqa_set.py`; correct = an expected regex matches the answer; cited passage: the PDF "
@@ -237,8 +265,11 @@ def _correct_rows(groups: list[list[dict]], window: int) -> list[list[str]]:
     rows = []
     for method, label in (("truncate", f"correct: truncate (last {window:,} tokens)"),
                           ("lminfinite", "correct: LM-Infinite, top-k off"),
-                          ("lminfinite_topk", "correct: LM-Infinite + top-k (app)")):
-        rows.append([label, *[_pct(r[method + "_correct"] for r in g) for g in groups]])
+                          ("lminfinite_topk", "correct: LM-Infinite + top-k while answering"),
+                          ("lminfinite_quote", "correct: LM-Infinite, top-k reads the question, its top source "
+                                               "quoted (app)")):
+        if all(method + "_correct" in r for g in groups for r in g):  # older runs did not quote
+            rows.append([label, *[_pct(r[method + "_correct"] for r in g) for g in groups]])
     return rows
 
 
@@ -273,12 +304,13 @@ def _mark(ok) -> str:
     return "✓" if ok else "✗"
 
 
-def _detail_row(r: dict) -> list[str]:
+def _detail_row(r: dict, quoting: bool) -> list[str]:
     """One question of the per-question table: its answers marked right or wrong, and its top cited passages."""
     where = ", ".join(map(str, r["pages"])) or "l. " + ", ".join(map(str, r.get("lines", [])))
+    quoted = [_mark(r["lminfinite_quote_correct"]) + " " + _short(r["lminfinite_quote"])] if quoting else []
     return [r["document"].split("-")[0].split(".")[0], r["question"].replace("|", "\\|"), where,
             _mark(r["truncate_correct"]), _mark(r["lminfinite_correct"]),
-            _mark(r["lminfinite_topk_correct"]) + " " + _short(r["lminfinite_topk"]),
+            _mark(r["lminfinite_topk_correct"]) + " " + _short(r["lminfinite_topk"]), *quoted,
             ", ".join(f"{_passage(p)} ({s:.0%})" for p, s in r.get("cite_app", r["cite_decode"])[:3])]
 
 

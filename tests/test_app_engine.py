@@ -15,13 +15,17 @@ from app.cli import AppConfig
 from app.engine.context import AnswerDelta, AnswerResult, ContextEngine, ContextFull, ContextOutOfMemory, EngineError, Stopped
 from app.engine.citations import NEUTRAL_QUESTION
 from app.engine.generation import GenerationSettings
+from app.engine.history import Exchange
+from app.engine.quoting import quoted_question
 from app.engine.model_loading import ModelChoice, load_runtime
 from ingest import Provenance
 from app_fixtures import FILLER, model_dir
 
-GREEDY = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=True, topk=5)
+# The answer's own recall path; QUOTING (the app's default) quotes the top source and answers without recall.
+GREEDY = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=True, topk=5, quote=False)
+QUOTING = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=True, topk=5, quote=True)
 # Sampling at temperature 2 rambles on instead of ending after one sentence: room to stop mid-answer.
-RAMBLE = GenerationSettings(temperature=2.0, top_p=1.0, max_new_tokens=200)
+RAMBLE = GenerationSettings(temperature=2.0, top_p=1.0, max_new_tokens=200, quote=False)
 SYSTEM = "You are a helpful assistant. Answer questions about the document."
 
 
@@ -483,3 +487,70 @@ def test_answers_without_recall_replay_recorded_steps_and_say_the_same(runtime):
     assert graphed._decoder.recordings == 4 and graphed._decoder._recorded_with is None
     graphed.close()
     assert graphed._decoder is None
+
+
+# -- quoting the top source (quoting.py) ---------------------------------------------------------------
+def test_a_quoted_answer_comes_from_the_quote_and_leaves_only_its_question_and_answer(runtime):
+    question = "What is the pass key?"
+    engine, alone, replayed = new_engine(runtime), new_engine(runtime), new_engine(runtime)
+    for each in (engine, alone, replayed):
+        run(each.feed_documents(pdf_like(pages=10)))
+    before, forwarded = engine.length, runtime.tokens_forwarded
+    read = {text: sum(len(p.ids) for p in engine._question_pieces(text)) for text in (question, NEUTRAL_QUESTION)}
+    result = answer(engine, question, QUOTING)
+    forwarded = runtime.tokens_forwarded - forwarded  # the three engines share the model
+    assert result.quoted and result.tokens >= 1
+    # The quote: at most the quoted size, inside the first source's page, read as the user turn before the question.
+    first, (lo, hi) = result.citations.citations[0].where, result.citations.quote_span
+    assert 0 < hi - lo <= engine._quote_tokens(QUOTING) < runtime.window
+    assert all(engine.spans.at(p).where.page_only() == first for p in range(lo, hi))
+    text = engine.turns[-1].quoted
+    assert text == quoted_question(first.label(), runtime.tokenizer.decode(engine.token_ids[lo:hi],
+                                                                           skip_special_tokens=True), question)
+    # The answer is the one that user turn gets when read and answered without recall...
+    plain = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=False, quote=False)
+    read[text] = sum(len(p.ids) for p in alone._question_pieces(text))
+    assert answer(alone, text, plain).answer_ids == result.answer_ids
+    assert torch.equal(engine.turns[-1].after_question.logits, alone.turns[-1].after_question.logits)
+    # ...and the context holds the question and the answer alone, as a context rebuilt from its history does.
+    run(replayed.append_exchange(Exchange(question, result.answer_ids)))
+    assert list(engine.token_ids) == list(replayed.token_ids)
+    assert torch.equal(engine._logits, replayed._logits)
+    assert [s.kind for s in engine.spans][-2:] == ["question", "answer"] and engine.history[-1].question == question
+    # The documents were never read again: the neutral question, the question, the quote with the question, the
+    # sampled tokens fed back (all but the last), then the question and the answer.
+    sampled_fed = result.tokens - (result.finish != "eos")
+    assert forwarded == (read[NEUTRAL_QUESTION] + read[question] + read[text]
+                         + sampled_fed + engine.length - before)
+
+
+def test_a_quoted_answer_drawn_again_reads_its_quote_again_and_stop_leaves_the_context_as_it_was(runtime):
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like(pages=10)))
+    before = list(engine.token_ids)
+    first = answer(engine, "What is the pass key?", QUOTING)
+    after = list(engine.token_ids)
+    again = run(engine.regenerate(GREEDY))  # the turn's own way: quoted, whatever the settings say now
+    assert again.quoted and again.answer_ids == first.answer_ids and list(engine.token_ids) == after
+    stopper = StopAfter(2, tokens=True)
+    stopper.drive(engine.regenerate(RAMBLE, stopper.event))
+    assert not engine.turns and list(engine.token_ids) == before
+    stopper = StopAfter(2, tokens=True)
+    stopper.drive(engine.ask("What is the pass key?", dataclasses.replace(RAMBLE, quote=True), stopper.event))
+    assert list(engine.token_ids) == before
+    # The snapshots the quote left behind are not used again: the same question gets the same answer.
+    assert answer(engine, "What is the pass key?", QUOTING).answer_ids == first.answer_ids
+    assert list(engine.token_ids) == after
+
+
+def test_no_quote_without_a_source_or_without_room_for_it(runtime):
+    short = new_engine(runtime)
+    run(short.feed_documents([Chunk("### a.txt\nShort.\n", "a.txt", line_start=1, line_end=1)]))
+    assert not answer(short, "What?", QUOTING).quoted  # all of it is in the window: nothing is cited
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like(pages=10)))
+    question = sum(len(p.ids) for p in engine._question_pieces("Key?"))
+    neutral = sum(len(p.ids) for p in engine._question_pieces(NEUTRAL_QUESTION))
+    engine.budget = engine.length + max(question, neutral) + 2 + 4  # no room for a quote beside the question
+    result = answer(engine, "Key?", QUOTING)
+    assert not result.quoted and result.citations.citations and result.tokens >= 1

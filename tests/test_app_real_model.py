@@ -3,7 +3,8 @@ workspace of it reopens and answers token for token as before.
 
 ``python app.py`` with no flags, as a user starts it; the document is a specification
 that a Debian package ships. The first two questions are ones the model answers right in the document-QA benchmark
-(benchmarks/docqa_set.py), where it answers about one in five; it cites the right page for about three in four.
+(benchmarks/docqa_set.py), where it answers about three in ten (quoting its top source, the default); it cites the
+right page for about three in four.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def test_ask_answers_a_real_pdf_and_cites_the_page(server, spec_pdf):
     top = reply["sources"][0]
     assert top["file"] == "shared-mime-info-spec.pdf" and top["page"] == 1, reply["sources"]
     assert 0 < top["weight"] <= 1 and top["snippet"]
+    assert reply["stats"]["quoted"] is True  # answered with that page quoted before the question (quoting.py)
 
     # The same client is the same session: the document stays, a second question costs no re-reading.
     again = client.predict("What is the default weight value of a glob element?", [], api_name="/ask")
@@ -74,7 +76,7 @@ def test_a_saved_real_context_reopens_and_answers_token_for_token(spec_pdf, tmp_
 
     runtime = load_runtime(AppConfig())  # the default model, as python app.py loads it
     handlers = make_handlers(runtime, workspaces=str(tmp_path))
-    settings = ("You are a helpful assistant. Answer questions about the document.", 0.0, 0.9, 48, 1.0, True, 5)
+    settings = ("You are a helpful assistant. Answer questions about the document.", 0.0, 0.9, 48, 1.0, True, 5, True)
 
     def ask(h, req, text, files=()):
         h.submit({"text": text, "files": [str(f) for f in files]}, req)

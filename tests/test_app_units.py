@@ -317,6 +317,40 @@ def test_citations_count_content_tokens_not_attention_sinks():
     assert tokenizer.bos_token_id not in ids and tokenizer.convert_tokens_to_ids("Q") in ids
 
 
+def test_the_quote_is_the_densest_part_of_the_first_source_with_its_relevant_tokens_in_the_middle():
+    from app.engine.quoting import densest_window, quote_size, quoted_question
+
+    assert densest_window({5: 1.0}, 0, 40, 64) == (0, 40)  # a short passage is quoted whole
+    assert densest_window({}, 100, 400, 50) == (100, 150)  # nothing relevant: its start
+    # Two clusters: 10 tokens at 150-159 (0.1 each, 1.0 in all) and 3 at 300-302 (0.5 each, 1.5): the second wins,
+    # centred in its 50 tokens; negative relevance (below the neutral question) never counts.
+    relevance = {**{p: 0.1 for p in range(150, 160)}, 300: 0.5, 301: 0.5, 302: 0.5, 303: -2.0}
+    assert densest_window(relevance, 100, 400, 50) == (277, 327)
+    assert densest_window(relevance, 100, 400, 200) == (127, 327)  # both fit: centred on 150-302
+    assert densest_window(relevance, 100, 310, 50) == (260, 310)  # clipped to the passage's end
+    assert densest_window({101: 1.0}, 100, 400, 50) == (100, 150)  # and to its start
+    assert quote_size(1024) == 512 and quote_size(4096) == 512 and quote_size(256) == 128
+    assert quoted_question("r.pdf p. 3", "  The key is 7.\n", "What is the key?") == \
+        'From r.pdf p. 3:\n"""\nThe key is 7.\n"""\n\nWhat is the key?'
+
+
+def test_citations_give_the_span_to_quote_inside_the_first_sources_page():
+    spans = SpanIndex()
+    spans.append(Span(0, 10, "system"))
+    for start, page in ((10, 1), (60, 2), (110, 2), (160, 3)):  # p. 2 is read as two chunks
+        spans.append(Span(start, start + 50, "document", where=Provenance("r.pdf", page=page)))
+    spans.append(Span(210, 230, "question"))
+    tally = RecallTally()
+    tally(TopKSelection(6, torch.tensor([220]), torch.tensor([[[[20, 100, 120, 170]]]]),
+                        torch.tensor([[[[0.1, 0.3, 0.3, 0.2]]]])))
+    assert cite(tally, spans).quote_span is None  # not asked
+    report = cite(tally, spans, quote_tokens=40)
+    assert report.citations[0].where.page == 2 and report.quote_span == (91, 131)
+    assert cite(tally, spans, quote_tokens=500).quote_span == (60, 160)  # the whole page, both chunks
+    assert spans.around(125, lambda span: span.where is not None and span.where.page == 2) == (60, 160)
+    assert spans.around(5, lambda span: span.where is not None) == (0, 210)  # a run after the span it starts in
+
+
 def test_span_index_lookup_and_truncation():
     spans = SpanIndex()
     spans.append(Span(0, 5, "system"))
@@ -460,7 +494,7 @@ def test_share_without_auth_warns_loudly(capsys, monkeypatch):
 
     info = dict(notice="Model: demo", allow_local_paths=False, budget_tokens=10, max_file_size="1 MB",
                 system_prompt="", temperature=0.0, top_p=0.9, max_new_tokens=16, repetition_penalty=1.0,
-                recall=True, topk=5, window=256, n_starting=10, browser_secret="test")
+                recall=True, topk=5, quote=True, window=256, n_starting=10, browser_secret="test")
     assert "share-banner" in header_html(LayoutInfo(share_warning=True, **info))
     assert "share-banner" not in header_html(LayoutInfo(share_warning=False, **info))
 

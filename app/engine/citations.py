@@ -29,6 +29,7 @@ import torch
 
 from ingest import Provenance
 
+from .quoting import densest_window
 from .spans import Span, SpanIndex, SpanKind
 
 
@@ -53,6 +54,7 @@ class CitationReport:
     document_share: float
     recalled: bool  # False when recall never picked a token (off, or the context fits the window)
     recall_on: bool = True  # whether the question was read with recall (an answer drawn again keeps its sources)
+    quote_span: tuple[int, int] | None = None  # context tokens of the first source to quote (quoting.py), if asked
 
     @classmethod
     def recall_off(cls) -> "CitationReport":
@@ -127,11 +129,12 @@ def _shares(tally: RecallTally, keeps: Callable[[int], bool]) -> dict[int, float
 
 def cite(question: RecallTally, spans: SpanIndex, *, baseline: RecallTally | None = None, limit: int = 5,
          min_share: float = 0.05, snippet: Callable[[int, Span], str] | None = None,
-         counts: Callable[[int], bool] | None = None) -> CitationReport:
+         counts: Callable[[int], bool] | None = None, quote_tokens: int = 0) -> CitationReport:
     """Rank document passages by the recall weight their content tokens received, above ``baseline``'s.
 
     ``counts(position)`` says whether the token there is a content token (None: all count);
-    ``snippet(position, span)`` gives the text shown for a passage, around its most relevant token.
+    ``snippet(position, span)`` gives the text shown for a passage, around its most relevant token;
+    ``quote_tokens``: the size of the first passage's part to quote (``densest_window``), 0 for none.
     A citation's share is its part of the summed relevance of the passages that have any.
     """
     positions, weights = question.totals()
@@ -146,7 +149,8 @@ def cite(question: RecallTally, spans: SpanIndex, *, baseline: RecallTally | Non
     document_share = sum(w for p, w in zip(positions, weights) if on_documents(p)) / total
     by_passage: dict[Provenance, float] = {}
     peak: dict[Provenance, tuple[float, int, Span]] = {}  # the passage's most relevant token
-    for position, score in relevance(question, baseline, on_documents).items():
+    scores = relevance(question, baseline, on_documents)
+    for position, score in scores.items():
         span = spans.at(position)
         key = span.where.page_only()  # PDF passages are cited per page, text and code per chunk
         by_passage[key] = by_passage.get(key, 0.0) + score
@@ -159,4 +163,10 @@ def cite(question: RecallTally, spans: SpanIndex, *, baseline: RecallTally | Non
         for rank, (key, score) in enumerate(ranked[:limit])
         if rank == 0 or score / mass >= min_share
     )
-    return CitationReport(citations, document_share, recalled=True)
+    quote_span = None
+    if quote_tokens and citations:
+        first = citations[0].where
+        same_passage = lambda span: span.where is not None and span.where.page_only() == first  # noqa: E731
+        start, end = spans.around(peak[first][1], same_passage)
+        quote_span = densest_window(scores, start, end, quote_tokens)
+    return CitationReport(citations, document_share, recalled=True, quote_span=quote_span)

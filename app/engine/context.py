@@ -24,6 +24,7 @@ from .chat_format import Carry, ChatFormat, TurnState
 from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, cite
 from .generation import GenerationSettings, LoopGuard, next_token, whole_sentences
 from .history import DocumentsFed, Exchange
+from .quoting import quote_size, quoted_question
 from .metrics import LiveStats, RateMeter
 from .runtime import ModelRuntime, is_out_of_memory
 from .spans import Span, SpanIndex, SpanKind
@@ -31,6 +32,7 @@ from .spans import Span, SpanIndex, SpanKind
 # Shorter prefills (a question) measure latency, not throughput: they do not overwrite the panel's rate.
 MEASURED_PREFILL = 128
 SNIPPET_BEFORE, SNIPPET_AFTER = 16, 24  # tokens of context shown around a cited passage's most relevant token
+QUOTE_SLACK = 8  # tokens a quote encoded in context may differ by from its text encoded alone, and the </s>
 
 
 class EngineError(Exception):
@@ -117,6 +119,8 @@ class Turn:
     after_question: Saved
     citations: CitationReport
     end: int  # context length after the answer's </s>
+    quoted: str = ""  # the user turn the answer was drawn from when it quoted a source (quoting.py): the
+    # context read it after ``before`` and went back, so ``after_question`` is gone and regenerate reads it again
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,7 @@ class AnswerResult:
     decode_tps: float
     question_tokens: int
     answer_ids: tuple[int, ...] = ()  # as sampled, without the end of turn (history.Exchange)
+    quoted: bool = False  # drawn with the first source quoted before the question, recall off (quoting.py)
 
 
 @dataclass
@@ -329,17 +334,19 @@ class ContextEngine:
 
     # -- decode --------------------------------------------------------------------------------
     def _decode(self, after_question: Saved, settings: GenerationSettings, cancel, started: float,
-                prefill_tps: float, question_tokens: int,
-                citations: CitationReport) -> Iterator[AnswerDelta | AnswerResult]:
+                prefill_tps: float, question_tokens: int, citations: CitationReport,
+                quoted: tuple[Saved, str] | None = None) -> Iterator[AnswerDelta | AnswerResult]:
         """Sample from ``after_question`` (the state the question's prefill left) until </s>, max tokens or a
         repeat, feeding each token back; then close the answer with </s>.
 
         An answer that began to repeat itself is cut where the repeat began (back to the end of its last whole
         sentence), and the context goes back to ``after_question`` and reads the kept answer again: it holds
-        what the user is shown, no more.
+        what the user is shown, no more. ``quoted``: ``after_question`` read a quote before the question, which
+        is sampled from without recall; the context then goes back to the state before the quote (the first
+        item) and reads the question (the second) and the answer alone.
         """
         logits = after_question.logits
-        topk = settings.answer_topk
+        topk = 0 if quoted else settings.answer_topk
         max_new = min(settings.max_new_tokens, self.budget - self.length - 2)
         if max_new < 1:
             raise ContextFull("The context budget is full: no room left for an answer. Start a new context.")
@@ -378,18 +385,25 @@ class ContextEngine:
         fed = len(answer) if finish == "eos" else len(answer) - 1  # the last sampled token was never fed
         if cut is not None:
             answer, fed = answer[: whole_sentences(answer[:cut], self.format.decode_answer)], 0
-            self._restore(after_question)
-        closing, carry = self.format.close_answer(answer, self.carry)
-        unfed = [*answer[fed:], *closing]
-        for lo in range(0, len(unfed), self.runtime.prefill_chunk):
-            self._forward(unfed[lo : lo + self.runtime.prefill_chunk], topk=topk)
-        self.spans.append(Span(start, self.length, SpanKind.ANSWER))
-        self.state, self.carry = TurnState.CLOSED, carry
+            if not quoted:
+                self._restore(after_question)
+        if quoted:  # the quote leaves: the question is read again, then the answer, as history replays them
+            before, question = quoted
+            self._restore(before)
+            for _ in self._prefill(self._exchange_pieces(question, answer), None, topk=0, phase="answer"):
+                pass
+        else:
+            closing, carry = self.format.close_answer(answer, self.carry)
+            unfed = [*answer[fed:], *closing]
+            for lo in range(0, len(unfed), self.runtime.prefill_chunk):
+                self._forward(unfed[lo : lo + self.runtime.prefill_chunk], topk=topk)
+            self.spans.append(Span(start, self.length, SpanKind.ANSWER))
+            self.state, self.carry = TurnState.CLOSED, carry
         self.stats.decode_tps, self.stats.done = decode_tps, len(answer)
         yield AnswerResult(
             text=self.format.decode_answer(answer), tokens=len(answer), finish=finish,
             citations=citations, ttft_s=ttft or 0.0, prefill_tps=prefill_tps,
-            decode_tps=decode_tps, question_tokens=question_tokens, answer_ids=tuple(answer),
+            decode_tps=decode_tps, question_tokens=question_tokens, answer_ids=tuple(answer), quoted=bool(quoted),
         )
 
     def _is_content(self, position: int) -> bool:
@@ -415,23 +429,26 @@ class ContextEngine:
         baseline = self._neutral_pieces(settings, planned)
         result = None
         with self._answering(), self._operation() as before:
-            citations, seconds = yield from self._read_question(pieces, baseline, settings.answer_topk, cancel, before)
+            citations, seconds = yield from self._read_question(pieces, baseline, settings.answer_topk, cancel, before,
+                                                                self._quote_tokens(settings))
             prefill_tps = planned / max(seconds, 1e-9)
+            quoted = yield from self._read_quoted(question, citations, before, cancel)
             after_question = self._save(self._logits)
-            for item in self._decode(after_question, settings, cancel, started, prefill_tps, planned, citations):
+            for item in self._decode(after_question, settings, cancel, started, prefill_tps, planned, citations,
+                                     (before, question) if quoted else None):
                 if isinstance(item, AnswerResult):
-                    self.turns.append(Turn(before, after_question, citations, self.length))
+                    self.turns.append(Turn(before, after_question, citations, self.length, quoted))
                     self.history.append(Exchange(question, item.answer_ids))
                     result = item
                 else:
                     yield item
         yield result  # after the commit: a consumer that stops here cannot roll the answer back
 
-    def _read_question(self, pieces: list[Piece], baseline: list[Piece], topk: int, cancel,
-                       before: Saved) -> Generator[LiveStats, None, tuple[CitationReport, float]]:
+    def _read_question(self, pieces: list[Piece], baseline: list[Piece], topk: int, cancel, before: Saved,
+                       quote_tokens: int) -> Generator[LiveStats, None, tuple[CitationReport, float]]:
         """Feed the question with recall ``topk``; return its sources, ranked against what ``baseline`` (the
-        neutral question, read first and undone back to ``before``) recalls here (citations.py says why), and
-        the seconds the question's own prefill took."""
+        neutral question, read first and undone back to ``before``) recalls here (citations.py says why), with
+        the ``quote_tokens`` of the first to quote, and the seconds the question's own prefill took."""
         if not topk:
             started = time.perf_counter()
             yield from self._prefill(pieces, cancel, topk=0, phase="question")
@@ -447,7 +464,28 @@ class ContextEngine:
             yield from self._prefill(pieces, cancel, topk=topk, phase="question")
         seconds = time.perf_counter() - started
         return cite(recalled, self.spans, baseline=neutral if baseline else None, snippet=self._snippet,
-                    counts=self._is_content), seconds
+                    counts=self._is_content, quote_tokens=quote_tokens), seconds
+
+    def _quote_tokens(self, settings: GenerationSettings) -> int:
+        """How much of the first source to quote: none unless asked."""
+        return quote_size(self.runtime.window) if settings.quote else 0
+
+    def _read_quoted(self, question: str, citations: CitationReport, before: Saved,
+                     cancel) -> Generator[LiveStats, None, str]:
+        """Go back to ``before`` and read the first source's quote, then the question, without recall
+        (quoting.py says why); the user turn read, or "" when none was: no source was found, or the budget has
+        no room (the question read with recall stays, and the answer is drawn from it as before)."""
+        if citations.quote_span is None:
+            return ""
+        lo, hi = citations.quote_span
+        excerpt = self.format.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True)
+        text = quoted_question(citations.citations[0].where.label(), excerpt, question)
+        quote = len(self.format.tokenizer.encode(text[: len(text) - len(question)], add_special_tokens=False))
+        if self.length + quote + QUOTE_SLACK > self.budget:  # the question's tokens are in self.length already
+            return ""
+        self._restore(before)
+        yield from self._prefill(self._question_pieces(text), cancel, topk=0, phase="question")
+        return text
 
     def _question_pieces(self, question: str) -> list[Piece]:
         """The opening a turn needs, then the question and the answer's header."""
@@ -489,12 +527,18 @@ class ContextEngine:
         started = time.perf_counter() if started is None else started
         result = None
         with self._answering(), self._operation(restore_to=turn.before):
-            self._restore(turn.after_question)
-            question_tokens = turn.after_question.n_tokens - turn.before.n_tokens
-            for item in self._decode(turn.after_question, settings, cancel, started, 0.0, question_tokens,
-                                     turn.citations):
+            after_question = turn.after_question
+            if turn.quoted:  # its state was left behind when the context read the question alone: read it again
+                self._restore(turn.before)
+                yield from self._prefill(self._question_pieces(turn.quoted), cancel, topk=0, phase="question")
+                after_question = self._save(self._logits)
+            self._restore(after_question)
+            question_tokens = after_question.n_tokens - turn.before.n_tokens
+            for item in self._decode(after_question, settings, cancel, started, 0.0, question_tokens,
+                                     turn.citations, (turn.before, question) if turn.quoted else None):
                 if isinstance(item, AnswerResult):
-                    self.turns.append(Turn(turn.before, turn.after_question, turn.citations, self.length))
+                    self.turns.append(Turn(turn.before, after_question, turn.citations, self.length,
+                                           turn.quoted))
                     self.history.append(Exchange(question, item.answer_ids))
                     result = item
                 else:
@@ -505,13 +549,17 @@ class ContextEngine:
         """A question and the answer it got, fed as text (no decoding): a context built again from its history
         (replay.py) holds the conversation it had. All or nothing, like every operation."""
         self._settle()
-        pieces = self._question_pieces(exchange.question)
-        closing, closed = self.format.close_answer(list(exchange.answer_ids), pieces[-1].carry)
-        pieces.append(Piece([*exchange.answer_ids, *closing], SpanKind.ANSWER, TurnState.CLOSED, closed))
+        pieces = self._exchange_pieces(exchange.question, exchange.answer_ids)
         self._check_budget(sum(len(p.ids) for p in pieces), "This conversation")
         with self._operation():
             yield from self._prefill(pieces, cancel, topk=0, phase="conversation")
             self.history.append(exchange)
+
+    def _exchange_pieces(self, question: str, answer_ids: Sequence[int]) -> list[Piece]:
+        """A question and its answer as a turn fed whole (a context rebuilt, or an answer drawn from a quote)."""
+        pieces = self._question_pieces(question)
+        closing, closed = self.format.close_answer(list(answer_ids), pieces[-1].carry)
+        return [*pieces, Piece([*answer_ids, *closing], SpanKind.ANSWER, TurnState.CLOSED, closed)]
 
     def _forget_point(self) -> tuple[bool, Saved | None]:
         """Whether the conversation can be dropped by a rollback, and to which state (None: nothing to drop).

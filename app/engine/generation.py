@@ -24,8 +24,9 @@ class GenerationSettings:
     top_p: float = 0.9
     max_new_tokens: int = 512
     repetition_penalty: float = 1.0
-    recall: bool = True  # top-k middle-token recall while answering
+    recall: bool = True  # top-k middle-token recall while reading the question (and answering, unless quoting)
     topk: int = 5
+    quote: bool = True  # quote the top source before the question and answer without recall (quoting.py)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -44,11 +45,12 @@ class GenerationSettings:
         return self.topk if self.recall else 0
 
     @classmethod
-    def from_ui(cls, temperature, top_p, max_new_tokens, repetition_penalty, recall, topk) -> "GenerationSettings":
+    def from_ui(cls, temperature, top_p, max_new_tokens, repetition_penalty, recall, topk,
+                quote=True) -> "GenerationSettings":
         """Settings from slider/checkbox values (floats from JSON clients included)."""
         return cls(
             temperature=float(temperature), top_p=float(top_p), max_new_tokens=int(max_new_tokens),
-            repetition_penalty=float(repetition_penalty), recall=bool(recall), topk=int(topk),
+            repetition_penalty=float(repetition_penalty), recall=bool(recall), topk=int(topk), quote=bool(quote),
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Callable
 
 from ingest import Provenance
 
@@ -70,6 +71,16 @@ class SpanIndex:
         if not 0 <= position < self.end:
             return None
         return self._spans[bisect.bisect_right(self._starts, position) - 1]
+
+    def around(self, position: int, same: Callable[[Span], bool]) -> tuple[int, int]:
+        """``[start, end)`` of the run of neighbouring spans around ``position`` that ``same`` accepts (the
+        chunks of one PDF page)."""
+        first = last = bisect.bisect_right(self._starts, position) - 1
+        while first > 0 and same(self._spans[first - 1]):
+            first -= 1
+        while last + 1 < len(self._spans) and same(self._spans[last + 1]):
+            last += 1
+        return self._spans[first].start, self._spans[last].end
 
     def documents(self) -> list[Span]:
         return [s for s in self._spans if s.kind == SpanKind.DOCUMENT]

@@ -358,4 +358,4 @@ class ModelWork:
             item.recall_note = "No passage drew more of the question's recall than any question draws: no sources."
         item.stats = {"ttft_s": round(result.ttft_s, 4), "decode_tps": round(result.decode_tps, 2),
                       "prefill_tps": round(result.prefill_tps, 2), "tokens": result.tokens, "finish": result.finish,
-                      "question_tokens": result.question_tokens}
+                      "question_tokens": result.question_tokens, "quoted": result.quoted}

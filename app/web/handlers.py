@@ -312,12 +312,13 @@ class Handlers(WorkspaceEvents):
         yield self._tab_view(request, session)
 
     # -- model queue -----------------------------------------------------------------------------
-    def run(self, system_prompt, temperature, top_p, max_new_tokens, repetition_penalty, recall, topk,
+    def run(self, system_prompt, temperature, top_p, max_new_tokens, repetition_penalty, recall, topk, quote,
             request: gr.Request):
         """Do this session's ready work in order: feed documents, answer, regenerate, clear, reset."""
         session = self._session(request)
         try:
-            settings = GenerationSettings.from_ui(temperature, top_p, max_new_tokens, repetition_penalty, recall, topk)
+            settings = GenerationSettings.from_ui(temperature, top_p, max_new_tokens, repetition_penalty, recall, topk,
+                                                  quote)
         except (TypeError, ValueError) as exc:
             raise gr.Error(f"Invalid setting: {exc}") from exc
         with session.working():

@@ -51,8 +51,8 @@ def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = 
         notice=runtime.notice, share_warning=config.share_without_auth, allow_local_paths=config.local_paths_enabled,
         budget_tokens=budget.tokens, max_file_size=human_bytes(config.max_file_size),
         system_prompt=DEFAULT_SYSTEM_PROMPT, temperature=temperature, top_p=top_p, max_new_tokens=512,
-        repetition_penalty=1.0, recall=config.topk > 0, topk=config.topk or 5, window=runtime.window,
-        n_starting=runtime.lm_config.n_starting, browser_secret=store.browser_secret(),
+        repetition_penalty=1.0, recall=config.topk > 0, topk=config.topk or 5, quote=config.quote,
+        window=runtime.window, n_starting=runtime.lm_config.n_starting, browser_secret=store.browser_secret(),
     )
     registry = SessionRegistry(runtime, config, budget, store)
     defaults = {name: getattr(info, name) for name in input_names(Handlers.run)}  # the Settings panel at start

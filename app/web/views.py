@@ -49,6 +49,8 @@ def answer_markdown(item: ChatItem) -> str:
     if item.citations:
         lines = [f"- `{c.where.label()}` · {c.share:.0%}" + (f" · “{c.snippet}”" if c.snippet else "")
                  for c in item.citations]
+        if item.stats.get("quoted"):  # the answer was drawn with this passage quoted before the question
+            lines[0] += " · *quoted to the model*"
         parts.append("**Sources**, ranked by the top-k recall attention the question drew to each passage beyond "
                      "what a neutral question draws (shares of that excess):\n"
                      + "\n".join(lines))

@@ -1,0 +1,53 @@
+"""Quoting the top source: the passage the question's recall found is put before the question, and read there.
+
+Recall finds the right passage far more often than a small model can use it: on 42 questions about two PDF
+manuals and a Python module, SmolLM2-135M's first source held the answer for 32, but it answered 6 right
+(README, *Quality beyond the training length (SmolLM2-135M-Instruct)*). Given the cited page inside its
+window, with recall off while it answers, it answers about twice as many; with recall still on, the middle
+tokens recall pulls in distract it from the quote (measured in ``benchmarks/docqa.py``).
+
+So an answer is drawn as follows (``ContextEngine.ask``): the question is read with recall, which ranks the
+sources; the context goes back before it and reads the quote and the question with recall off; the answer
+is sampled without recall; then the context goes back once more and reads the question and the answer alone.
+The quote helps one answer and leaves nothing behind, so a conversation's history stays its questions and
+answers (history.py), and a context rebuilt from it is the same.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+QUOTE_TOKENS = 512  # of the top source; a SmolLM2 page is ~600 tokens; 768 answered no more (benchmarks/docqa.py)
+
+
+def quote_size(window: int) -> int:
+    """Tokens of the top source to quote: at most half the window, leaving the question and the answer's start
+    beside it."""
+    return min(QUOTE_TOKENS, window // 2)
+
+
+def densest_window(relevance: Mapping[int, float], start: int, end: int, size: int) -> tuple[int, int]:
+    """The ``size`` tokens of ``[start, end)`` that hold the most positive relevance, its relevant tokens in the
+    middle: the part of a long passage the question is about. The whole range when it is not longer."""
+    if end - start <= size:
+        return start, end
+    marked = sorted(p for p, score in relevance.items() if start <= p < end and score > 0)
+    if not marked:
+        return start, start + size
+    best, first, last = float("-inf"), marked[0], marked[0]
+    total, j = 0.0, 0
+    for i, lo in enumerate(marked):  # windows that begin at a relevant token: one of them holds the most
+        while j < len(marked) and marked[j] < lo + size:
+            total += relevance[marked[j]]
+            j += 1
+        if total > best:
+            best, first, last = total, lo, marked[j - 1]
+        total -= relevance[lo]
+    lo = first - (size - (last - first + 1)) // 2  # the slack split before and after the relevant tokens
+    lo = min(max(lo, start), end - size)
+    return lo, lo + size
+
+
+def quoted_question(label: str, excerpt: str, question: str) -> str:
+    """The user turn the answer is drawn from: the quote, where it is from, then the question as asked."""
+    return f'From {label}:\n"""\n{excerpt.strip()}\n"""\n\n{question}'
