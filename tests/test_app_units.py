@@ -497,6 +497,12 @@ def test_share_without_auth_warns_loudly(capsys, monkeypatch):
                 recall=True, topk=5, quote=True, window=256, n_starting=10, browser_secret="test")
     assert "share-banner" in header_html(LayoutInfo(share_warning=True, **info))
     assert "share-banner" not in header_html(LayoutInfo(share_warning=False, **info))
+    # The header says how questions are answered by default.
+    assert "quoted before the answer" in header_html(LayoutInfo(share_warning=False, **info))
+    info.update(quote=False)
+    assert "recall while answering" in header_html(LayoutInfo(share_warning=False, **info))
+    info.update(recall=False)
+    assert "recall off" in header_html(LayoutInfo(share_warning=False, **info))
 
     launched = {}
 

@@ -24,8 +24,8 @@ from .chat_format import Carry, ChatFormat, TurnState
 from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, cite
 from .generation import GenerationSettings, LoopGuard, next_token, whole_sentences
 from .history import DocumentsFed, Exchange
-from .quoting import quote_size, quoted_question
 from .metrics import LiveStats, RateMeter
+from .quoting import quote_size, quoted_question
 from .runtime import ModelRuntime, is_out_of_memory
 from .spans import Span, SpanIndex, SpanKind
 
@@ -532,7 +532,8 @@ class ContextEngine:
                 self._restore(turn.before)
                 yield from self._prefill(self._question_pieces(turn.quoted), cancel, topk=0, phase="question")
                 after_question = self._save(self._logits)
-            self._restore(after_question)
+            else:
+                self._restore(after_question)
             question_tokens = after_question.n_tokens - turn.before.n_tokens
             for item in self._decode(after_question, settings, cancel, started, 0.0, question_tokens,
                                      turn.citations, (turn.before, question) if turn.quoted else None):

@@ -110,6 +110,15 @@ def _icon(name: str) -> str:
     return str(STATIC_DIR / f"icon-{name}.svg")
 
 
+def _recall_line(info: LayoutInfo) -> str:
+    """How the server answers by default (the Settings tab can change it per session)."""
+    if not info.recall:
+        return "top-k middle recall off"
+    if info.quote:
+        return "top-k middle recall reads each question, and the top source it finds is quoted before the answer"
+    return "top-k middle recall while answering"
+
+
 def header_html(info: LayoutInfo) -> str:
     logo = (STATIC_DIR / "logo.svg").read_text(encoding="utf-8")
     banner = ""
@@ -120,7 +129,7 @@ def header_html(info: LayoutInfo) -> str:
     return (f'{banner}<div class="app-header">{logo}<div><h1>LM-Infinite chat</h1>'
             f'<p class="model-notice">{html.escape(info.notice)}</p>'
             f'<p class="model-notice">Attention: {info.n_starting} starting tokens + a {info.window:,}-token window, '
-            f"top-k middle recall while answering. Context budget {info.budget_tokens:,} tokens per session; "
+            f"{_recall_line(info)}. Context budget {info.budget_tokens:,} tokens per session; "
             f"uploads up to {html.escape(info.max_file_size)}.</p></div></div>")
 
 
