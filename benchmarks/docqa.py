@@ -162,18 +162,19 @@ def run_document(model, tokenizer, path: str, questions, settings: rc.Settings, 
         record["lminfinite_topk"] = tokenizer.decode(ids, skip_special_tokens=True)
         cache.rollback(snap)
         rc.set_topk(model, settings, 0)
-        app_scores = relevance(on_question, neutral, is_content)
-        record["lminfinite_quote"] = (record["lminfinite_topk"] if not rank_passages(app_scores, positions) else
-                                      _quoted_answer(model, tokenizer, cache, settings, corpus, context, positions,
-                                                     pages, app_scores, q.question))
-        cache.rollback(snap)
-        for name, scores in (("cite_decode", relevance(on_decode, None, every)),
-                             ("cite_decode_content", relevance(on_decode, None, is_content)),
-                             ("cite_question", relevance(on_question, None, is_content)),
-                             ("cite_app", relevance(on_question, neutral, is_content))):
-            ranked = rank_passages(scores, positions)
+        scores_by = {"cite_decode": relevance(on_decode, None, every),
+                     "cite_decode_content": relevance(on_decode, None, is_content),
+                     "cite_question": relevance(on_question, None, is_content),
+                     "cite_app": relevance(on_question, neutral, is_content)}
+        ranked_by = {name: rank_passages(scores, positions) for name, scores in scores_by.items()}
+        for name, ranked in ranked_by.items():
             record[name] = [[page, round(share, 4)] for (_, page), share in ranked[:5]]
             record[name + "_hits"] = citation_hits(ranked, q.holds)
+        first = ranked_by["cite_app"][:1]  # the app quotes its first source; it answers with recall without one
+        record["lminfinite_quote"] = (_quoted_answer(model, tokenizer, cache, settings, corpus, context, positions,
+                                                     pages, scores_by["cite_app"], first[0], q.question)
+                                      if first else record["lminfinite_topk"])
+        cache.rollback(snap)
         records.append(record)
         log(f"  p.{q.pages or q.lines} {q.question[:50]!r}: topk={record['lminfinite_topk'][:60]!r} "
             f"cites {record['cite_app'][:3]}")
@@ -197,10 +198,10 @@ def run_document(model, tokenizer, path: str, questions, settings: rc.Settings, 
 
 
 def _quoted_answer(model, tokenizer, cache, settings: rc.Settings, corpus, context: list[int], positions: PositionMap,
-                   pages, scores: dict[int, float], question: str) -> str:
-    """The app's answer (``ContextEngine.ask`` with quoting): its first source's densest part quoted before the
-    question, read and answered with recall off (the caller rolls the cache back)."""
-    (_, passage), _ = rank_passages(scores, positions)[0]
+                   pages, scores: dict[int, float], first, question: str) -> str:
+    """The app's answer (``ContextEngine.ask`` with quoting): its ``first`` source's densest part quoted before
+    the question, read and answered with recall off (the caller rolls the cache back)."""
+    (_, passage), _ = first
     lo, hi = densest_window(scores, *pages[passage], quote_size(settings.window))
     found = corpus.locate(positions.token_chars[lo] - positions.doc_char)
     where = (citation_label(found.source, found.page, found.page_label) if found.page is not None
