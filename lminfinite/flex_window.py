@@ -81,6 +81,8 @@ def flex_window_span(query, keys, values, window: int, scale: float):
     block_mask = window_block_mask(c, m, m - c, window, query.device)
     attend = _compiled_flex() if query.device.type == "cuda" else flex.flex_attention
     extra = {"return_aux": flex.AuxRequest(lse=True)} if hasattr(flex, "AuxRequest") else {"return_lse": True}
+    if query.device.type == "cuda":  # the main kernel: for fewer than 128 queries the decoding one may find no
+        extra["kernel_options"] = {"BACKEND": "TRITON"}  # config for small heads (torch 2.11, head_dim 16, GQA)
     out, aux = attend(query, keys, values, block_mask=block_mask, scale=scale,
                       enable_gqa=query.shape[1] != keys.shape[1], **extra)
     lse = aux.lse if hasattr(aux, "lse") else aux

@@ -64,7 +64,7 @@ def lm_infinite_attention(
     kernels = kernels_for(config.window_kernel, query.device, query.dtype, dim)
     if ctx.decode_keys is not None:  # decoding with top-k: one query, over the decode keys and its recalled tokens
         block = _attend_block(q_frame, query_pos, ctx, config, rope, layer_idx, scale, observer, None, kernels.band)
-        return block.view(batch, heads, c, dim).to(query.dtype)
+        return block.reshape(batch, heads, c, dim).to(query.dtype)  # CUDA's fused kernels may return it strided
 
     # Prefill: the window span for every query at once (window.py). Queries before position L see nothing
     # beyond it; the others get the start (and middle) spans merged in place.

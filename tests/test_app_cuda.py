@@ -92,7 +92,9 @@ def test_answers_without_recall_decode_through_cuda_graphs_and_say_the_same(runt
     plain, graphed = engines
     assert answers[1] == answers[0] and graphed._decoder.recordings == 2 and not graphed._decoder.unrecordable
     for kept, replayed in zip(plain.cache.layers, graphed.cache.layers):
-        assert all(torch.equal(a, b) for a, b in zip(kept.middle.view(), replayed.middle.view()))
+        assert (kept.middle is None) == (replayed.middle is None)  # layers below topk_from_layer keep none
+        if kept.middle is not None:
+            assert all(torch.equal(a, b) for a, b in zip(kept.middle.view(), replayed.middle.view()))
     for engine in engines:
         engine.close()
 

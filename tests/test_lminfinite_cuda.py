@@ -69,32 +69,34 @@ def test_4bit_llama2_shape_prefills_generates_and_rolls_back():
     ids = torch.randint(0, 32000, (1, 9000), generator=torch.Generator().manual_seed(1)).cuda()
     cache = lminfinite.InfiniteCache(model)
     with torch.no_grad():
-        for lo in range(0, ids.shape[1], 2048):
-            model(input_ids=ids[:, lo:lo + 2048], past_key_values=cache, use_cache=True)
+        feed_in_chunks(model, ids[:, :-1], 2048, cache)  # generate feeds what the cache has not seen: the last id
         snap = cache.snapshot()
-        first = model.generate(ids[:, -1:], past_key_values=cache, max_new_tokens=8, do_sample=False)
+        first = model.generate(ids, past_key_values=cache, max_new_tokens=8, do_sample=False)
         cache.rollback(snap)
-        again = model.generate(ids[:, -1:], past_key_values=cache, max_new_tokens=8, do_sample=False)
-    assert cache.get_seq_length() == 9000 + 8 and torch.equal(first, again)
+        again = model.generate(ids, past_key_values=cache, max_new_tokens=8, do_sample=False)
+    assert cache.get_seq_length() == 9000 + 7 and torch.equal(first, again) and first.shape[1] == 9000 + 8
     assert torch.isfinite(model(input_ids=ids[:, :1], past_key_values=cache).logits).all()
 
 
 def _graphed_against_plain(model, ids, steps: int, chunk: int, snapshot_at: int | None = None):
     """Greedy decoding after ``ids`` through the model's own forward and through a GraphedDecoder (real CUDA graphs)
-    on a cache fed the same; the largest logit difference over the steps, and the decoder."""
+    on a cache fed the same; the largest logit difference over the steps, whether every step's greedy token is
+    the same, and the decoder."""
     plain, graphed = lminfinite.InfiniteCache(model), lminfinite.InfiniteCache(model)
     token = feed_in_chunks(model, ids, chunk, plain)[:, -1:].argmax(-1)
     feed_in_chunks(model, ids, chunk, graphed)
-    decoder, worst = lminfinite.GraphedDecoder(model, graphed), 0.0
+    decoder, worst, same_tokens = lminfinite.GraphedDecoder(model, graphed), 0.0, True
     with torch.no_grad():
         for i in range(steps):
             if i == snapshot_at:
                 plain.snapshot(), graphed.snapshot()
             expected = model(input_ids=token, past_key_values=plain, use_cache=True).logits
-            worst = max(worst, (decoder(token).float() - expected.float()).abs().max().item())
+            replayed = decoder(token)
+            worst = max(worst, (replayed.float() - expected.float()).abs().max().item())
+            same_tokens &= torch.equal(replayed.argmax(-1), expected.argmax(-1))
             token = expected[:, -1:].argmax(-1)
     assert graphed.get_seq_length() == plain.get_seq_length()
-    return worst, decoder
+    return worst, same_tokens, decoder
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -103,8 +105,8 @@ def test_cuda_graph_decoding_follows_the_models_own_forward(dtype):
     so the step after it is recorded again. The logits are the model's own bit for bit: the same kernels on the
     same numbers (a rotation one position off moves them by about 0.005, within any half-precision tolerance)."""
     model = lminfinite.enable(tiny_model("llama-gqa", dtype=dtype).cuda(), CONFIGS["lambda"])
-    worst, decoder = _graphed_against_plain(model, random_ids(3 * WINDOW + 5).cuda(), 6 * WINDOW, 7,
-                                            snapshot_at=3 * WINDOW)
+    worst, _, decoder = _graphed_against_plain(model, random_ids(3 * WINDOW + 5).cuda(), 6 * WINDOW, 7,
+                                               snapshot_at=3 * WINDOW)
     assert worst == 0 and decoder.recordings == 2, (worst, decoder.recordings)
 
 
@@ -113,19 +115,25 @@ def test_a_step_cuda_cannot_capture_decodes_without_a_graph_on_the_callers_strea
     decodes, and the caller's stream is current again (torch.cuda.graph's exit leaves the capture stream current
     when ending a broken capture raises)."""
     model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16).cuda(), CONFIGS["lambda"])
-    hook = model.model.embed_tokens.register_forward_hook(lambda module, args, out: int(args[0][0, -1]))
+    def read_into_python(module, args, out):  # returns None: the output stays the module's
+        args[0][0, -1].item()
+
+    hook = model.model.embed_tokens.register_forward_hook(read_into_python)
     with pytest.warns(RuntimeWarning, match="cannot be recorded") as warned:
-        worst, decoder = _graphed_against_plain(model, random_ids(2 * WINDOW).cuda(), 6, 7)
+        worst, _, decoder = _graphed_against_plain(model, random_ids(2 * WINDOW).cuda(), 6, 7)
     hook.remove()
     assert worst == 0 and decoder.recordings == 0 and decoder.unrecordable and len(warned) == 1
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
 
 
 def test_cuda_graph_decoding_of_the_4bit_llama2_shape():
+    """Within bf16 rounding, not bit for bit: at this shape the model's own forward is not bitwise reproducible.
+    Two caches fed the same ids and decoded eagerly differ by up to 0.039 at |logit| ≈ 5 (H100, torch 2.11, bnb
+    0.50.2; the replay matched one of them exactly). 0.125 is four bf16 steps there (8 bits: 2^-5 below 8)."""
     model = lminfinite.enable(_llama2_shaped_4bit(), lminfinite.LMInfiniteConfig(n_starting=10))
     ids = torch.randint(0, 32000, (1, 4200), generator=torch.Generator().manual_seed(2)).cuda()
-    worst, decoder = _graphed_against_plain(model, ids, 24, 2100)
-    assert worst == 0 and decoder.recordings == 1, (worst, decoder.recordings)
+    worst, same_tokens, decoder = _graphed_against_plain(model, ids, 24, 2100)
+    assert worst < 0.125 and same_tokens and decoder.recordings == 1, (worst, same_tokens, decoder.recordings)
 
 
 def test_offloaded_middle_keeps_gpu_memory_flat():
