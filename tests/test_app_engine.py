@@ -532,6 +532,7 @@ def test_a_quoted_answer_drawn_again_reads_its_quote_again_and_stop_leaves_the_c
     after = list(engine.token_ids)
     again = run(engine.regenerate(GREEDY))  # the turn's own way: quoted, whatever the settings say now
     assert again.quoted and again.answer_ids == first.answer_ids and list(engine.token_ids) == after
+    assert again.question_tokens == first.question_tokens  # the question's, not the quote's too
     stopper = StopAfter(2, tokens=True)
     stopper.drive(engine.regenerate(RAMBLE, stopper.event))
     assert not engine.turns and list(engine.token_ids) == before

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from array import array
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Generator, Iterator, Protocol, Sequence
 
@@ -119,6 +119,7 @@ class Turn:
     after_question: Saved
     citations: CitationReport
     end: int  # context length after the answer's </s>
+    question_tokens: int  # the question as the context keeps it (its opening, the question, the answer's header)
     quoted: str = ""  # the user turn the answer was drawn from when it quoted a source (quoting.py): the
     # context read it after ``before`` and went back, so ``after_question`` is gone and regenerate reads it again
 
@@ -437,7 +438,7 @@ class ContextEngine:
             for item in self._decode(after_question, settings, cancel, started, prefill_tps, planned, citations,
                                      (before, question) if quoted else None):
                 if isinstance(item, AnswerResult):
-                    self.turns.append(Turn(before, after_question, citations, self.length, quoted))
+                    self.turns.append(Turn(before, after_question, citations, self.length, planned, quoted))
                     self.history.append(Exchange(question, item.answer_ids))
                     result = item
                 else:
@@ -534,12 +535,10 @@ class ContextEngine:
                 after_question = self._save(self._logits)
             else:
                 self._restore(after_question)
-            question_tokens = after_question.n_tokens - turn.before.n_tokens
-            for item in self._decode(after_question, settings, cancel, started, 0.0, question_tokens,
+            for item in self._decode(after_question, settings, cancel, started, 0.0, turn.question_tokens,
                                      turn.citations, (turn.before, question) if turn.quoted else None):
                 if isinstance(item, AnswerResult):
-                    self.turns.append(Turn(turn.before, after_question, turn.citations, self.length,
-                                           turn.quoted))
+                    self.turns.append(replace(turn, after_question=after_question, end=self.length))
                     self.history.append(Exchange(question, item.answer_ids))
                     result = item
                 else:
