@@ -229,7 +229,7 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                     quote = gr.Checkbox(value=info.quote, label="Quote the top source before answering",
                                         info="The passage the question's recall ranks first is put before the "
                                              "question, and the answer is drawn without recall: a small model "
-                                             "answers about twice as often right.")
+                                             "answers about three times as often right.")
         timer = gr.Timer(1.0)
         workspace_id = gr.BrowserState(None, storage_key="lminfinite-chat-workspace", secret=info.browser_secret)
         with gr.Group(visible=False):
