@@ -32,6 +32,8 @@ def parse_args(argv=None):
     p.add_argument("--model", default="random", help="random | random-7b | a checkpoint path or hub id")
     p.add_argument("--window", type=int, default=512, help="L: the (random) model's max_position_embeddings")
     p.add_argument("--max-context", type=int, default=None, help="largest context (default 64·L)")
+    p.add_argument("--contexts", default=None,
+                   help="comma-separated contexts instead of the ladder L, 2L, ... --max-context (a short GPU lease)")
     p.add_argument("--methods", default=",".join(measure.METHODS))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 on CUDA by default")
@@ -42,12 +44,14 @@ def parse_args(argv=None):
     p.add_argument("--topk", type=int, default=5)
     p.add_argument("--recall-prefill", choices=("on", "off"), default=None,
                    help="lminfinite-topk recalls while reading the context too (default: on for CPU; off for CUDA, "
-                        "where the middle store is offloaded and the app reads documents without recall)")
+                        "where the app reads documents without recall)")
     p.add_argument("--vanilla-budget-s", type=float, default=240.0,
                    help="skip vanilla/truncation once a prefill is predicted to take longer than this")
     p.add_argument("--deadline-s", type=float, default=None,
                    help="start no cell after this many seconds; the rest get a 'no time' row and the table is "
                         "written anyway (a GPU machine lent for ten minutes at a time)")
+    p.add_argument("--repeat-budget-s", type=float, default=60.0,
+                   help="repeat a short prefill (fastest kept) while its runs took less than this in all")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--rounds", type=int, default=1,
                    help="sweep everything this many times (fresh processes) and keep each cell's fastest prefill "
@@ -63,7 +67,8 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    contexts = context_ladder(args.window, args.max_context or 64 * args.window)
+    contexts = [int(n) for n in args.contexts.split(",")] if args.contexts else \
+        context_ladder(args.window, args.max_context or 64 * args.window)
     methods = [m for m in args.methods.split(",") if m]
     saved = rounds_path(args)
     rounds: list[list[dict]] = json.loads(saved.read_text()) if args.extend and saved.is_file() else []
@@ -127,7 +132,8 @@ def speed_job(args, dtype: str, method: str, context: int) -> dict:
                 device=args.device, dtype=dtype, load_in_4bit=args.load_in_4bit,
                 decode_tokens=args.decode_tokens, prefill_chunk=args.prefill_chunk or 4 * args.window,
                 n_starting=args.n_starting, topk=args.topk, threads=args.threads,
-                recall_prefill=recall_prefill(args))
+                recall_prefill=recall_prefill(args),
+                repeat_budget_s=args.repeat_budget_s)
 
 
 def recall_prefill(args) -> bool:
@@ -190,13 +196,13 @@ def write_results(args, results, dtype, n_rounds: int) -> None:
     stem = results_stem(args)
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     table = summary_table(results, args.window)
-    scaling = scaling_note(results, args.window)
-    table += f"\n\n{scaling}" if scaling else ""
+    notes = " ".join(note for note in (scaling_note(results, args.window), recall_note(results)) if note)
+    table += f"\n\n{notes}" if notes else ""
     hardware = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{platform.processor() or 'CPU'}, {args.threads} threads"
     header = (f"Measured {datetime.date.today()} on {hardware}; model `{args.model}` (L = {args.window}, {dtype}"
               f"{', 4-bit NF4' if args.load_in_4bit else ''}), n_starting = {args.n_starting}, top-k = {args.topk}. "
               f"Top-k recall {'while reading and ' if recall_prefill(args) else 'only '}while decoding"
-              f"{' (middle store offloaded to CPU memory)' if args.device.startswith('cuda') else ''}. "
+              f"{' (middle store on the GPU up to 80 % of its free memory, then pinned CPU pages)' if args.device.startswith('cuda') else ''}. "
               f"{n_rounds} round(s), each cell's best. Decode: median of {args.decode_tokens} tokens; vanilla@L is the median decode of vanilla at L and of "
               f"every truncation run (transformers with the last L tokens cached)"
               f"{'; CUDA graph: the same decode through lminfinite.GraphedDecoder, after the step that records it' if args.device.startswith('cuda') else ''}. Peak: "
@@ -246,6 +252,19 @@ def scaling_note(results, window) -> str:
             row = max(rows, key=lambda r: r["context"])
             parts.append(f"{method} {row['prefill_s'] / row['half_prefill_s']:.2f} at {row['context'] // window}·L")
     return f"Prefill scaling inside one prefill, t(n) / t(n/2): {', '.join(parts)}." if parts else ""
+
+
+def recall_note(results) -> str:
+    """What recall costs against LM-Infinite without it, at each context both ran: decode and prefill ratios."""
+    by = {(r["method"], r["context"]): r for r in results if not r["error"]}
+    parts = []
+    for context in sorted({c for m, c in by if m == "lminfinite-topk" and ("lminfinite", c) in by}):
+        plain, recall = by["lminfinite", context], by["lminfinite-topk", context]
+        parts.append(f"at {context:,} a token decodes in {recall['decode_ms'] / plain['decode_ms']:.2f}× the time and "
+                     f"the prefill runs at {plain['prefill_s'] / recall['prefill_s']:.2f}× the speed")
+    if not parts:
+        return ""
+    return "LM-Infinite with recall against without: " + "; ".join(parts) + "."
 
 
 def vanilla_decode_at_window(results, window) -> float | None:

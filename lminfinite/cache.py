@@ -20,6 +20,20 @@ from .layer import InfiniteLayer
 from .state import get_state
 
 
+def _free_share(model, config: LMInfiniteConfig) -> int | None:
+    """Bytes of GPU memory the middle stores of a new cache may hold: the config's share of what is free now on the
+    model's GPU, counting what PyTorch's allocator holds unused (a freed cache's blocks stay reserved: on an H200,
+    a second 128K-token cache saw half the memory free, spilled, and decoded at 1 s a token); None (no bound) for a
+    model on the CPU."""
+    parameter = next(model.parameters(), None)
+    if parameter is None or parameter.device.type != "cuda":
+        return None
+    device = parameter.device
+    free, _ = torch.cuda.mem_get_info(device)
+    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int((free + unused) * config.middle_device_share)
+
+
 @dataclass(frozen=True)
 class CacheSnapshot:
     """Everything needed to put a cache back as it was: tensor references and counters."""
@@ -36,22 +50,24 @@ class InfiniteCache(Cache):
     """Pass as ``past_key_values`` to ``model(...)`` or ``model.generate(...)`` of an LM-Infinite model.
 
     ``keep_middle`` (default: the model's ``topk > 0``) keeps evicted tokens so top-k recall can be switched
-    on later without re-encoding; ``offload_middle`` (default from the config) keeps them in CPU memory;
-    ``topk`` (default None: the model's) is the recall k of this cache's forwards, and may change between them.
+    on later without re-encoding; ``offload_middle`` (default from the config) keeps them in pinned CPU pages;
+    ``middle_device_bytes`` (default: the config's ``middle_device_share`` of the free GPU memory, on a GPU) bounds
+    what the middle stores hold on the model's device before their rows go to pinned CPU pages; ``topk``
+    (default None: the model's) is the recall k of this cache's forwards, and may change between them.
     """
 
     def __init__(self, model, keep_middle: bool | None = None, offload_middle: bool | None = None,
-                 topk: int | None = None):
+                 topk: int | None = None, middle_device_bytes: int | None = None):
         state = get_state(model)
         if state is None:
             raise ValueError("InfiniteCache needs an LM-Infinite model: call lminfinite.enable(model) first")
         self.config = state.config
         keep = self.config.topk > 0 if keep_middle is None else keep_middle
         offload = self.config.offload_middle if offload_middle is None else offload_middle
-        layers = [
-            InfiniteLayer(self.config, state.rope, keep and i >= self.config.topk_from_layer, "cpu" if offload else None)
-            for i in range(state.num_layers)
-        ]
+        keeping = [keep and i >= self.config.topk_from_layer for i in range(state.num_layers)]
+        total = middle_device_bytes if middle_device_bytes is not None else _free_share(model, self.config)
+        budget = None if total is None or not any(keeping) else total // sum(keeping)
+        layers = [InfiniteLayer(self.config, state.rope, keeps, offload, budget) for keeps in keeping]
         super().__init__(layers=layers)
         self._model = weakref.ref(model)  # to refuse clearly a forward after lminfinite.disable(model)
         self.topk = topk

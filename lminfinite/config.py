@@ -17,7 +17,9 @@ class LMInfiniteConfig:
     topk: middle tokens recalled per query and head (App. A.3); 0 switches recall off.
     topk_from_layer: recall only in layers with index >= this (the paper's h = 5 for Llama-2).
     topk_distance: the distance at which recalled middle tokens are scored; ``None`` means ``window // 2``.
-    offload_middle: keep evicted keys/values in CPU memory; only the selected rows travel to the accelerator.
+    offload_middle: keep evicted keys/values in pinned CPU pages; only the selected rows travel to the accelerator.
+    middle_device_share: without offload, on a GPU, the share of the GPU memory free when a cache is made that its
+        middle stores may hold; the rows beyond go to pinned CPU pages (middle_store.py). A CPU model keeps them all.
     recall_scan_copy: a model running in float32 on the CPU also keeps a bfloat16 copy of its middle keys,
         which recall scans instead (scan_copy.py): the same tokens are recalled, decoding with recall runs
         faster at long contexts, and the middle store takes a quarter more memory.
@@ -32,6 +34,7 @@ class LMInfiniteConfig:
     topk_from_layer: int = 5
     topk_distance: int | None = None
     offload_middle: bool = False
+    middle_device_share: float = 0.8
     recall_scan_copy: bool = True
     window_kernel: str = "auto"
 
@@ -51,6 +54,9 @@ class LMInfiniteConfig:
         for name in ("offload_middle", "recall_scan_copy"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        share = self.middle_device_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+            raise ValueError(f"middle_device_share must be a number in [0, 1], got {share!r}")
         if self.window_kernel not in WINDOW_KERNELS:
             raise ValueError(f"window_kernel must be one of {', '.join(WINDOW_KERNELS)}, got {self.window_kernel!r}")
 
@@ -66,6 +72,7 @@ class LMInfiniteConfig:
             topk_from_layer=self.topk_from_layer,
             topk_distance=distance,
             offload_middle=self.offload_middle,
+            middle_device_share=self.middle_device_share,
             recall_scan_copy=self.recall_scan_copy,
             window_kernel=self.window_kernel,
         )

@@ -26,8 +26,10 @@ class KeyContext:
     start: unrotated keys at positions ``[0, s)``, s <= n_starting. Either ``recent_start == 0`` (they are
         also in recent), or every one lies beyond every query's window, reachable only at the ceiling.
     middle: evicted tokens at positions ``[n_starting, n_starting + m)``, unrotated, for top-k recall;
-        may live on the CPU (offload) while the rest is on the accelerator. ``middle_scan``: the store's
-        bfloat16 copy of those keys, which recall scans where there is one (scan_copy.py).
+        the first ones (middle_k/v) where the store keeps them (the model's device, or the CPU for a CPU model),
+        the rest (``middle_pages``) in pinned CPU pages, in position order, where a GPU store spilled beyond its
+        budget or was offloaded (middle_store.py). ``middle_scan``: the store's bfloat16 copy of middle_k, which
+        recall scans where there is one (scan_copy.py).
     decode_keys/values: steady-state decoding of one query: the n_starting start keys rotated to
         distance ``window`` from it, then the last ``window`` keys in the frame, all valid, in any order.
     decode_rotation: with them, (cos, sin) of the query's rotation into the frame, as its key got it.
@@ -42,6 +44,7 @@ class KeyContext:
     middle_k: torch.Tensor | None = None
     middle_v: torch.Tensor | None = None
     middle_scan: ScanKeys | None = None
+    middle_pages: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
     decode_keys: torch.Tensor | None = None
     decode_values: torch.Tensor | None = None
     decode_rotation: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -53,12 +56,13 @@ class KeyContext:
 
     @property
     def middle_len(self) -> int:
-        return 0 if self.middle_k is None else self.middle_k.shape[-2]
+        primary = 0 if self.middle_k is None else self.middle_k.shape[-2]
+        return primary + sum(keys.shape[-2] for keys, _ in self.middle_pages)
 
     def raw_recent(self, lo: int, hi: int, rope: Rope) -> torch.Tensor:
         """Unrotated keys at positions [lo, hi) of recent (for top-k scoring at a fixed distance)."""
         keys = self.recent_k[..., lo - self.recent_start : hi - self.recent_start, :]
-        return rope.rotate(keys, self.frame - torch.arange(lo, hi, device=keys.device))
+        return rope.rotate_range(keys, self.frame - lo, -1)
 
     def rotate_queries(self, query: torch.Tensor, rope: Rope) -> torch.Tensor:
         """The call's queries, as projected: the last c tokens of recent, rotated into the frame, R(i - frame)·q_i."""
@@ -73,5 +77,5 @@ class KeyContext:
         Positions count from the sequence's first token, whatever position ids the call was given."""
         recent_k = rope.rotate_from(keys, 0)
         start = recent_k[..., :n_starting, :]  # unrotated back, as an InfiniteLayer does: both paths agree bit for bit
-        start_k = rope.rotate(start, -torch.arange(start.shape[-2], device=keys.device))
+        start_k = rope.rotate_range(start, 0, -1)
         return cls(recent_k, values, 0, 0, start_k, values[..., :n_starting, :])

@@ -57,13 +57,17 @@ def lm_infinite_attention(
             query, ctx.decode_keys, ctx.decode_values, scale=scale, enable_gqa=groups > 1
         )
 
-    query_pos = torch.arange(ctx.end - c, ctx.end, device=query.device)
+    first_pos = ctx.end - c
+    query_pos = torch.arange(first_pos, ctx.end, device=query.device)
+    kernels = kernels_for(config.window_kernel, query.device, query.dtype, dim)
+    if ctx.decode_keys is None and ctx.recent_start == 0 and ctx.end <= config.window_ and kernels.window != "float32":
+        return within_window(query, ctx, scale, groups)
 
     # Query head h reads key/value head h // groups, as HF's repeat_kv lays them out.
     q_frame = query.view(batch, kv_heads, groups, c, dim)
-    kernels = kernels_for(config.window_kernel, query.device, query.dtype, dim)
     if ctx.decode_keys is not None:  # decoding with top-k: one query, over the decode keys and its recalled tokens
-        block = _attend_block(q_frame, query_pos, ctx, config, rope, layer_idx, scale, observer, None, kernels.band)
+        block = _attend_block(q_frame, query_pos, first_pos, ctx, config, rope, layer_idx, scale, observer, None,
+                              kernels.band)
         return block.reshape(batch, heads, c, dim).to(query.dtype)  # CUDA's fused kernels may return it strided
 
     # Prefill: the window span for every query at once (window.py). Queries before position L see nothing
@@ -71,14 +75,14 @@ def lm_infinite_attention(
     win_out, win_lse = window_attention(query, ctx, config.window_, scale, kernels.window)
     out = win_out.view(batch, kv_heads, groups, c, dim)
     lse = win_lse.view(batch, kv_heads, groups, c)
-    first_far = min(c, max(0, config.window_ - (ctx.end - c)))
+    first_far = min(c, max(0, config.window_ - first_pos))
     # Blocks bound the top-k scan's memory; without it the start span is n_starting keys per query.
     step = (block_size or default_block_size(config.window_)) if config.uses_topk(layer_idx) else c
     for lo in range(first_far, c, step):
         hi = min(c, lo + step)
         target = out[:, :, :, lo:hi]
         block = _attend_block(
-            q_frame[:, :, :, lo:hi], query_pos[lo:hi], ctx, config, rope, layer_idx, scale, observer,
+            q_frame[:, :, :, lo:hi], query_pos[lo:hi], first_pos + lo, ctx, config, rope, layer_idx, scale, observer,
             (target, lse[:, :, :, lo:hi]), kernels.band,
         )
         if block.data_ptr() != target.data_ptr():  # grouped heads: the rows were merged in a copy
@@ -86,16 +90,30 @@ def lm_infinite_attention(
     return out.view(batch, heads, c, dim).to(query.dtype)
 
 
-def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer_idx, scale, observer, window_part,
-                  band_kernel):
-    """One block of queries: the window span (given, or the decode keys), then the start and middle spans.
+def within_window(query: torch.Tensor, ctx: KeyContext, scale: float, groups: int) -> torch.Tensor:
+    """A chunk whose every key lies inside every query's window (the context's first L tokens): the Λ-mask is
+    plain causal attention there, at true distances, so one fused causal call computes it, in the queries' dtype,
+    with no log-sum-exp to merge and no float32 copy. The queries are the last c of the keys: causal aligned at
+    the bottom right."""
+    c, m = query.shape[-2], ctx.recent_k.shape[-2]
+    mask, causal = None, c > 1
+    if 1 < c < m:  # a later chunk: query t sees keys up to m - c + t
+        mask = torch.ones(c, m, dtype=torch.bool, device=query.device).tril_(m - c)
+        causal = False
+    return F.scaled_dot_product_attention(query, ctx.recent_k, ctx.recent_v, attn_mask=mask, is_causal=causal,
+                                          scale=scale, enable_gqa=groups > 1)
+
+
+def _attend_block(q_frame, query_pos, p0: int, ctx: KeyContext, config, rope: Rope, layer_idx, scale, observer,
+                  window_part, band_kernel):
+    """One block of queries at positions ``query_pos`` (the first, ``p0``, as a number: reading it off the device
+    would wait for the GPU): the window span (given, or the decode keys), then the start and middle spans.
 
     Returns float32 (B, Hkv, g·nb, D); with a given window span of one head per key head, that span's
     own storage, merged in place."""
     batch, kv_heads, groups, nb, dim = q_frame.shape
     rows = groups * nb
     window = config.window_
-    p0 = int(query_pos[0])
 
     if window_part is None:  # decoding with top-k: the start keys are already placed at distance L
         out, lse = attend_with_lse(q_frame.reshape(batch, kv_heads, rows, dim), ctx.decode_keys,
@@ -107,7 +125,7 @@ def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer
     # Starting span beyond the window: keys unrotated, queries rotated to exactly L (distance ceiling).
     n_start = 0 if ctx.decode_keys is not None else min(ctx.start_k.shape[-2], max(0, p0 + nb - window))
     if n_start:
-        q_ceiling = _rotate_to(q_frame, window, query_pos, ctx.frame, rope).reshape(batch, kv_heads, rows, dim)
+        q_ceiling = _rotate_to(q_frame, window, p0, ctx.frame, rope).reshape(batch, kv_heads, rows, dim)
         logits = (q_ceiling @ ctx.start_k[..., :n_start, :].transpose(-1, -2)).float() * scale
         if p0 - (n_start - 1) < window:  # some start keys are still inside some queries' windows
             beyond = (query_pos[:, None] - torch.arange(n_start, device=q_frame.device)[None, :]) >= window
@@ -118,9 +136,9 @@ def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer
     # Middle tokens: the top-k logits at distance topk_distance, per query row and head.
     recalled: Recalled | None = None
     if config.uses_topk(layer_idx):
-        q_mid = _rotate_to(q_frame, config.topk_distance, query_pos, ctx.frame, rope)
+        q_mid = _rotate_to(q_frame, config.topk_distance, p0, ctx.frame, rope)
         recalled = recall_topk(
-            q_mid, query_pos, ctx, rope, k=config.topk, n_starting=config.n_starting, window=window, scale=scale
+            q_mid, query_pos, p0, ctx, rope, k=config.topk, n_starting=config.n_starting, window=window, scale=scale
         )
         if recalled is not None:
             extra_logits.append(recalled.logits)
@@ -130,11 +148,12 @@ def _attend_block(q_frame, query_pos, ctx: KeyContext, config, rope: Rope, layer
     return out
 
 
-def _rotate_to(q_frame, distance: int, query_pos, frame: int, rope: Rope) -> torch.Tensor:
-    """Queries rotated by exactly ``distance`` (for unrotated keys), from their frame rotation i - frame."""
-    if query_pos.numel() == 1:
-        return rope.rotate_uniform(q_frame, distance - (int(query_pos[0]) - frame))
-    return rope.rotate(q_frame, distance - (query_pos - frame))
+def _rotate_to(q_frame, distance: int, p0: int, frame: int, rope: Rope) -> torch.Tensor:
+    """Queries at positions p0, p0 + 1, ... rotated by exactly ``distance`` (for unrotated keys), from their frame
+    rotation i - frame."""
+    if q_frame.shape[-2] == 1:
+        return rope.rotate_uniform(q_frame, distance - (p0 - frame))
+    return rope.rotate_range(q_frame, distance - (p0 - frame), -1)
 
 
 def _merge_into(out, lse, extra_logits, extra_values, recalled, layer_idx, query_pos, observer, groups):

@@ -58,10 +58,11 @@ class InfiniteLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = False
 
-    def __init__(self, config: LMInfiniteConfig, rope: Rope, keep_middle: bool, middle_device=None):
+    def __init__(self, config: LMInfiniteConfig, rope: Rope, keep_middle: bool, offload: bool = False,
+                 device_budget: int | None = None):
         super().__init__()
         self.config, self.rope = config, rope
-        self.middle = MiddleStore(middle_device, config.recall_scan_copy) if keep_middle else None
+        self.middle = MiddleStore(offload, device_budget, config.recall_scan_copy) if keep_middle else None
         self.start_k = self.start_v = None  # unrotated, positions [0, min(seen, n_starting))
         # Rows [0, n_starting): start keys placed for the current decode step; then the ring, slot(p) below.
         self.ring_k = self.ring_v = None
@@ -109,7 +110,9 @@ class InfiniteLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.__init__(self.config, self.rope, self.middle is not None, None if self.middle is None else self.middle.device)
+        middle = self.middle
+        self.__init__(self.config, self.rope, middle is not None, middle is not None and middle.offload,
+                      None if middle is None else middle.device_budget)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise NotImplementedError("InfiniteCache does not support beam search")
@@ -178,9 +181,7 @@ class InfiniteLayer(CacheLayerMixin):
     def _contiguous_context(self, rotated, value_states, ordered_k, ordered_v) -> KeyContext:
         """[0, seen + c) all at hand: recent starts at position 0, and the start keys may still be filling."""
         n_starting, first = self.config.n_starting, self.seen
-        n_start = self.start_k.shape[-2]
-        start_pos = torch.arange(n_start, device=rotated.device)
-        recent_k = _join(self.rope.rotate(self.start_k, start_pos - self.frame), ordered_k, rotated)
+        recent_k = _join(self.rope.rotate_range(self.start_k, -self.frame, 1), ordered_k, rotated)
         recent_v = _join(self.start_v, ordered_v, value_states)
         new_start = self._unrotate(rotated[..., : max(0, n_starting - first), :], first)
         start_k = torch.cat((self.start_k, new_start), dim=-2)
@@ -211,7 +212,10 @@ class InfiniteLayer(CacheLayerMixin):
 
     # -- helpers ----------------------------------------------------------------------------------
     def _middle_view(self):
-        return (*self.middle.view(), self.middle.scan_view()) if self.middle is not None else (None, None, None)
+        if self.middle is None:
+            return None, None, None, ()
+        keys, values, pages = self.middle.attention_view()
+        return keys, values, self.middle.scan_view(), pages
 
     def _slot(self, position):
         return self.config.n_starting + position % self.config.window_
@@ -219,8 +223,7 @@ class InfiniteLayer(CacheLayerMixin):
     def _unrotate(self, keys: torch.Tensor, first_position: int) -> torch.Tensor:
         if keys.shape[-2] == 1:  # a decode step's evicted token: one table row, no gather and no device sync
             return self.rope.rotate_by(keys, self.frame - first_position)
-        offsets = self.frame - torch.arange(first_position, first_position + keys.shape[-2], device=keys.device)
-        return self.rope.rotate(keys, offsets)
+        return self.rope.rotate_range(keys, self.frame - first_position, -1)
 
     def _writable(self) -> None:
         if self.shared:

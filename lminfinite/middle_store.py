@@ -1,4 +1,13 @@
-"""Evicted keys/values kept once for top-k recall, in a buffer that grows by a quarter at a time."""
+"""Evicted keys/values kept once for top-k recall: on the model's device while they fit its budget, then in
+pinned CPU pages of fixed size.
+
+Where the rows go. The first ones live in one *primary* buffer on the model's device (the GPU, or the CPU for
+a CPU model), which grows by a quarter at a time, so recall scans them in one batched product per layer where
+they live. On a GPU the primary holds at most ``device_budget`` bytes (InfiniteCache sets it from the memory
+free when the cache is made); the rows beyond it, and every row of an offloaded store, go to pages of
+``PAGE_ROWS`` rows in pinned CPU memory. A page is allocated once and never grown, so its pinning is paid once
+(a growing pinned buffer was re-pinned at every growth: a 32K-token prefill ran at a fifth of its speed).
+"""
 
 from __future__ import annotations
 
@@ -8,73 +17,152 @@ from .kv_bytes import keeps_scan_copy, row_bytes, scan_copy_row_bytes
 from .modes import outside_inference_mode
 from .scan_copy import ScanCopy, ScanKeys
 
-# Each growth copies the rows into a buffer this much larger. Doubling left up to as much spare capacity as rows
-# (a 16K-row buffer for 8.7K rows); a quarter keeps the spare under a quarter of the rows, for about twice the
-# copying (each row is copied four times on average instead of twice, one layer's store at a time).
+# Each growth copies the primary's rows into a buffer this much larger. Doubling left up to as much spare capacity
+# as rows (a 16K-row buffer for 8.7K rows); a quarter keeps the spare under a quarter of the rows, for about twice
+# the copying (each row is copied four times on average instead of twice, one layer's store at a time).
 GROWTH = 1.25
+# Rows per pinned CPU page: 4,096 rows of a Llama-2-7B layer are 64 MiB of keys and values in bfloat16.
+PAGE_ROWS = 4096
 
 
 class MiddleStore:
-    """Append-only rows at positions ``[n_starting, n_starting + length)``; ``device`` may be the CPU (offload).
+    """Append-only rows at positions ``[n_starting, n_starting + length)``: the primary's first, then the pages'.
 
-    Appends write past ``length`` (or into a fresh, larger buffer: ``GROWTH``), so a prefix view taken earlier never
-    changes: that is what makes snapshots and the attention's "before this call" view free.
+    Appends write past ``length`` (or into a fresh, larger primary: ``GROWTH``; or into a new page), so a prefix
+    view taken earlier never changes: that is what makes snapshots and the attention's "before this call" view
+    free.
 
-    Offloaded from a GPU, an append is a copy queued on the GPU's stream straight into the pinned store, not
-    waited for; ``view`` and a growth wait for it, so the CPU never reads a row before it has landed.
+    ``offload``: a GPU model's rows all go to pinned CPU pages (GPU memory stays flat); ``device_budget``: bytes
+    the primary may hold on a GPU before rows spill to pages (None: no bound). A CPU model's rows all stay in the
+    primary. A copy into a page is queued on the GPU's stream, not waited for; reading the pages and growing wait
+    for it, so the CPU never reads a row before it has landed.
 
-    ``scan_copy``: whether a bfloat16 copy of the keys for recall's scan (``scan``, scan_copy.py) is wanted; the
-    first append decides from the keys' dtype and device whether it is kept (kv_bytes.keeps_scan_copy).
+    ``scan_copy``: whether a bfloat16 copy of the primary's keys for recall's scan (``scan``, scan_copy.py) is
+    wanted; the first append decides from the keys' dtype and device whether it is kept (kv_bytes.keeps_scan_copy).
     """
 
-    def __init__(self, device: torch.device | str | None = None, scan_copy: bool = True):
-        self.device = None if device is None else torch.device(device)
-        self.wants_scan_copy = scan_copy
-        self.keys: torch.Tensor | None = None
+    def __init__(self, offload: bool = False, device_budget: int | None = None, scan_copy: bool = True):
+        self.offload, self.device_budget, self.wants_scan_copy = offload, device_budget, scan_copy
+        self.keys: torch.Tensor | None = None  # the primary's buffers, rows [0, primary_rows) in use
         self.values: torch.Tensor | None = None
         self.scan: ScanCopy | None = None
+        self.pages: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.primary_cap: int | None = None  # rows the primary may hold (None: any), fixed at the first append
+        self.pinned_pages = False  # pages of a GPU model's store are pinned, so copies into them are queued
         self.length = 0
-        self._landing = None  # a torch.cuda.Event after the last queued GPU-to-CPU append
+        self._landing = None  # a torch.cuda.Event after the last queued GPU-to-CPU copy
+
+    @property
+    def device(self) -> torch.device | None:
+        """The CPU for an offloaded store, else None: its rows follow the model's (persist.py records it)."""
+        return torch.device("cpu") if self.offload else None
+
+    @property
+    def primary_rows(self) -> int:
+        return self.length if self.primary_cap is None else min(self.length, self.primary_cap)
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         n = keys.shape[-2]
         if n == 0:
             return
-        device = self.device or keys.device
-        needed = self.length + n
+        if self.keys is None and not self.pages:
+            self._place(keys, keys.device)
+        into_primary = n if self.primary_cap is None else max(0, min(n, self.primary_cap - self.length))
+        if into_primary:
+            self._append_primary(keys[..., :into_primary, :], values[..., :into_primary, :])
+        if into_primary < n:
+            self._append_pages(keys[..., into_primary:, :], values[..., into_primary:, :])
+
+    def _place(self, like: torch.Tensor, model_device: torch.device, dtype: torch.dtype | None = None) -> None:
+        """Fix the primary's row cap for rows shaped like ``like`` (in ``dtype``, default theirs) of a model on
+        ``model_device``: none for a CPU model, 0 for an offloaded GPU store, else the budget's rows."""
+        self.pinned_pages = model_device.type == "cuda"
+        if model_device.type == "cpu" and (self.device_budget is None or self.offload):
+            self.primary_cap = None
+        elif self.offload:
+            self.primary_cap = 0
+        elif self.device_budget is None:
+            self.primary_cap = None
+        else:
+            batch, kv_heads, _, head_dim = like.shape
+            itemsize = (dtype or like.dtype).itemsize
+            self.primary_cap = self.device_budget // (batch * row_bytes(kv_heads, head_dim, itemsize))
+
+    def _append_primary(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        needed = self.length + keys.shape[-2]
         if self.keys is None or needed > self.keys.shape[-2]:
-            capacity = max(needed, int(GROWTH * (0 if self.keys is None else self.keys.shape[-2])), 64)
-            self._reallocate(keys, values, capacity, device, keys.device)
-        self._write(self.keys[..., self.length : needed, :], keys)
-        self._write(self.values[..., self.length : needed, :], values)
+            grown = max(needed, int(GROWTH * (0 if self.keys is None else self.keys.shape[-2])), 64)
+            capacity = grown if self.primary_cap is None else min(grown, self.primary_cap)
+            self._reallocate(keys, values, capacity, keys.device)
+        self.keys[..., self.length : needed, :] = keys
+        self.values[..., self.length : needed, :] = values
         if self.scan is not None:
             self.scan.write(self.length, keys)
         self.length = needed
 
-    def restore(self, keys: torch.Tensor, values: torch.Tensor, model_device: torch.device) -> None:
-        """Hold exactly these rows (a saved store, already on its device), with a scan copy made anew where
-        one is kept for a model on ``model_device``."""
-        self.keys = self.values = self.scan = None
-        self.length = 0
-        self._reallocate(keys, values, keys.shape[-2], keys.device, model_device, take=True)
-        if self.scan is not None:
-            self.scan.write(0, keys)
-        self.length = keys.shape[-2]
+    def _append_pages(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Rows past the primary's cap, page by page; each page is allocated (pinned, from a GPU) when first reached."""
+        done, n = 0, keys.shape[-2]
+        while done < n:
+            row = self.length - self.primary_cap  # the next row's place among the paged rows
+            page, offset = divmod(row, PAGE_ROWS)
+            if page == len(self.pages):
+                self.pages.append((self._page_like(keys), self._page_like(values)))
+            take = min(n - done, PAGE_ROWS - offset)
+            for buffer, source in zip(self.pages[page], (keys, values)):
+                self._write(buffer[..., offset : offset + take, :], source[..., done : done + take, :])
+            done += take
+            self.length += take
 
-    def _reallocate(self, keys, values, capacity: int, device, model_device, take: bool = False) -> None:
-        """Buffers for ``capacity`` rows holding the rows in use (``take``: ``keys`` and ``values`` themselves).
-        Every buffer is allocated before any replaces the old one: an out-of-memory error here leaves the store
-        as it was (``restore`` emptied it first)."""
+    def _page_like(self, like: torch.Tensor) -> torch.Tensor:
+        shape = (*like.shape[:-2], PAGE_ROWS, like.shape[-1])
+        with outside_inference_mode():  # written in place by later calls, whatever their mode
+            return torch.empty(shape, dtype=like.dtype, device="cpu", pin_memory=self.pinned_pages)
+
+    def restore(self, keys: torch.Tensor, values: torch.Tensor, model_device, dtype: torch.dtype) -> None:
+        """Hold exactly these rows (a saved store, wherever it was read to) in ``dtype``: one copy on the model's
+        device, taken as the primary, when they all belong there; else the primary's share copied there and the
+        rest into pages. A scan copy is made anew where one is kept."""
+        model_device = torch.device(model_device)
+        self.__init__(self.offload, self.device_budget, self.wants_scan_copy)
+        self._place(keys, model_device, dtype)
+        n = keys.shape[-2]
+        into_primary = n if self.primary_cap is None else min(n, self.primary_cap)
+        if into_primary == n:
+            keys, values = (t.to(model_device, dtype, copy=True) for t in (keys, values))
+            self._reallocate(keys, values, n, model_device, take=True)
+            if self.scan is not None:
+                self.scan.write(0, keys)
+            self.length = n
+            return
+        if into_primary:
+            self._append_primary(keys[..., :into_primary, :].to(model_device, dtype),
+                                 values[..., :into_primary, :].to(model_device, dtype))
+        self._append_pages(keys[..., into_primary:, :].to(dtype=dtype), values[..., into_primary:, :].to(dtype=dtype))
+
+    def _reallocate(self, keys, values, capacity: int, device, take: bool = False) -> None:
+        """Primary buffers for ``capacity`` rows holding the rows in use (``take``: ``keys`` and ``values``
+        themselves). Every buffer is allocated before any replaces the old one: an out-of-memory error here leaves
+        the store as it was (``restore`` emptied it first)."""
         scan = self.scan
-        if self.keys is None and keeps_scan_copy(self.wants_scan_copy, keys.dtype, model_device.type):
+        if self.keys is None and keeps_scan_copy(self.wants_scan_copy, keys.dtype, device.type):
             scan = ScanCopy()
         grown_keys = keys if take else self._grow(self.keys, keys, capacity, device)
         grown_values = values if take else self._grow(self.values, values, capacity, device)
-        grown_scan = None if scan is None else scan.grown(keys, capacity, self.length)
+        grown_scan = None if scan is None else scan.grown(keys, capacity, self.primary_rows)
         self.keys, self.values, self.scan = grown_keys, grown_values, grown_scan
 
+    def _grow(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int, device) -> torch.Tensor:
+        shape = (*like.shape[:-2], capacity, like.shape[-1])
+        with outside_inference_mode():  # appended to in place by later calls, whatever their mode
+            new = torch.empty(shape, dtype=like.dtype, device=device)
+        rows = self.primary_rows
+        if old is not None and rows:
+            new[..., :rows, :] = old[..., :rows, :]
+        return new
+
     def _write(self, rows: torch.Tensor, source: torch.Tensor) -> None:
-        if rows.device.type == "cpu" and source.device.type == "cuda":
+        if source.device.type == "cuda":
             rows.copy_(source, non_blocking=True)  # into pinned memory: queued, see the class docstring
             self._landing = torch.cuda.Event()
             self._landing.record(torch.cuda.current_stream(source.device))
@@ -82,45 +170,68 @@ class MiddleStore:
             rows.copy_(source)
 
     def _settle(self) -> None:
-        """Wait until every queued append has landed in CPU memory."""
+        """Wait until every queued copy into a page has landed in CPU memory."""
         if self._landing is not None:
             self._landing.synchronize()
             self._landing = None
 
-    def _grow(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int, device) -> torch.Tensor:
-        shape = (*like.shape[:-2], capacity, like.shape[-1])
-        pin = device.type == "cpu" and like.device.type == "cuda"
-        self._settle()  # the old rows are read below
-        with outside_inference_mode():  # appended to in place by later calls, whatever their mode
-            new = torch.empty(shape, dtype=like.dtype, device=device, pin_memory=pin)
-        if old is not None and self.length:
-            new[..., : self.length, :] = old[..., : self.length, :]
-        return new
-
     def view(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if self.keys is None or self.length == 0:
+        """Every row in use, as one tensor each: the primary's rows themselves when nothing is paged, else a copy
+        on the CPU joining the primary and the pages (for saving)."""
+        if self.length == 0:
             return None, None
+        primary_k, primary_v, pages = self.attention_view()
+        if not pages:
+            return primary_k, primary_v
+        parts = ([(primary_k.cpu(), primary_v.cpu())] if primary_k is not None else []) + list(pages)
+        return torch.cat([k for k, _ in parts], dim=-2), torch.cat([v for _, v in parts], dim=-2)
+
+    def attention_view(self):
+        """(primary keys, primary values, pages): the rows in use where they live, as KeyContext takes them."""
+        rows = self.primary_rows
+        primary = (self.keys[..., :rows, :], self.values[..., :rows, :]) if rows else (None, None)
+        paged = self.length - rows
+        if not paged:
+            return (*primary, ())
         self._settle()
-        return self.keys[..., : self.length, :], self.values[..., : self.length, :]
+        pages = []
+        for keys, values in self.pages:
+            take = min(paged, PAGE_ROWS)
+            if take <= 0:
+                break
+            pages.append((keys[..., :take, :], values[..., :take, :]))
+            paged -= take
+        return (*primary, tuple(pages))
 
     def scan_view(self) -> ScanKeys | None:
-        """The scan copy of the rows in use, where the store keeps one (``view`` gives the rows themselves)."""
-        if self.scan is None or self.length == 0:
+        """The scan copy of the primary's rows in use, where the store keeps one."""
+        if self.scan is None or self.primary_rows == 0:
             return None
-        return self.scan.view(self.length)
+        return self.scan.view(self.primary_rows)
 
     def truncate(self, length: int) -> None:
         if length > self.length:
             raise ValueError(f"cannot grow the middle store by truncation ({self.length} -> {length})")
         self.length = length
 
+    def _row_bytes(self) -> int:
+        buffer = self.keys if self.keys is not None else self.pages[0][0]
+        batch, kv_heads, _, head_dim = buffer.shape
+        return batch * row_bytes(kv_heads, head_dim, buffer.element_size())
+
     @property
     def nbytes(self) -> int:
         """Bytes of the rows in use (the capacity beyond them is reusable slack)."""
-        if self.keys is None:
+        if self.keys is None and not self.pages:
             return 0
-        batch, kv_heads, _, head_dim = self.keys.shape
-        return self.length * batch * row_bytes(kv_heads, head_dim, self.keys.element_size())
+        return self.length * self._row_bytes()
+
+    @property
+    def paged_bytes(self) -> int:
+        """Bytes of the rows in use that live in CPU pages (part of ``nbytes``)."""
+        if not self.pages:
+            return 0
+        return (self.length - self.primary_rows) * self._row_bytes()
 
     @property
     def scan_bytes(self) -> int:
@@ -128,14 +239,15 @@ class MiddleStore:
         if self.scan is None:
             return 0
         batch, kv_heads, _, head_dim = self.keys.shape
-        return self.length * batch * scan_copy_row_bytes(kv_heads, head_dim)
+        return self.primary_rows * batch * scan_copy_row_bytes(kv_heads, head_dim)
 
     @property
     def allocated_bytes(self) -> int:
-        if self.keys is None:
-            return 0
+        tensors = [t for pair in self.pages for t in pair]
+        if self.keys is not None:
+            tensors += [self.keys, self.values]
         scan = 0 if self.scan is None else self.scan.allocated_bytes
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size() + scan
+        return sum(t.numel() * t.element_size() for t in tensors) + scan
 
     @property
     def reserved_bytes(self) -> int:

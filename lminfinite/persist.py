@@ -129,17 +129,7 @@ def _restore_layer(layer, i: int, saved: dict, tensors, info: dict, device: torc
         middle_dtype = getattr(torch, info["middle_dtype"])
         keys = _checked(tensors, f"layers.{i}.middle_k", info, saved["middle"], middle_dtype)
         values = _checked(tensors, f"layers.{i}.middle_v", info, saved["middle"], middle_dtype)
-        _fill_middle(layer.middle, keys, values, dtype, device)
-
-
-def _fill_middle(store, keys, values, dtype, ring_device) -> None:
-    """Hand the store its rows directly (capacity = length; the next append grows it as usual).
-    An offloaded store of a GPU cache is pinned, as MiddleStore allocates it, so recall's copies stay async."""
-    target = store.device or ring_device
-    keys, values = keys.to(target, dtype, copy=True), values.to(target, dtype, copy=True)
-    if target.type == "cpu" and ring_device.type == "cuda":
-        keys, values = keys.pin_memory(), values.pin_memory()
-    store.restore(keys, values, ring_device)
+        layer.middle.restore(keys, values, device, dtype)  # placed as its appends would be, one copy each
 
 
 # -- files: one safetensors file, written atomically -------------------------------------------------------

@@ -35,6 +35,7 @@ class Recalled:
 def recall_topk(
     q_scored: torch.Tensor,
     query_pos: torch.Tensor,
+    first_pos: int,
     ctx: KeyContext,
     rope: Rope,
     *,
@@ -45,8 +46,9 @@ def recall_topk(
 ) -> Recalled | None:
     """Select the top-k middle tokens for queries already rotated to ``topk_distance``.
 
-    q_scored: (B, Hkv, g, nb, D); query_pos: (nb,) absolute positions. A token j is "middle" for query i
-    iff n_starting <= j and i - j >= window: causal, not a starting token, outside the window.
+    q_scored: (B, Hkv, g, nb, D); query_pos: (nb,) absolute positions, the first of them ``first_pos`` (a number,
+    so the scan's bounds are known without reading the device). A token j is "middle" for query i iff
+    n_starting <= j and i - j >= window: causal, not a starting token, outside the window.
     """
     batch, kv_heads, groups, nb, dim = q_scored.shape
     flat_q = q_scored.reshape(batch, kv_heads, groups * nb, dim)
@@ -65,22 +67,29 @@ def recall_topk(
 
     chunk = max(256, SCAN_BUDGET // max(1, batch * kv_heads * groups * nb))
 
-    # 1) The evicted middle store: every token there is beyond every query's window.
+    # 1) The evicted middle store: every token there is beyond every query's window. Its rows on the model's
+    # device (or the CPU's, for a CPU model) first, scanned where they live, then any spilled to CPU pages.
     scanned = None
-    if ctx.middle_scan is not None and copy_pays(groups * nb, ctx.middle_len):
+    primary = 0 if ctx.middle_k is None else ctx.middle_k.shape[-2]
+    if ctx.middle_scan is not None and copy_pays(groups * nb, primary):
         scanned = scan_topk(flat_q.to(ctx.middle_k.device), ctx.middle_k, ctx.middle_scan,
-                            k=min(k, ctx.middle_len), scale=scale, budget=SCAN_BUDGET)
+                            k=min(k, primary), scale=scale, budget=SCAN_BUDGET)
     if scanned is not None:
         merge(scanned[0], scanned[1] + n_starting)
-    elif ctx.middle_len:
+    elif primary:
         q_store = flat_q.to(ctx.middle_k.device)
-        for lo in range(0, ctx.middle_len, chunk):
+        for lo in range(0, primary, chunk):
             vals, idx = _store_topk(q_store, ctx.middle_k[..., lo : lo + chunk, :], k, scale)
             merge(vals, idx + (n_starting + lo))
+    row = n_starting + primary
+    for page_k, _ in ctx.middle_pages:
+        vals, idx = _store_topk(flat_q.to(page_k.device), page_k, k, scale)
+        merge(vals, idx + row)
+        row += page_k.shape[-2]
 
     # 2) Tokens still in `recent` that fall out of the window of some query in this block.
     first = max(ctx.recent_start, n_starting)
-    last = int(query_pos[-1]) - window  # inclusive: the latest query's newest middle token
+    last = first_pos + nb - 1 - window  # inclusive: the latest query's newest middle token
     if last >= first:
         q_pos_rows = query_pos.repeat(groups)[:, None]  # (g·nb, 1), row r is query r % nb
         for lo in range(first, last + 1, chunk):
@@ -123,10 +132,13 @@ def _gather_values(ctx: KeyContext, positions: torch.Tensor, n_starting: int) ->
     flat = positions.reshape(batch, kv_heads, rows * k)
     recent_idx = (flat - ctx.recent_start).clamp(0, ctx.recent_v.shape[-2] - 1)
     out = ctx.recent_v.gather(2, recent_idx[..., None].expand(-1, -1, -1, dim))
-    if ctx.middle_len:
-        store_end = n_starting + ctx.middle_len
-        in_store = flat < store_end
-        store_idx = (flat - n_starting).clamp(0, ctx.middle_len - 1).to(ctx.middle_v.device)
-        from_store = ctx.middle_v.gather(2, store_idx[..., None].expand(-1, -1, -1, dim)).to(out.device)
-        out = torch.where(in_store[..., None], from_store, out)
+    lo = n_starting
+    segments = ([(ctx.middle_k, ctx.middle_v)] if ctx.middle_k is not None else []) + list(ctx.middle_pages)
+    for _, values in segments:
+        hi = lo + values.shape[-2]
+        inside = (flat >= lo) & (flat < hi)
+        index = (flat - lo).clamp(0, values.shape[-2] - 1).to(values.device)
+        found = values.gather(2, index[..., None].expand(-1, -1, -1, dim)).to(out.device, non_blocking=True)
+        out = torch.where(inside[..., None], found, out)
+        lo = hi
     return out.reshape(batch, kv_heads, rows, k, dim)

@@ -45,15 +45,19 @@ class Rope:
     def head_dim(self) -> int:
         return 2 * self.inv_freq.numel()
 
-    def cos_sin(self, offsets: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(self, offsets: torch.Tensor, dtype: torch.dtype,
+                max_abs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of ``offsets × inv_freq`` laid out as HF's ``rotate_half`` expects (n, head_dim).
 
         Offsets below ``table_rows`` are looked up in a table computed once in float64 (sin is odd, cos
-        even); larger ones are computed the same way, with identical values, and not kept.
+        even); larger ones are computed the same way, with identical values, and not kept. ``max_abs``: the
+        largest |offset| when the caller knows it, which spares reading it off the device (a sync).
         """
         index = offsets.abs()
         sign = torch.where(offsets < 0, -1.0, 1.0).to(dtype)[:, None]
-        if offsets.numel() and int(index.max()) < self.table_rows:
+        if max_abs is None and offsets.numel():
+            max_abs = int(index.max())
+        if offsets.numel() and max_abs < self.table_rows:
             cos_table, sin_table = self._table(offsets.device, dtype)
             cos, sin = cos_table[index], sin_table[index]
         else:
@@ -65,7 +69,7 @@ class Rope:
         if 0 <= lo and hi <= self.table_rows:
             cos_table, sin_table = self._table(torch.device(device), dtype)
             return _full(cos_table[lo:hi]), _full(sin_table[lo:hi])
-        return self.cos_sin(torch.arange(lo, hi, device=device), dtype)
+        return self.cos_sin(torch.arange(lo, hi, device=device), dtype, max_abs=max(abs(lo), abs(hi - 1)))
 
     def rotate_from(self, x: torch.Tensor, first: int) -> torch.Tensor:
         """Rows of ``x`` (n, head_dim) rotated by first, first + 1, ...: a call's queries or new keys.
@@ -91,8 +95,8 @@ class Rope:
         """``cos_sin`` of one offset (1, head_dim), either sign, read without a device sync: a table row (sin
         negated below zero) when it lies inside, else computed the same way."""
         size = abs(offset)
-        if size >= self.table_rows:
-            return self.cos_sin(torch.tensor([offset], device=device), dtype)
+        if size >= self.table_rows:  # filled on the device: no copy from the host, so no sync
+            return self.cos_sin(torch.full((1,), offset, dtype=torch.long, device=device), dtype, max_abs=size)
         cos_table, sin_table = self._table(torch.device(device), dtype)
         sin = sin_table[size : size + 1]
         return _full(cos_table[size : size + 1]), _full(sin if offset >= 0 else -sin)
@@ -121,6 +125,15 @@ class Rope:
         The scalar ``attention_scaling`` is not applied here; callers fold its square into the logit scale.
         """
         return apply_rotation(x, *self.cos_sin(offsets, rotation_dtype(x.dtype)))
+
+    def rotate_range(self, x: torch.Tensor, first: int, step: int) -> torch.Tensor:
+        """``rotate`` by first, first + step, first + 2·step, ... (one per row): offsets of consecutive positions,
+        whose largest size is known from the two ends, so the device is never asked for it (no sync on a GPU)."""
+        n = x.shape[-2]
+        last = first + step * (n - 1)
+        offsets = first + step * torch.arange(n, device=x.device)
+        bound = max(abs(first), abs(last)) if n else 0
+        return apply_rotation(x, *self.cos_sin(offsets, rotation_dtype(x.dtype), max_abs=bound))
 
     @property
     def nbytes(self) -> int:

@@ -90,7 +90,7 @@ def test_a_deadline_leaves_later_cells_out_and_a_later_round_fills_them(monkeypa
         peak_bytes=1, kv_bytes=1, error="", half_prefill_s=0.5))
     args = SimpleNamespace(device="cpu", model="random", window=WINDOW, load_in_4bit=False, decode_tokens=DECODE,
                            prefill_chunk=None, n_starting=N_STARTING, topk=2, threads=1, recall_prefill=None,
-                           vanilla_budget_s=1e9)
+                           vanilla_budget_s=1e9, repeat_budget_s=60.0)
     past = speed.run_round(args, "float32", [WINDOW, 2 * WINDOW], ["lminfinite"], {}, None, deadline=0.0)
     assert ran == [] and [r["error"] for r in past] == [speed.NO_TIME] * 2
     stop_at = speed.stops_in([past], 1e9)
