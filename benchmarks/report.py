@@ -15,16 +15,17 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def splice_readme(readme: Path, name: str, body: str) -> None:
-    """Replace the text between ``<!-- name:begin -->`` and ``<!-- name:end -->`` (appending them if absent)."""
+    """Replace the text between ``<!-- name:begin -->`` and ``<!-- name:end -->`` in ``readme``, or in the page under
+    ``docs/`` beside it that holds those markers (README is a front door: depth lives under docs/); appended to
+    ``readme`` when no page has them."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    text = readme.read_text()
     block = f"{begin}\n{body.strip()}\n{end}"
-    if begin in text and end in text:
-        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    readme.write_text(text)
-
+    for page in (readme, *sorted((readme.parent / "docs").glob("*.md"))):
+        text = page.read_text()
+        if begin in text and end in text:
+            page.write_text(re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S))
+            return
+    readme.write_text(readme.read_text().rstrip() + "\n\n" + block + "\n")
 
 
 def publish(name: str, data, text: str, *, readme: bool, out: Path = RESULTS) -> None:

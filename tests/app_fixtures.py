@@ -103,7 +103,10 @@ def make_long_text(path: Path, sentences: int = 3000) -> Path:
 
 # -- a launched app ------------------------------------------------------------------------------
 def start_server(*extra: str, timeout_s: float = 180, real_model: bool = False, port: int | None = None) -> AppServer:
-    """``python app.py`` on the test model, or with ``real_model`` on the default (SmolLM2) as a user runs it."""
+    """``python app.py`` on the test model, or with ``real_model`` on the default (Qwen2.5-Coder-0.5B) as a user runs
+    it: its first start joins, checks and converts the model's parts (about a minute), so it is given longer."""
+    if real_model:
+        timeout_s = max(timeout_s, 480)
     model = [] if real_model else ["--model", str(model_dir()), "--dtype", "float32"]  # as conftest's runtime
     return start_app(*model, "--cpu-threads", "2" if real_model else "1", *extra, timeout_s=timeout_s, port=port)
 

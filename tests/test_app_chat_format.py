@@ -11,16 +11,16 @@ from app.engine.chat_format import ChatFormat
 from chat_templates import FAMILIES as BUILT
 
 
-def _smollm2():
-    """The real model's own tokenizer and ChatML template (from its package, converted once)."""
+def _bundled(name: str):
+    """A bundled model's own tokenizer and chat template (from its package, converted once)."""
     from transformers import AutoTokenizer
 
-    from app.engine.bundled_model import bundled_gguf, converted_folder
+    from app.engine.bundled_model import BUNDLED, bundled_folder
 
-    return AutoTokenizer.from_pretrained(converted_folder(bundled_gguf()))
+    return lambda: AutoTokenizer.from_pretrained(bundled_folder(BUNDLED[name]))
 
 
-FAMILIES = {**BUILT, "smollm2": _smollm2}
+FAMILIES = {**BUILT, "smollm2": _bundled("smollm2"), "qwen2.5-coder": _bundled("qwen2.5-coder-0.5b")}
 
 SYSTEM = "You are a helpful assistant. Answer questions about the document."
 
@@ -97,7 +97,7 @@ def test_stream_equals_the_template(family, turns):
     assert tokenizer.convert_ids_to_tokens(stream) == tokenizer.convert_ids_to_tokens(expected)
 
 
-@pytest.mark.parametrize("family, end", [("smollm2", "<|im_end|>"), ("chatml", "<|im_end|>"), ("llama3", "<|eot_id|>"), ("llama2", "</s>"),
+@pytest.mark.parametrize("family, end", [("smollm2", "<|im_end|>"), ("qwen2.5-coder", "<|im_end|>"), ("chatml", "<|im_end|>"), ("llama3", "<|eot_id|>"), ("llama2", "</s>"),
                                          ("mistral", "</s>")])
 def test_end_of_turn_token_stops_generation(family, end):
     tokenizer = FAMILIES[family]()

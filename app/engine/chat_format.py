@@ -193,13 +193,20 @@ def _anchor(tail: str) -> str:
 
 
 def _last_word(text: str) -> str:
-    """The trailing run of non-space characters with the whitespace before and after it."""
-    end = len(text)
-    i = end
-    while i > 0 and text[i - 1].isspace():
-        i -= 1
-    while i > 0 and not text[i - 1].isspace():
-        i -= 1
-    while i > 0 and text[i - 1].isspace():
-        i -= 1
-    return text[i:end]
+    """The last run of non-space characters with the whitespace around it: what may still merge with the text
+    that follows. Also the runs before it while the cut would fall between punctuation and a newline: Qwen2's
+    pre-tokenizer joins punctuation with the newlines after it ("()" and "\\n" are one token), so that cut would
+    split a token the whole text has."""
+    i = len(text)
+    while True:
+        while i > 0 and text[i - 1].isspace():
+            i -= 1
+        while i > 0 and not text[i - 1].isspace():
+            i -= 1
+        end_of_previous = i
+        while end_of_previous > 0 and text[end_of_previous - 1].isspace():
+            end_of_previous -= 1
+        joins = text[end_of_previous:i][:1] in ("\n", "\r") and not text[end_of_previous - 1:end_of_previous].isalnum()
+        if end_of_previous == 0 or not joins:
+            return text[end_of_previous:]
+        i = end_of_previous

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from enum import StrEnum
+from typing import Callable, Mapping
 
 import torch
 
@@ -54,7 +55,15 @@ class CitationReport:
     document_share: float
     recalled: bool  # False when recall never picked a token (off, or the context fits the window)
     recall_on: bool = True  # whether the question was read with recall (an answer drawn again keeps its sources)
-    quote_span: tuple[int, int] | None = None  # context tokens of the first source to quote (quoting.py), if asked
+    quote_spans: tuple[tuple[int, int], ...] = ()  # context tokens to quote of the first sources (quoting.py), if asked
+    attention_ranking: tuple[Provenance, ...] = ()  # each ranking's first ten passages, before fusion (benchmarks)
+    lexical_ranking: tuple[Provenance, ...] = ()
+    attention_scores: tuple[float, ...] = ()  # their scores
+    lexical_scores: tuple[float, ...] = ()
+
+    @property
+    def quote_span(self) -> tuple[int, int] | None:
+        return self.quote_spans[0] if self.quote_spans else None
 
     @classmethod
     def recall_off(cls) -> "CitationReport":
@@ -127,46 +136,117 @@ def _shares(tally: RecallTally, keeps: Callable[[int], bool]) -> dict[int, float
     return {p: w / total for p, w in kept.items()} if total > 0 else {}
 
 
+class Ranking(StrEnum):
+    """How sources are ranked: the question's recall (above the neutral question's), BM25 over the passages
+    (lexical.py), or both fused by reciprocal rank (``fuse``)."""
+
+    ATTENTION = "attention"
+    LEXICAL = "lexical"
+    HYBRID = "hybrid"
+
+
+# A piece's last word is fed with the next piece (chat_format.py holds it back until what follows is known), so a
+# passage's tokens end a word early: a quote may take this many tokens more, to end where the passage ends.
+CARRIED_TOKENS = 24  # a word in digits or a long identifier takes many (Qwen splits numbers digit by digit)
+FUSION_K = 10  # reciprocal-rank constant: 1 / (K + rank); small, so a first place counts far more than a tenth
+
+
+def fuse(attention: Mapping[Provenance, float], lexical: Mapping[Provenance, float],
+         ranking: Ranking = Ranking.HYBRID) -> list[tuple[Provenance, float]]:
+    """Passages best first with their scores (each list's positive scores only): one list's own scores when only
+    one ranks anything, else the sum of 1 / (FUSION_K + rank) over both lists (reciprocal rank fusion)."""
+    chosen = {Ranking.ATTENTION: [attention], Ranking.LEXICAL: [lexical], Ranking.HYBRID: [attention, lexical]}
+    lists = [{p: s for p, s in scores.items() if s > 0} for scores in chosen[ranking]]
+    lists = [scores for scores in lists if scores]
+    if len(lists) == 1:
+        return sorted(lists[0].items(), key=lambda item: -item[1])
+    fused: dict[Provenance, float] = {}
+    for scores in lists:
+        for rank, passage in enumerate(sorted(scores, key=lambda p: -scores[p])):
+            fused[passage] = fused.get(passage, 0.0) + 1.0 / (FUSION_K + rank + 1)
+    return sorted(fused.items(), key=lambda item: -item[1])
+
+
 def cite(question: RecallTally, spans: SpanIndex, *, baseline: RecallTally | None = None, limit: int = 5,
          min_share: float = 0.05, snippet: Callable[[int, Span], str] | None = None,
-         counts: Callable[[int], bool] | None = None, quote_tokens: int = 0) -> CitationReport:
-    """Rank document passages by the recall weight their content tokens received, above ``baseline``'s.
+         counts: Callable[[int], bool] | None = None, quote_tokens: int = 0, quotes: int = 1,
+         lexical: Mapping[Provenance, float] | None = None,
+         lexical_hits: Callable[[Provenance], Mapping[int, float]] | None = None,
+         ranking: Ranking = Ranking.HYBRID) -> CitationReport:
+    """Rank document passages by the recall weight their content tokens received, above ``baseline``'s, fused
+    with their BM25 scores ``lexical`` (``ranking``: either alone, or both).
 
     ``counts(position)`` says whether the token there is a content token (None: all count);
     ``snippet(position, span)`` gives the text shown for a passage, around its most relevant token;
-    ``quote_tokens``: the size of the first passage's part to quote (``densest_window``), 0 for none.
-    A citation's share is its part of the summed relevance of the passages that have any.
+    ``quote_tokens``: the size of the part to quote of each of the first ``quotes`` passages (``densest_window``
+    over the recall relevance and ``lexical_hits(passage)``, the positions of the question's words there), 0 for
+    none. A citation's share is its part of the fused scores of the passages that have any.
     """
     positions, weights = question.totals()
     total = sum(weights)
-    if total <= 0:
-        return CitationReport((), 0.0, recalled=False)
 
     def on_documents(position: int) -> bool:
         span = spans.at(position)
         return span is not None and span.kind == SpanKind.DOCUMENT and (counts is None or counts(position))
 
-    document_share = sum(w for p, w in zip(positions, weights) if on_documents(p)) / total
+    document_share = sum(w for p, w in zip(positions, weights) if on_documents(p)) / total if total > 0 else 0.0
     by_passage: dict[Provenance, float] = {}
     peak: dict[Provenance, tuple[float, int, Span]] = {}  # the passage's most relevant token
-    scores = relevance(question, baseline, on_documents)
+    scores = relevance(question, baseline, on_documents) if total > 0 else {}
     for position, score in scores.items():
         span = spans.at(position)
         key = span.where.page_only()  # PDF passages are cited per page, text and code per chunk
         by_passage[key] = by_passage.get(key, 0.0) + score
         if score > peak.get(key, (float("-inf"),))[0]:
             peak[key] = (score, position, span)
-    ranked = sorted(((key, score) for key, score in by_passage.items() if score > 0), key=lambda item: -item[1])
+    lexical = lexical or {}
+    ranked = fuse(by_passage, lexical, ranking)
+    if not ranked:
+        return CitationReport((), document_share, recalled=total > 0)
     mass = sum(score for _, score in ranked)
-    citations = tuple(  # the best passage is always cited; the rest only above min_share
-        Citation(key, score / mass, snippet(*peak[key][1:]) if snippet else "")
-        for rank, (key, score) in enumerate(ranked[:limit])
-        if rank == 0 or score / mass >= min_share
-    )
-    quote_span = None
-    if quote_tokens and citations:
-        first = citations[0].where
-        same_passage = lambda span: span.where is not None and span.where.page_only() == first  # noqa: E731
-        start, end = spans.around(peak[first][1], same_passage)
-        quote_span = densest_window(scores, start, end, quote_tokens)
-    return CitationReport(citations, document_share, recalled=True, quote_span=quote_span)
+    hits = {key: dict(lexical_hits(key)) if lexical_hits else {} for key, _ in ranked[: max(limit, quotes)]}
+
+    def peak_of(key: Provenance) -> tuple[int, Span] | None:
+        if key in peak and peak[key][0] > 0:
+            return peak[key][1:]
+        first = min(hits.get(key) or {}, default=None)
+        return (first, spans.at(first)) if first is not None else None
+
+    citations = []
+    for rank, (key, score) in enumerate(ranked[:limit]):  # the best passage is always cited, the rest above min_share
+        if rank and score / mass < min_share:
+            continue
+        where = peak_of(key)
+        citations.append(Citation(key, score / mass, snippet(*where) if snippet and where else ""))
+    quote_spans = tuple(_quote_span(spans, key, scores, hits.get(key, {}), quote_tokens)
+                        for key, _ in ranked[:quotes]) if quote_tokens else ()
+    return CitationReport(tuple(citations), document_share, recalled=total > 0,
+                          quote_spans=tuple(q for q in quote_spans if q is not None),
+                          attention_ranking=_top(by_passage), lexical_ranking=_top(lexical),
+                          attention_scores=tuple(by_passage[k] for k in _top(by_passage)),
+                          lexical_scores=tuple(lexical[k] for k in _top(lexical)))
+
+
+def _top(scores: Mapping[Provenance, float], count: int = 10) -> tuple[Provenance, ...]:
+    return tuple(sorted((p for p, s in scores.items() if s > 0), key=lambda p: -scores[p])[:count])
+
+
+def _quote_span(spans: SpanIndex, key: Provenance, attention: Mapping[int, float], lexical: Mapping[int, float],
+                size: int) -> tuple[int, int] | None:
+    """The ``size`` tokens of passage ``key`` that hold the most relevance: its recall relevance and the positions
+    of the question's words, each normalised over the passage so that neither drowns the other."""
+    indices = [i for i, s in enumerate(spans) if s.where is not None and s.kind == SpanKind.DOCUMENT
+               and s.where.page_only() == key]
+    if not indices:
+        return None
+    start, end = spans[indices[0]].start, spans[indices[-1]].end
+    following = spans[indices[-1] + 1] if indices[-1] + 1 < len(spans) else None
+    if following is not None and following.kind == SpanKind.DOCUMENT:  # the passage's last word, fed with the next
+        end = min(following.end, end + CARRIED_TOKENS)
+    combined: dict[int, float] = {}
+    for part in (attention, lexical):
+        inside = {p: v for p, v in part.items() if start <= p < end and v > 0}
+        total = sum(inside.values())
+        for p, v in inside.items():
+            combined[p] = combined.get(p, 0.0) + v / total
+    return densest_window(combined, start, end, size)

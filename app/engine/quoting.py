@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Mapping
 
 QUOTE_TOKENS = 512  # of the top source; a SmolLM2 page is ~600 tokens; 768 answered no more (benchmarks/docqa.py)
+QUOTED_PASSAGES = 1  # how many of the first sources are quoted
 
 
 def quote_size(window: int) -> int:
@@ -48,9 +49,13 @@ def densest_window(relevance: Mapping[int, float], start: int, end: int, size: i
     return lo, lo + size
 
 
-def quoted_question(label: str, excerpt: str, question: str) -> str:
-    """The user turn the answer is drawn from: where the quote is from, the quote, then the question, asked to be
-    answered from it. Said so, SmolLM2 answers 20 of the 42 benchmark questions, 13 when the question follows
-    the quote bare, 6 when it comes first (four such wordings scored 17-20; scratch runs)."""
-    return (f'Here is an excerpt from {label}:\n"""\n{excerpt.strip()}\n"""\n\n'
-            f"Using the excerpt, answer this question: {question}")
+def quoted_question(excerpts: list[tuple[str, str]], question: str) -> str:
+    """The user turn the answer is drawn from: where each quote is from, the quotes, then the question, asked to be
+    answered from them. Said so, SmolLM2 answers 20 of the 42 first benchmark questions, 13 when the question
+    follows the quote bare, 6 when it comes first (four such wordings scored 17-20; scratch runs)."""
+    if len(excerpts) == 1:
+        label, text = excerpts[0]
+        return (f'Here is an excerpt from {label}:\n"""\n{text.strip()}\n"""\n\n'
+                f"Using the excerpt, answer this question: {question}")
+    quoted = "\n\n".join(f'From {label}:\n"""\n{text.strip()}\n"""' for label, text in excerpts)
+    return f"Here are excerpts from the documents.\n\n{quoted}\n\nUsing the excerpts, answer this question: {question}"

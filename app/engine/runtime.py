@@ -134,12 +134,13 @@ class ModelRuntime:
 
     @torch.inference_mode()
     def forward(self, ids: list[int], cache, *, topk: int, stats: LiveStats | None = None,
-                decoder: lminfinite.GraphedDecoder | None = None) -> torch.Tensor:
+                decoder: lminfinite.GraphedDecoder | None = None, owner: object = None) -> torch.Tensor:
         """Feed ``ids`` after what ``cache`` holds, recalling ``topk`` middle tokens (0: off); returns float32
         logits for the token after the last one. Waits its turn at the gate (``stats`` shows the wait), unless
-        the cache's owner holds it already (an answer holds it throughout). One token without recall goes
-        through ``decoder`` when given (decoder_for), which replays a recorded step where it can."""
-        with self.gate.turn(cache, answer=False, stats=stats):
+        the cache's owner holds it already (an answer holds it throughout; ``owner``: whose turn this is, default
+        ``cache``: a session's answer reader feeds its own cache in the session's turn). One token without recall
+        goes through ``decoder`` when given (decoder_for), which replays a recorded step where it can."""
+        with self.gate.turn(cache if owner is None else owner, answer=False, stats=stats):
             cache.topk = topk
             input_ids = torch.tensor([ids], dtype=torch.long, device=self.input_device)
             try:

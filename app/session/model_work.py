@@ -347,12 +347,18 @@ class ModelWork:
     def _finish_answer(item: ChatItem, result: AnswerResult) -> None:
         item.text, item.pending = result.text, False
         item.citations = list(result.citations.citations)
-        if not result.citations.recall_on:  # how the question was read: an answer drawn again keeps its sources
-            item.recall_note = "Top-k recall was off when the question was read: no attention-grounded sources."
-        elif not result.citations.recalled:
-            item.recall_note = ("No sources: the whole context is inside the attention window, so recall had "
-                                "nothing to pick from the middle.")
-        elif not item.citations and result.citations.document_share == 0:
+        report = result.citations
+        words = "ranked by the question's words (BM25)"
+        if not report.recall_on:  # how the question was read: an answer drawn again keeps its sources
+            item.recall_note = (f"Sources {words}: top-k recall was off when the question was read." if item.citations
+                                else "Top-k recall was off when the question was read, and no passage has the "
+                                     "question's words: no sources.")
+        elif not report.recalled:
+            item.recall_note = (f"Sources {words}: the whole context is inside the attention window, so recall had "
+                                "nothing to pick from the middle." if item.citations else
+                                "No sources: the whole context is inside the attention window, so recall had nothing "
+                                "to pick from the middle, and no passage has the question's words.")
+        elif not item.citations and report.document_share == 0:
             item.recall_note = "Recall attended to the conversation rather than to documents."
         elif not item.citations:
             item.recall_note = "No passage drew more of the question's recall than any question draws: no sources."

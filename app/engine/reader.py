@@ -1,0 +1,40 @@
+"""The short context an answer is drawn in: the system prompt, the quoted passages and the question, and nothing
+else (quoting.py says why the passages are quoted).
+
+Drawn after the conversation instead, a small model copies its previous answers: SmolLM2 answered all twelve
+questions about a zipped package "The answer is: 2022-03-24", its first answer, though the right passage was
+quoted to it (issue "Right answers"). A reader holds what one answer needs; the session's context then reads
+the question and the answer, so the conversation, and recall over it, stay whole for the next question.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .chat_format import ChatFormat
+from .metrics import LiveStats
+from .runtime import ModelRuntime
+
+
+class AnswerReader:
+    """A fresh cache of the shared model, fed without recall; ``logits``: after the last token fed."""
+
+    def __init__(self, runtime: ModelRuntime, owner: object, stats: LiveStats | None = None):
+        self.runtime, self.owner, self.stats = runtime, owner, stats  # owner: the session's turn at the model
+        self.cache = runtime.new_cache()
+        self.decoder = runtime.decoder_for(self.cache)
+        self.logits: torch.Tensor | None = None
+        self.length = 0
+
+    @staticmethod
+    def opening(format: ChatFormat, system_prompt: str, user_turn: str) -> list[int]:
+        """The tokens of the system block, then ``user_turn`` as a question with the answer's header."""
+        ids, carry = format.start(system_prompt)
+        question, _ = format.question(user_turn, carry)
+        return [*ids, *question]
+
+    def feed(self, ids: list[int]) -> torch.Tensor:
+        self.logits = self.runtime.forward(ids, self.cache, topk=0, stats=self.stats, decoder=self.decoder,
+                                           owner=self.owner)
+        self.length += len(ids)
+        return self.logits

@@ -1,0 +1,336 @@
+"""Right answers about real documents: the app's own engine against retrieval with the same model.
+
+    python -m benchmarks.answers --model qwen2.5-coder-0.5b --methods app,retrieval --split all
+
+For each document of the development set (benchmarks/devset.py) and each way of answering, one session asks the
+document's questions one after another, as a user does:
+
+- ``app``: the app's ``ContextEngine`` (its chunking, chat format, LM-Infinite window, recall, sources and
+  quoting, exactly the code ``python app.py`` runs), the document fed once, then each question in sequence.
+- ``retrieval``: what PrivateGPT or AnythingLLM users get, the peer to beat: the document's chunks (the same
+  ingest chunks), the ``RETRIEVED`` best by BM25 (bm25s) pasted into one prompt with the question, answered by
+  the same model without LM-Infinite, each question on its own.
+- ``truncate``: the same model without LM-Infinite given the document's last ``window`` tokens and the question.
+
+Scored per question: right (any of its patterns in the answer), the first source holds the answer (app: the
+first cited passage; retrieval: the first retrieved chunk), seconds to the first token, the prompt's prefill
+and the answer's decode rates. Per run: the documents' prefill rate and the process's peak memory. Rows go to
+``--out`` as JSONL (one line per question) and a summary table; ``--readme`` puts the table into README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from benchmarks import devset
+
+ROOT = Path(__file__).resolve().parent.parent
+METHODS = ("app", "retrieval", "truncate")
+RETRIEVED = 4  # chunks the retrieval baseline pastes (a typical RAG default)
+MAX_NEW_TOKENS = 128  # Qwen restates the question first: 64 cut some answers before their point
+SYSTEM_PROMPT = "You are a helpful assistant. Answer questions about the document."  # the app's default
+RAG_PROMPT = ("Use the following pieces of context to answer the question at the end.\n\n{context}\n\n"
+              "Question: {question}")
+
+
+@dataclass
+class Row:
+    method: str
+    document: str
+    split: str
+    index: int
+    question: str
+    answer: str
+    right: bool
+    source_right: bool
+    paraphrased: bool
+    ttft_s: float
+    prefill_tps: float
+    decode_tps: float
+    sources: list = field(default_factory=list)
+    attention_ranking: list = field(default_factory=list)
+    lexical_ranking: list = field(default_factory=list)
+    attention_scores: list = field(default_factory=list)
+    lexical_scores: list = field(default_factory=list)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwen2.5-coder-0.5b", help="a bundled model's short name (app --model)")
+    p.add_argument("--window", type=int, default=None, help="LM-Infinite window (default: the model's measured one)")
+    p.add_argument("--methods", default="app,retrieval")
+    p.add_argument("--split", choices=("tune", "confirm", "all"), default="all")
+    p.add_argument("--documents", default="", help="comma-separated devset names (default: the split's)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--ranking", default=None, help="the app's source ranking: attention, lexical or hybrid")
+    p.add_argument("--quotes", type=int, default=None, help="passages the app quotes (default: the app's)")
+    p.add_argument("--quote-tokens", type=int, default=None, help="tokens quoted of each (default: the app's)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "answers")
+    p.add_argument("--tag", default="")
+    p.add_argument("--readme", action="store_true")
+    p.add_argument("--report", nargs="*", type=Path, default=None,
+                   help="only write the table of these summaries (…/answers/<tag>.json) and stop")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.report is not None:
+        publish_table([json.loads(path.read_text()) for path in args.report], args.readme)
+        return
+    from app.cli import AppConfig
+    from app.engine.model_loading import load_runtime
+
+    torch.set_num_threads(args.threads)
+    runtime = load_runtime(AppConfig(model=args.model, window=args.window, dtype=args.dtype, topk=5))
+    names = tuple(n for n in args.documents.split(",") if n) or {
+        "tune": devset.TUNE, "confirm": devset.CONFIRM, "all": devset.TUNE + devset.CONFIRM}[args.split]
+    documents = devset.load(names)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = args.tag or f"{args.model}_w{runtime.window}"
+    rows_path = args.out / f"{tag}.jsonl"
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as scratch, rows_path.open("w") as sink:
+        for document in documents:
+            path = devset.document_path(document, Path(scratch))
+            for method in (m for m in args.methods.split(",") if m):
+                started = time.perf_counter()
+                answered = list(ANSWERERS[method](runtime, document, path, args))
+                for row in answered:
+                    sink.write(json.dumps(asdict(row)) + "\n")
+                    sink.flush()
+                rows.extend(answered)
+                print(f"{document.name} {method}: {sum(r.right for r in answered)}/{len(answered)} right, "
+                      f"{sum(r.source_right for r in answered)} first sources, {time.perf_counter() - started:.0f} s",
+                      flush=True)
+    summary = summarize(rows, runtime, args)
+    summary["sources"] = source_table(rows, documents)
+    (args.out / f"{tag}.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+# -- the app ---------------------------------------------------------------------------------------------
+def answer_with_app(runtime, document, path: Path, args):
+    from app.engine.citations import Ranking
+    from app.engine.context import AnswerResult, ContextEngine
+    from app.engine.generation import GenerationSettings
+    from ingest import ingest
+
+    corpus = ingest(path, tokenizer=runtime.ingest_tokenizer)
+    engine = ContextEngine(runtime, system_prompt=SYSTEM_PROMPT)
+    if args.ranking:
+        engine.ranking = Ranking(args.ranking)
+    if args.quotes is not None:
+        import app.engine.context as context
+
+        context.QUOTED_PASSAGES = args.quotes
+    if args.quote_tokens is not None:
+        import app.engine.quoting as quoting
+
+        quoting.QUOTE_TOKENS = args.quote_tokens
+    started = time.perf_counter()
+    for _ in engine.feed_documents(corpus.chunks):
+        pass
+    feed_tps = engine.length / (time.perf_counter() - started)
+    settings = GenerationSettings(max_new_tokens=MAX_NEW_TOKENS)
+    for index, question in enumerate(document.questions):
+        result = None
+        for result in engine.ask(question.question, settings):
+            pass
+        assert isinstance(result, AnswerResult)
+        sources = [c.where for c in result.citations.citations]
+        yield Row("app", document.name, devset.split(document.name), index, question.question, result.text,
+                  question.is_right(result.text), bool(sources) and question.holds(sources[0]),
+                  question.paraphrased, result.ttft_s, feed_tps if index == 0 else result.prefill_tps,
+                  result.decode_tps, [w.as_dict() for w in sources],
+                  [w.as_dict() for w in result.citations.attention_ranking],
+                  [w.as_dict() for w in result.citations.lexical_ranking],
+                  list(result.citations.attention_scores), list(result.citations.lexical_scores))
+
+
+# -- retrieval with the same model, no LM-Infinite ----------------------------------------------------------
+def answer_with_retrieval(runtime, document, path: Path, args):
+    import bm25s
+
+    from app.engine.lexical import terms
+    from ingest import ingest
+
+    corpus = ingest(path, tokenizer=runtime.ingest_tokenizer)
+    chunks = corpus.chunks
+    retriever = bm25s.BM25()
+    retriever.index([terms(c.text) or ["\u2205"] for c in chunks], show_progress=False)
+    for index, question in enumerate(document.questions):
+        scores = retriever.get_scores(terms(question.question) or ["\u2205"])
+        best = sorted(range(len(chunks)), key=lambda i: -scores[i])[:RETRIEVED]
+        context = "\n\n".join(chunks[i].text for i in best)
+        prompt = RAG_PROMPT.format(context=context, question=question.question)
+        text, ttft, prefill_tps, decode_tps = _plain_answer(runtime, prompt)
+        first = chunks[best[0]].where if best else None
+        yield Row("retrieval", document.name, devset.split(document.name), index, question.question, text,
+                  question.is_right(text), first is not None and question.holds(first), question.paraphrased,
+                  ttft, prefill_tps, decode_tps, [chunks[i].where.as_dict() for i in best])
+
+
+def answer_with_truncation(runtime, document, path: Path, args):
+    from ingest import ingest
+
+    corpus = ingest(path, tokenizer=runtime.ingest_tokenizer)
+    ids = runtime.tokenizer.encode(corpus.text, add_special_tokens=False)
+    tail = runtime.tokenizer.decode(ids[-(runtime.window - 256):])
+    for index, question in enumerate(document.questions):
+        prompt = f"{tail}\n\n{question.question}"
+        text, ttft, prefill_tps, decode_tps = _plain_answer(runtime, prompt)
+        yield Row("truncate", document.name, devset.split(document.name), index, question.question, text,
+                  question.is_right(text), False, question.paraphrased, ttft, prefill_tps, decode_tps)
+
+
+def _plain_answer(runtime, user_turn: str) -> tuple[str, float, float, float]:
+    """The model without LM-Infinite, greedy, on [system, user_turn]: answer, first-token seconds, rates."""
+    import lminfinite
+    from transformers import DynamicCache
+
+    model, tokenizer = runtime.model, runtime.tokenizer
+    state = lminfinite.get_state(model)
+    lminfinite.disable(model)
+    try:
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_turn}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True)["input_ids"]
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            started = time.perf_counter()
+            logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+            ttft = time.perf_counter() - started
+            answer: list[int] = []
+            token = int(logits[0, -1].argmax())
+            decode_started = time.perf_counter()
+            while token not in runtime.stop_ids and len(answer) < MAX_NEW_TOKENS:
+                answer.append(token)
+                logits = model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits
+                token = int(logits[0, -1].argmax())
+            decode_s = time.perf_counter() - decode_started
+    finally:
+        lminfinite.enable(model, state.config)
+    return (tokenizer.decode(answer, skip_special_tokens=True), ttft, ids.shape[1] / ttft,
+            len(answer) / decode_s if answer and decode_s > 0 else 0.0)
+
+
+ANSWERERS = {"app": answer_with_app, "retrieval": answer_with_retrieval, "truncate": answer_with_truncation}
+
+
+# -- sources: each ranking, and fusions of the two, from the rankings the app recorded -------------------------
+FUSIONS = ("attention", "lexical", "rrf", "lexical+0.25 attention", "lexical+0.5 attention", "lexical+1 attention")
+
+
+def fused(row: Row, how: str) -> list:
+    """Passages of ``row`` ranked ``how``: one ranking alone, reciprocal rank fusion (the app's FUSION_K), or the
+    BM25 score over its best plus a share of the recall relevance over its best."""
+    from app.engine.citations import FUSION_K
+    from ingest import Provenance
+
+    attention = [Provenance(**{k: v for k, v in d.items() if k != "label"}) for d in row.attention_ranking]
+    lexical = [Provenance(**{k: v for k, v in d.items() if k != "label"}) for d in row.lexical_ranking]
+    if how in ("attention", "lexical"):
+        return attention if how == "attention" else lexical
+    scores: dict = {}
+    if how == "rrf":
+        for ranking in (attention, lexical):
+            for rank, passage in enumerate(ranking):
+                scores[passage] = scores.get(passage, 0.0) + 1 / (FUSION_K + rank + 1)
+    else:
+        weight = float(how.split("+")[1].split()[0])
+        for ranking, values, w in ((lexical, row.lexical_scores, 1.0), (attention, row.attention_scores, weight)):
+            top = max(values, default=0.0) or 1.0
+            for passage, value in zip(ranking, values):
+                scores[passage] = scores.get(passage, 0.0) + w * value / top
+    return sorted(scores, key=lambda p: -scores[p])
+
+
+def source_table(rows: list[Row], documents) -> dict:
+    """First source right and among the first three, per way of ranking, over the app's rows."""
+    questions = {(d.name, i): q for d in documents for i, q in enumerate(d.questions)}
+    table = {}
+    for how in FUSIONS:
+        ranked = [(questions[r.document, r.index], fused(r, how)) for r in rows if r.method == "app"]
+        table[how] = {"first": sum(bool(p) and q.holds(p[0]) for q, p in ranked),
+                      "first_three": sum(any(q.holds(x) for x in p[:3]) for q, p in ranked), "questions": len(ranked)}
+    return table
+
+
+# -- summary -------------------------------------------------------------------------------------------------
+def peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def summarize(rows: list[Row], runtime, args) -> dict:
+    out = {"model": runtime.name, "window": runtime.window, "threads": args.threads, "dtype": str(runtime.dtype),
+           "date": time.strftime("%Y-%m-%d"), "peak_rss_mib": round(peak_rss_mib()), "methods": {}}
+    for method in dict.fromkeys(r.method for r in rows):
+        mine = [r for r in rows if r.method == method]
+        first = [r for r in mine if r.index == 0]
+        later = [r for r in mine if r.index > 0]
+        out["methods"][method] = {
+            "right": sum(r.right for r in mine), "questions": len(mine),
+            "right_tune": sum(r.right for r in mine if r.split == "tune"),
+            "questions_tune": sum(r.split == "tune" for r in mine),
+            "right_confirm": sum(r.right for r in mine if r.split == "confirm"),
+            "questions_confirm": sum(r.split == "confirm" for r in mine),
+            "first_source_right": sum(r.source_right for r in mine),
+            "right_first_question": sum(r.right for r in first), "first_questions": len(first),
+            "right_later_questions": sum(r.right for r in later), "later_questions": len(later),
+            "right_paraphrased": sum(r.right for r in mine if r.paraphrased),
+            "paraphrased": sum(r.paraphrased for r in mine),
+            "ttft_s_median": round(statistics.median(r.ttft_s for r in mine), 2) if mine else None,
+            "decode_tps_median": round(statistics.median(r.decode_tps for r in mine), 1) if mine else None,
+            "by_document": {d: f"{sum(r.right for r in mine if r.document == d)}/"
+                               f"{sum(r.document == d for r in mine)}" for d in dict.fromkeys(r.document for r in mine)},
+        }
+    return out
+
+
+def publish_table(summaries: list[dict], readme: bool) -> str:
+    """README's table: per model and way of answering, right answers (all, tune, confirm), first sources, first
+    against later questions, paraphrased questions, time to first token, decode rate, peak memory."""
+    from benchmarks.report import splice_readme
+    from ingest.tables import markdown_table
+
+    rows = []
+    for summary in summaries:
+        for method, m in summary["methods"].items():
+            pct = lambda a, b: f"{a}/{b} ({100 * a / b:.0f} %)" if b else "–"  # noqa: E731
+            rows.append([summary["model"], f"{summary['window']:,}", method, pct(m["right"], m["questions"]),
+                         pct(m["right_tune"], m["questions_tune"]), pct(m["right_confirm"], m["questions_confirm"]),
+                         pct(m["first_source_right"], m["questions"]),
+                         f"{m['right_first_question']}/{m['first_questions']} · "
+                         f"{m['right_later_questions']}/{m['later_questions']}",
+                         pct(m["right_paraphrased"], m["paraphrased"]), f"{m['ttft_s_median']:.1f}",
+                         f"{m['decode_tps_median']:.1f}", f"{summary['peak_rss_mib']:,}"])
+    table = markdown_table(["model", "window", "answered by", "right", "right, tune", "right, confirm",
+                            "first source right", "right: first question · later", "right: paraphrased",
+                            "first token s (median)", "decode tok/s (median)", "peak RSS MiB"], rows)
+    dates = sorted({s["date"] for s in summaries})
+    threads = sorted({s["threads"] for s in summaries})
+    text = (f"Measured {', '.join(dates)} on this CPU ({', '.join(map(str, threads))} threads), "
+            "`python -m benchmarks.answers` (docs/answers.md): each document's questions asked one after another in "
+            "one session.\n\n" + table)
+    print(text)
+    if readme:
+        splice_readme(ROOT / "README.md", "answers", text)
+    return text
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

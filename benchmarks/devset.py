@@ -1,0 +1,91 @@
+"""The development set: questions with short known answers about real documents that installed packages ship.
+
+One JSON file per document under ``benchmarks/devset/``: the document (a path; ``h11.zip`` is made from the
+installed ``h11`` package by ``document_path``), and its questions in the order a user asks them, each with
+regular expressions that count as a right answer (case-insensitive), where the answer is stated (PDF pages as
+``ingest`` numbers them, or a file's 1-based lines) and whether it is asked in words the document does not use.
+
+Two splits: settings were chosen on ``TUNE`` and are confirmed on ``CONFIRM``, whose questions no setting was
+chosen on. R's manuals (Debian's r-doc-pdf) are kept out: the app is judged on them from outside.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent / "devset"
+TUNE = ("mime", "libtasn1", "argparse", "xlfd")
+CONFIRM = ("icccm", "libidn2", "h11")
+# Debian packages that ship the documents (README's benchmark command installs them).
+DEBIAN_PACKAGES = ("shared-mime-info", "libtasn1-doc", "xorg-docs", "libidn2-doc")
+
+
+@dataclass(frozen=True)
+class Question:
+    document: str
+    question: str
+    answers: tuple[str, ...]
+    pages: tuple[int, ...] = ()
+    file: str = ""  # source code: the display path of the file (ingest's), and the lines stating the answer
+    lines: tuple[int, ...] = ()
+    paraphrased: bool = False
+
+    def is_right(self, answer: str) -> bool:
+        return any(re.search(p, answer, flags=re.IGNORECASE) for p in self.answers)
+
+    def holds(self, where) -> bool:
+        """Whether a cited passage (an ``ingest.Provenance``) states the answer: the page, or a chunk of the file
+        whose line range covers one of the lines."""
+        if self.pages:
+            return where.page in self.pages
+        if where.line_start is None or not self._same_file(where.source):
+            return False
+        return any(where.line_start <= line <= where.line_end for line in self.lines)
+
+    def _same_file(self, source: str) -> bool:
+        return source == self.file or source.endswith("/" + self.file) or self.file.endswith("/" + source)
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    path: str
+    questions: tuple[Question, ...]
+
+
+def load(names: tuple[str, ...] = TUNE + CONFIRM) -> list[Document]:
+    documents = []
+    for name in names:
+        data = json.loads((HERE / f"{name}.json").read_text(encoding="utf-8"))
+        questions = tuple(Question(data["document"], q["question"], tuple(q["answers"]), tuple(q.get("pages", ())),
+                                   q.get("file", ""), tuple(q.get("lines", ())), bool(q.get("paraphrased")))
+                          for q in data["questions"])
+        documents.append(Document(name, data["document"], questions))
+    return documents
+
+
+def split(name: str) -> str:
+    return "tune" if name in TUNE else "confirm"
+
+
+def document_path(document: Document, scratch: Path) -> Path:
+    """Where the document is read from: its installed path, or for ``h11.zip`` a zip of the installed package's
+    .py files made in ``scratch`` (the same bytes every time: sorted names, fixed times)."""
+    if document.path != "h11.zip":
+        path = Path(document.path)
+        if not path.is_file():
+            raise SystemExit(f"{path} is missing: apt-get install {' '.join(DEBIAN_PACKAGES)}")
+        return path
+    import h11
+
+    package = Path(h11.__file__).parent
+    target = scratch / "h11.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for file in sorted(package.rglob("*.py")):
+            info = zipfile.ZipInfo(f"h11/{file.relative_to(package)}", date_time=(2020, 1, 1, 0, 0, 0))
+            archive.writestr(info, file.read_bytes())
+    return target
