@@ -26,7 +26,7 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -40,6 +40,22 @@ MAX_NEW_TOKENS = 128  # Qwen restates the question first: 64 cut some answers be
 SYSTEM_PROMPT = "You are a helpful assistant. Answer questions about the document."  # the app's default
 RAG_PROMPT = ("Use the following pieces of context to answer the question at the end.\n\n{context}\n\n"
               "Question: {question}")
+
+
+def _question_around(excerpts: list[tuple[str, str]], question: str) -> str:
+    """The question before the excerpts too, so the model reads them knowing what it looks for."""
+    quoted = "\n\n".join(f'From {label}:\n"""\n{text.strip()}\n"""' for label, text in excerpts)
+    return f"Question: {question}\n\n{quoted}\n\nUsing the excerpt, answer the question: {question}"
+
+
+def _exact_words(excerpts: list[tuple[str, str]], question: str) -> str:
+    """The app's wording, asking for a short answer in the excerpt's own words."""
+    from app.engine.quoting import quoted_question
+
+    return quoted_question(excerpts, question) + "\nAnswer briefly, in the excerpt's own words."
+
+
+WORDINGS = {"question-around": _question_around, "exact-words": _exact_words}
 
 
 @dataclass
@@ -75,18 +91,28 @@ def parse_args(argv=None):
     p.add_argument("--ranking", default=None, help="the app's source ranking: attention, lexical or hybrid")
     p.add_argument("--quotes", type=int, default=None, help="passages the app quotes (default: the app's)")
     p.add_argument("--quote-tokens", type=int, default=None, help="tokens quoted of each (default: the app's)")
+    p.add_argument("--wording", choices=sorted(WORDINGS), default=None,
+                   help="app: another wording of the quoted user turn, to measure against the app's (quoting.py)")
+    p.add_argument("--sources-only", action="store_true",
+                   help="app: rank the sources of each question without answering it (one token, no quote)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "answers")
     p.add_argument("--tag", default="")
     p.add_argument("--readme", action="store_true")
     p.add_argument("--report", nargs="*", type=Path, default=None,
                    help="only write the table of these summaries (…/answers/<tag>.json) and stop")
+    p.add_argument("--sources-report", nargs="*", type=Path, default=None,
+                   help="only write the table of first sources per way of ranking, from these runs' app rows")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.sources_report is not None:
+        publish_sources([row for path in args.sources_report for row in read_rows(path.with_suffix(".jsonl"))],
+                        args.readme)
+        return
     if args.report is not None:
-        publish_table([json.loads(path.read_text()) for path in args.report], args.readme)
+        publish_table(merged(args.report), args.readme)
         return
     from app.cli import AppConfig
     from app.engine.model_loading import load_runtime
@@ -113,6 +139,7 @@ def main(argv=None) -> None:
                 print(f"{document.name} {method}: {sum(r.right for r in answered)}/{len(answered)} right, "
                       f"{sum(r.source_right for r in answered)} first sources, {time.perf_counter() - started:.0f} s",
                       flush=True)
+    rows = rescored(rows)
     summary = summarize(rows, runtime, args)
     summary["sources"] = source_table(rows, documents)
     (args.out / f"{tag}.json").write_text(json.dumps(summary, indent=1))
@@ -138,11 +165,16 @@ def answer_with_app(runtime, document, path: Path, args):
         import app.engine.quoting as quoting
 
         quoting.QUOTE_TOKENS = args.quote_tokens
+    if args.wording:
+        import app.engine.context as context
+
+        context.quoted_question = WORDINGS[args.wording]
     started = time.perf_counter()
     for _ in engine.feed_documents(corpus.chunks):
         pass
     feed_tps = engine.length / (time.perf_counter() - started)
-    settings = GenerationSettings(max_new_tokens=MAX_NEW_TOKENS)
+    settings = GenerationSettings(max_new_tokens=1, quote=False) if args.sources_only else \
+        GenerationSettings(max_new_tokens=MAX_NEW_TOKENS)
     for index, question in enumerate(document.questions):
         result = None
         for result in engine.ask(question.question, settings):
@@ -229,13 +261,14 @@ ANSWERERS = {"app": answer_with_app, "retrieval": answer_with_retrieval, "trunca
 
 
 # -- sources: each ranking, and fusions of the two, from the rankings the app recorded -------------------------
-FUSIONS = ("attention", "lexical", "rrf", "lexical+0.25 attention", "lexical+0.5 attention", "lexical+1 attention")
+FUSIONS = ("attention", "lexical", "rrf", "lexical+0.1 attention", "lexical+0.25 attention", "lexical+0.5 attention",
+           "lexical+1 attention")
+RRF_K = 10  # reciprocal rank fusion: 1 / (K + rank)
 
 
 def fused(row: Row, how: str) -> list:
-    """Passages of ``row`` ranked ``how``: one ranking alone, reciprocal rank fusion (the app's FUSION_K), or the
-    BM25 score over its best plus a share of the recall relevance over its best."""
-    from app.engine.citations import FUSION_K
+    """Passages of ``row`` ranked ``how``: one ranking alone, reciprocal rank fusion, or the BM25 score over its
+    best plus a share of the recall relevance over its best (the app's, citations.ATTENTION_WEIGHT)."""
     from ingest import Provenance
 
     attention = [Provenance(**{k: v for k, v in d.items() if k != "label"}) for d in row.attention_ranking]
@@ -246,7 +279,7 @@ def fused(row: Row, how: str) -> list:
     if how == "rrf":
         for ranking in (attention, lexical):
             for rank, passage in enumerate(ranking):
-                scores[passage] = scores.get(passage, 0.0) + 1 / (FUSION_K + rank + 1)
+                scores[passage] = scores.get(passage, 0.0) + 1 / (RRF_K + rank + 1)
     else:
         weight = float(how.split("+")[1].split()[0])
         for ranking, values, w in ((lexical, row.lexical_scores, 1.0), (attention, row.attention_scores, weight)):
@@ -274,14 +307,29 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def rescored(rows: list[Row]) -> list[Row]:
+    """The rows scored again with the development set as it is now (a pattern corrected since a run counts for
+    every way of answering alike)."""
+    questions = {(d.name, i): q for d in devset.load() for i, q in enumerate(d.questions)}
+    out = []
+    for row in rows:
+        question = questions[row.document, row.index]
+        out.append(replace(row, right=question.is_right(row.answer)))
+    return out
+
+
 def summarize(rows: list[Row], runtime, args) -> dict:
-    out = {"model": runtime.name, "window": runtime.window, "threads": args.threads, "dtype": str(runtime.dtype),
-           "date": time.strftime("%Y-%m-%d"), "peak_rss_mib": round(peak_rss_mib()), "methods": {}}
+    return {"model": runtime.name, "window": runtime.window, "threads": args.threads, "dtype": str(runtime.dtype),
+            "date": time.strftime("%Y-%m-%d"), "peak_rss_mib": round(peak_rss_mib()), "methods": methods_of(rows)}
+
+
+def methods_of(rows: list[Row]) -> dict:
+    out = {}
     for method in dict.fromkeys(r.method for r in rows):
         mine = [r for r in rows if r.method == method]
         first = [r for r in mine if r.index == 0]
         later = [r for r in mine if r.index > 0]
-        out["methods"][method] = {
+        out[method] = {
             "right": sum(r.right for r in mine), "questions": len(mine),
             "right_tune": sum(r.right for r in mine if r.split == "tune"),
             "questions_tune": sum(r.split == "tune" for r in mine),
@@ -293,11 +341,67 @@ def summarize(rows: list[Row], runtime, args) -> dict:
             "right_paraphrased": sum(r.right for r in mine if r.paraphrased),
             "paraphrased": sum(r.paraphrased for r in mine),
             "ttft_s_median": round(statistics.median(r.ttft_s for r in mine), 2) if mine else None,
+            # the app: the documents' prefill (its first row per document); the others: each prompt's
+            "prefill_tps_median": round(statistics.median(r.prefill_tps for r in (first if method == "app" and first
+                                                                                  else mine))) if mine else None,
             "decode_tps_median": round(statistics.median(r.decode_tps for r in mine), 1) if mine else None,
             "by_document": {d: f"{sum(r.right for r in mine if r.document == d)}/"
                                f"{sum(r.document == d for r in mine)}" for d in dict.fromkeys(r.document for r in mine)},
         }
     return out
+
+
+def merged(paths: list[Path]) -> list[dict]:
+    """One summary per model and window from runs' summaries, their rows (the .jsonl beside each) joined and scored
+    again as the set is now: a tune run and a confirm run of the same settings make one row per way of answering."""
+    groups: dict[tuple, dict] = {}
+    for path in paths:
+        summary = json.loads(path.read_text())
+        key = (summary["model"], summary["window"])
+        group = groups.setdefault(key, {**summary, "rows": [], "dates": set(), "threads_": set()})
+        group["rows"] += read_rows(path.with_suffix(".jsonl"))
+        group["dates"].add(summary["date"])
+        group["threads_"].add(summary["threads"])
+        group["peak_rss_mib"] = max(group["peak_rss_mib"], summary["peak_rss_mib"])
+    out = []
+    for group in groups.values():
+        out.append({**{k: v for k, v in group.items() if k not in ("rows", "dates", "threads_")},
+                    "date": ", ".join(sorted(group["dates"])), "threads": min(group["threads_"]),
+                    "methods": methods_of(group["rows"])})
+    return out
+
+
+def read_rows(path: Path) -> list[Row]:
+    return rescored([Row(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()])
+
+
+def publish_sources(rows: list[Row], readme: bool) -> str:
+    """README's sources table: the first source right, and among the first three, per way of ranking, per split."""
+    from benchmarks.report import splice_readme
+    from ingest.tables import markdown_table
+
+    documents = devset.load()
+    tables = {split: source_table([r for r in rows if r.split == split], documents) for split in ("tune", "confirm")}
+    labels = {"attention": "the question's recall alone", "lexical": "BM25 alone",
+              "rrf": f"reciprocal rank fusion (1 / ({RRF_K} + rank))"}
+    body = []
+    for how in FUSIONS:
+        label = labels.get(how) or f"BM25 + {how.split('+')[1].split()[0]} × recall (each over its best)"
+        if how == "lexical+0.25 attention":
+            label += ": **the app's**"
+        cells = []
+        for split in ("tune", "confirm"):
+            t = tables[split][how]
+            cells += [f"{t['first']}/{t['questions']}", f"{t['first_three']}/{t['questions']}"]
+        body.append([label, *cells])
+    table = markdown_table(["sources ranked by", "first right, tune", "first three, tune", "first right, confirm",
+                            "first three, confirm"], body)
+    text = ("Which passage comes first, recomputed from the rankings the app's runs recorded (each ranking's first "
+            "ten); the weight was chosen on the tune split.\n\n" + table)
+    print(text)
+    if readme:
+        splice_readme(ROOT / "README.md", "sources", text)
+    return text
 
 
 def publish_table(summaries: list[dict], readme: bool) -> str:
@@ -316,11 +420,13 @@ def publish_table(summaries: list[dict], readme: bool) -> str:
                          f"{m['right_first_question']}/{m['first_questions']} · "
                          f"{m['right_later_questions']}/{m['later_questions']}",
                          pct(m["right_paraphrased"], m["paraphrased"]), f"{m['ttft_s_median']:.1f}",
-                         f"{m['decode_tps_median']:.1f}", f"{summary['peak_rss_mib']:,}"])
+                         f"{m['prefill_tps_median']:,}", f"{m['decode_tps_median']:.1f}",
+                         f"{summary['peak_rss_mib']:,}"])
     table = markdown_table(["model", "window", "answered by", "right", "right, tune", "right, confirm",
                             "first source right", "right: first question · later", "right: paraphrased",
-                            "first token s (median)", "decode tok/s (median)", "peak RSS MiB"], rows)
-    dates = sorted({s["date"] for s in summaries})
+                            "first token s (median)", "prefill tok/s (median)", "decode tok/s (median)",
+                            "peak RSS MiB"], rows)
+    dates = sorted({d for s in summaries for d in s["date"].split(", ")})
     threads = sorted({s["threads"] for s in summaries})
     text = (f"Measured {', '.join(dates)} on this CPU ({', '.join(map(str, threads))} threads), "
             "`python -m benchmarks.answers` (docs/answers.md): each document's questions asked one after another in "

@@ -511,9 +511,9 @@ class ContextEngine:
     def _quoted_turn(self, question: str, citations: CitationReport) -> str:
         """The user turn the answer is drawn from: the first sources' quoted parts, then the question."""
         excerpts = []
-        for (lo, hi), citation in zip(citations.quote_spans, citations.citations):
+        for (lo, hi), where in zip(citations.quote_spans, citations.quote_sources):
             text = self.format.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True)
-            excerpts.append((citation.where.label(), text))
+            excerpts.append((where.label(), text))
         return quoted_question(excerpts, question)
 
     def _read_in_reader(self, text: str, cancel) -> Generator[LiveStats, None, "AnswerReader"]:

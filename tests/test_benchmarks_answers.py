@@ -1,0 +1,95 @@
+"""The development set and the answers benchmark's scoring, without a model: every answer pattern matches the page or
+lines it cites (and not the question), rankings fuse as the app fuses them, and rows are scored again as the set is."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks import answers, devset
+from ingest import Provenance, ingest
+
+
+def test_the_set_has_a_hundred_questions_over_seven_documents_a_third_of_the_new_ones_paraphrased():
+    documents = devset.load()
+    questions = [q for d in documents for q in d.questions]
+    assert len(documents) == 7 and len(questions) >= 100
+    assert set(devset.TUNE).isdisjoint(devset.CONFIRM) and len(devset.TUNE + devset.CONFIRM) == 7
+    new = [q for d in documents if d.name in ("xlfd", "icccm", "libidn2", "h11") for q in d.questions]
+    assert 0.25 < sum(q.paraphrased for q in new) / len(new) < 0.45
+    assert all(q.answers and (q.pages or (q.file and q.lines)) for q in questions)
+    assert not any("r-doc" in d.path or "/R-" in d.path for d in documents)  # R's manuals stay out
+
+
+@pytest.mark.parametrize("name", devset.TUNE + devset.CONFIRM)
+def test_every_answer_is_stated_where_its_question_says_and_not_in_the_question(name, tmp_path):
+    document = devset.load((name,))[0]
+    try:
+        path = devset.document_path(document, tmp_path)
+    except SystemExit as missing:
+        pytest.skip(str(missing))
+    corpus = ingest(path)
+    for question in document.questions:
+        assert not question.is_right(question.question), question.question  # the question gives nothing away
+        if question.pages:
+            text = "".join(c.text for c in corpus.chunks if c.where.page in question.pages)
+        else:
+            assert any(question._same_file(c.where.source) for c in corpus.chunks), question.file
+            lines = _file_lines(path, question.file)
+            text = "\n".join(lines[line - 1] for line in question.lines if line <= len(lines))
+        assert any(re.search(p, text, re.IGNORECASE) for p in question.answers), (question.question, question.answers)
+
+
+def _file_lines(path: Path, display: str) -> list[str]:
+    """The lines of a code question's file: the document itself, or its member of the zip."""
+    if path.suffix != ".zip":
+        return path.read_text().splitlines()
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        return archive.read(display.split("/", 1)[1]).decode().splitlines()
+
+
+def test_a_cited_passage_holds_the_answer_by_page_or_by_line_range_of_the_same_file():
+    paged = devset.Question("d.pdf", "q", ("x",), pages=(3, 17))
+    assert paged.holds(Provenance("d.pdf", 17)) and not paged.holds(Provenance("d.pdf", 4))
+    code = devset.Question("h11.zip", "q", ("x",), file="h11.zip/h11/_util.py", lines=(41,))
+    assert code.holds(Provenance("h11.zip/h11/_util.py", line_start=30, line_end=60))
+    assert not code.holds(Provenance("h11.zip/h11/_util.py", line_start=42, line_end=60))
+    assert not code.holds(Provenance("h11.zip/h11/_events.py", line_start=30, line_end=60))
+
+
+def _row(**kwargs) -> answers.Row:
+    base = dict(method="app", document="mime", split="tune", index=2, question="q", answer="", right=False,
+                source_right=False, paraphrased=False, ttft_s=1.0, prefill_tps=1.0, decode_tps=1.0)
+    return answers.Row(**{**base, **kwargs})
+
+
+def test_rankings_fuse_by_rank_or_by_score_as_the_app_does():
+    a, b, c = (Provenance("d.pdf", n).as_dict() for n in (1, 2, 3))
+    row = _row(attention_ranking=[c, b], attention_scores=[1.0, 0.5], lexical_ranking=[a, b, c],
+               lexical_scores=[10.0, 9.0, 1.0])
+    pages = lambda how: [p.page for p in answers.fused(row, how)]  # noqa: E731
+    assert pages("lexical") == [1, 2, 3] and pages("attention") == [3, 2]
+    assert pages("lexical+0.25 attention") == [2, 1, 3]  # 0.9 + 0.125 beats 1.0; 0.1 + 0.25 is last
+    assert pages("lexical+1 attention") == [2, 3, 1]
+    assert pages("rrf") == [3, 2, 1]  # 1/11 + 1/13 just ahead of 1/12 + 1/12, both ahead of 1/11
+
+
+def test_rows_are_scored_again_with_the_set_as_it_is_now():
+    question = devset.load(("mime",))[0].questions[2]  # the date, stated as "2 October 2018"
+    rows = answers.rescored([_row(answer="It was last updated on October 2, 2018.", right=False),
+                             _row(answer="In 2019.", right=True)])
+    assert question.question.startswith("On what date") and [r.right for r in rows] == [True, False]
+    table = answers.methods_of(rows)["app"]
+    assert (table["right"], table["questions"], table["right_tune"], table["right_later_questions"]) == (1, 2, 1, 1)
+
+
+def test_the_h11_zip_is_the_installed_package_and_the_same_bytes_every_time(tmp_path):
+    document = devset.load(("h11",))[0]
+    first = devset.document_path(document, tmp_path).read_bytes()
+    (tmp_path / "again").mkdir()
+    assert devset.document_path(document, tmp_path / "again").read_bytes() == first
+    assert Path(tmp_path / "h11.zip").stat().st_size > 10_000
