@@ -281,7 +281,20 @@ def _checked(tensors, name: str, info: dict, rows: int, dtype: torch.dtype) -> t
     if tuple(tensor.shape) != shape or tensor.dtype != dtype:
         got = f"{tuple(tensor.shape)} {_dtype_name(tensor.dtype)}"
         raise CacheFileError(f"tensor {name} is {got}, expected {shape} {_dtype_name(dtype)}")
+    if not _all_finite(tensor):
+        raise CacheFileError(f"tensor {name} holds NaN or infinite values: every later token would attend to them")
     return tensor
+
+
+_FINITE_CHUNK = 1 << 22  # elements checked at once: the check's scratch memory stays small for any cache
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """No NaN or infinity in ``tensor`` (keys and values a model computed never hold one), checked in chunks
+    so a middle store of gigabytes needs no mask of its size."""
+    flat = tensor.reshape(-1)
+    return all(bool(torch.isfinite(flat[start:start + _FINITE_CHUNK]).all())
+               for start in range(0, flat.numel(), _FINITE_CHUNK))
 
 
 # -- small helpers ----------------------------------------------------------------------------------------

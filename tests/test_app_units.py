@@ -607,7 +607,8 @@ def test_share_without_auth_warns_loudly(capsys, monkeypatch):
     assert launched["share"] is True and launched["auth"] is None and launched["server_name"] == "127.0.0.1"
     server.launch(cli.parse_args(["--share", "--auth", "a:b", "--max-file-size", "5MB"]), FakeDemo())
     assert "WARNING" not in capsys.readouterr().err
-    assert launched["auth"] == [("a", "b")] and launched["max_file_size"] == 5 * 1024**2
+    assert launched["auth"]("a", "b") is True and launched["auth"]("a", "c") is False  # login.LoginGuard
+    assert launched["max_file_size"] == 5 * 1024**2
 
 
 def test_launch_is_quiet_and_prints_the_apps_own_lines(capsys):

@@ -133,7 +133,7 @@ def test_a_save_whose_name_index_cannot_be_written_is_still_a_save(runtime, tmp_
     monkeypatch.setattr(handlers.registry.store, "set_name", disk_full)
     drain(handlers.queue_save("Notes \ud800", req))  # a lone surrogate, as a JSON client can send
     drain(handlers.run(*SETTINGS, req))
-    assert session.name == "Notes ?" and session.stop_note.startswith("Saved “Notes ?”") and not session.unsaved
+    assert session.name == "Notes \ufffd" and session.stop_note.startswith("Saved “Notes \ufffd”") and not session.unsaved
     assert handlers.registry.store.exists(None, workspace_id)
 
 

@@ -37,6 +37,11 @@ class ContextMismatch(ValueError):
     """The saved context belongs to another model or another LM-Infinite setting. The message says which."""
 
 
+class ContextDamaged(ValueError):
+    """The saved context holds what no model run could have made (a token outside the vocabulary); opened, it
+    would fail at every question. The message says what and where."""
+
+
 def model_identity(runtime: ModelRuntime) -> dict:
     """What must match for a saved cache to mean the same thing: the model (name and a fingerprint of its
     weights' first embedding rows and its config), and the LM-Infinite settings that shape attention."""
@@ -108,10 +113,13 @@ def reopen_context(runtime: ModelRuntime, tensors: dict, record: dict, *, budget
     if record.get("format") != FORMAT:
         raise ValueError(f"unknown context format {record.get('format')!r}")
     check_identity(record["identity"], runtime)
+    vocabulary = vocabulary_size(runtime)
+    ids = checked_token_ids(tensors[TOKEN_IDS], vocabulary)  # before the cache: a cheap refusal first
+    history = history_from(record["history"])
+    _check_answer_ids(history, vocabulary)
     engine = ContextEngine(runtime, system_prompt=record["system_prompt"], budget=budget,
                            stats=stats or LiveStats())
     engine.use_cache(lminfinite.restore_cache(runtime.model, Prefixed(tensors, CACHE), record["cache"]))
-    ids = tensors[TOKEN_IDS].tolist()
     engine.token_ids.extend(ids)
     for start, end, kind, where in record["spans"]:
         engine.spans.append(Span(start, end, SpanKind(kind), Provenance(**where) if where else None))
@@ -120,7 +128,37 @@ def reopen_context(runtime: ModelRuntime, tensors: dict, record: dict, *, budget
                          f"cache of {engine.cache.get_seq_length()}")
     engine.state, engine.carry = TurnState(record["state"]), Carry(**record["carry"])
     engine.tokens_fed = int(record["tokens_fed"])
-    engine.history[:] = history_from(record["history"])
+    engine.history[:] = history
     engine.stats.context_tokens = engine.length
     engine.stats.set_kv(engine.memory())
     return engine
+
+
+def vocabulary_size(runtime: ModelRuntime) -> int:
+    """How many tokens the model can read: its embedding's rows (an id past them fails in every forward)."""
+    return int(runtime.model.get_input_embeddings().weight.shape[0])
+
+
+def checked_token_ids(tensor, vocabulary: int) -> list[int]:
+    """The saved token stream, refused (ContextDamaged) unless it is what ``context_record`` writes: one row of
+    int64, each a token of the model (an id of 2**64-1 stored as U64, or past the vocabulary, is not)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ContextDamaged(f"the token ids are a {type(tensor).__name__}, not a tensor")
+    if tensor.dtype != torch.int64 or tensor.dim() != 1:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        raise ContextDamaged(f"the token ids are {dtype} of shape {tuple(tensor.shape)}, expected one row of int64")
+    outside = ((tensor < 0) | (tensor >= vocabulary)).nonzero()
+    if len(outside):
+        position = int(outside[0, 0])
+        raise ContextDamaged(f"token id {int(tensor[position])} at position {position:,} is outside this model's "
+                             f"vocabulary of {vocabulary:,} tokens")
+    return tensor.tolist()
+
+
+def _check_answer_ids(history: list, vocabulary: int) -> None:
+    """An answer's tokens are read again when the context is rebuilt (Clear chat, Remove): each must be one."""
+    for number, entry in enumerate(history):
+        bad = next((i for i in getattr(entry, "answer_ids", ()) if i >= vocabulary), None)
+        if bad is not None:
+            raise ContextDamaged(f"the answer of history entry {number} holds token id {bad}, outside this model's "
+                                 f"vocabulary of {vocabulary:,} tokens")

@@ -173,6 +173,10 @@ class SessionRegistry:
             log.warning("could not reopen workspace %s: %s", workspace_id, exc)
             session.close()
             return None, f"The saved workspace could not be opened: {exc}."
+        except Exception as exc:  # noqa: BLE001 - a file no check foresaw must not break the page load
+            log.exception("reopening workspace %s failed", workspace_id)
+            session.close()
+            return None, f"The saved workspace could not be opened ({type(exc).__name__}); it is kept as it is."
         session.name = self.store.name(owner, workspace_id) or session.name
         seconds = time.perf_counter() - started
         return session, f"Reopened “{session.name}”: {session.context_tokens:,} tokens in {seconds:.1f} s."

@@ -11,6 +11,9 @@ any of it reaches a session or a view.
 from __future__ import annotations
 
 import json
+import os
+import re
+import struct
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,16 +22,20 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ingest import Provenance
+from ingest.units import human_bytes
+from lminfinite import CacheFileError
 from lminfinite.tensor_file import TensorFile, write_tensors
 
 from ..engine.citations import Citation
-from ..engine.context_file import ContextMismatch, check_identity, context_record, reopen_context
+from ..engine.context_file import ContextDamaged, ContextMismatch, check_identity, context_record, reopen_context
 from .documents import DocumentRow, RowStatus
 from .state import ChatItem, ItemKind, Session
-from .workspace_record import RECORD, SUMMARY, Malformed
+from .text import clean_strings
+from .workspace_record import MAX_HEADER_BYTES, RECORD, SUMMARY, Malformed, check_shape
 
 RECORD_KEY = "lminfinite-chat.workspace"
 FORMAT = 1
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # how JSON writes a surrogate (or half a pair)
 
 
 class WorkspaceFileError(ValueError):
@@ -81,18 +88,47 @@ def write_workspace(path: Path, session: Session, name: str, *, middle_dtype: to
 
 
 def _header(path: Path) -> dict:
+    """The file's workspace record, parsed only once its size and shape are known to be a workspace's (a
+    record of 87 MB, or one nested 200,000 deep, is refused from its text alone: workspace_record.check_shape);
+    every string in it cleaned of what UTF-8 cannot hold (text.clean_text)."""
+    name = Path(path).name
+    _check_header_size(path)
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
     except (SafetensorError, OSError, ValueError) as exc:
-        raise WorkspaceFileError(f"{Path(path).name} is not a readable workspace file ({exc})") from exc
+        raise WorkspaceFileError(f"{name} is not a readable workspace file ({exc})") from exc
+    text = metadata.get(RECORD_KEY)
+    if not isinstance(text, str):
+        raise WorkspaceFileError(f"{name} is a safetensors file but not a workspace")
     try:
-        record = json.loads(metadata[RECORD_KEY])
-    except (KeyError, ValueError) as exc:
-        raise WorkspaceFileError(f"{Path(path).name} is a safetensors file but not a workspace") from exc
+        check_shape(text)
+    except Malformed as exc:
+        raise WorkspaceFileError(f"{name} is damaged or hostile: {exc}") from None
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise WorkspaceFileError(f"{name} is a safetensors file but not a workspace") from exc
     if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise WorkspaceFileError(f"{Path(path).name} has an unknown workspace format")
-    return record
+        raise WorkspaceFileError(f"{name} has an unknown workspace format")
+    return clean_strings(record) if _ESCAPED_SURROGATE.search(text) else record
+
+
+def _check_header_size(path: Path) -> None:
+    """Refuse a file whose JSON header is larger than a workspace's can be, from its first 8 bytes (the
+    header's length, as safetensors begins): nothing of it is read or parsed."""
+    try:
+        with open(path, "rb") as file:
+            prefix = file.read(8)
+            length = os.fstat(file.fileno()).st_size
+    except OSError as exc:
+        raise WorkspaceFileError(f"{Path(path).name} is not a readable workspace file ({exc})") from exc
+    size = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else length
+    if size > length - 8:  # text, or anything else that does not begin as safetensors does
+        raise WorkspaceFileError(f"{Path(path).name} is not a readable workspace file (not a safetensors file)")
+    if size > MAX_HEADER_BYTES:
+        raise WorkspaceFileError(f"{Path(path).name} is damaged or hostile: its record is {human_bytes(size)}, "
+                                 f"more than the {human_bytes(MAX_HEADER_BYTES)} a workspace's can be")
 
 
 def check_compatible(path: Path, runtime) -> Summary:
@@ -129,7 +165,9 @@ def read_workspace(path: Path, session: Session) -> None:
                                         stats=session.stats)
     except WorkspaceFileError:
         raise
-    except (SafetensorError, KeyError, TypeError) as exc:
+    except (ContextDamaged, CacheFileError) as exc:  # made by no model run: a token, a NaN, counters
+        raise WorkspaceFileError(f"{Path(path).name} is damaged or hostile: {exc}") from exc
+    except (SafetensorError, KeyError, TypeError, OverflowError) as exc:
         raise WorkspaceFileError(f"{Path(path).name} is damaged or incomplete ({type(exc).__name__}: {exc})") from exc
     except ValueError as exc:  # a model or setting mismatch, or parts that disagree: the message says which
         raise WorkspaceFileError(f"{Path(path).name} cannot be opened here: {exc}") from exc

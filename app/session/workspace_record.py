@@ -1,9 +1,13 @@
-"""The JSON record in a workspace file, field by field (types and shapes), so workspace_file.py refuses a
-damaged or hostile file, saying where, before any of it reaches a session or a view."""
+"""The JSON record in a workspace file: its size and shape before it is parsed, then field by field (types and
+shapes), so workspace_file.py refuses a damaged or hostile file, saying where, before any of it reaches a
+session or a view."""
 
 from __future__ import annotations
 
 import math
+import re
+
+import numpy as np
 
 from ..engine.chat_format import TurnState
 from ..engine.spans import SpanKind
@@ -12,7 +16,45 @@ from .state import ItemKind
 
 
 class Malformed(Exception):
-    """Where in the record a field is missing, unknown or of the wrong type."""
+    """Where in the record a field is missing, unknown or of the wrong type, or how it is too large."""
+
+
+# -- before parsing: what json.loads would cost -------------------------------------------------------------
+# A record is the chat, the documents table and the text of the documents read (to read them again later):
+# a million-token context of English text is about 5 MB, of any script under 16 MB (JSON escapes each
+# non-ASCII character in 6 bytes). Parsing costs far more than the text (a Python object per value: 87 MB of
+# small values took 2.1 GB and 12 s) and nests by recursion, so these bounds are checked on the text first.
+MAX_HEADER_BYTES = 64 * 2**20  # the file's whole JSON header (the record, escaped once more, and its tensors)
+MAX_DEPTH = 32  # a record nests about 8 deep (record.session.chat[i].citations[j].where.page)
+MAX_VALUES = 4_000_000  # values in the record: an answer's token is one, a document's row about ten
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included ("unrolled": one match each)
+_DEPTH_STEP = np.zeros(256, dtype=np.int64)
+_DEPTH_STEP[[ord("["), ord("{")]], _DEPTH_STEP[[ord("]"), ord("}")]] = 1, -1
+_CHUNK = 1 << 22  # bytes scanned at once for the depth: bounded scratch memory whatever the record's size
+
+
+def check_shape(text: str) -> None:
+    """Refuse a record whose parsing alone would be costly: too many values or nested too deep. The text's
+    size is bounded before (workspace_file reads the header's length first)."""
+    if text.count('"') > 2 * MAX_VALUES:  # each string is a value: refused before the strings are even scanned
+        raise Malformed(f"the record holds more than {MAX_VALUES:,} values")
+    structure = _STRING.sub("", text)  # outside strings: brackets, commas, colons, numbers, literals
+    values = structure.count(",") + structure.count("[") + structure.count("{") + 1
+    if values > MAX_VALUES:
+        raise Malformed(f"the record holds more than {MAX_VALUES:,} values")
+    depth = _deepest(structure.encode("ascii", "replace"))
+    if depth > MAX_DEPTH:
+        raise Malformed(f"the record is nested {depth:,} deep, more than the {MAX_DEPTH} a workspace needs")
+
+
+def _deepest(structure: bytes) -> int:
+    """The deepest nesting of brackets in ``structure`` (strings taken out), chunk by chunk."""
+    deepest = level = 0
+    for start in range(0, len(structure), _CHUNK):
+        piece = np.frombuffer(structure, dtype=np.uint8, count=min(_CHUNK, len(structure) - start), offset=start)
+        levels = np.cumsum(_DEPTH_STEP[piece]) + level
+        deepest, level = max(deepest, int(levels.max())), int(levels[-1])
+    return deepest
 
 
 def _is(test, expected: str):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from lminfinite.atomic_file import replacing, write_text
 
+from .text import clean_text
 from .workspace_file import Summary, WorkspaceFileError, read_summary
 
 SUFFIX = ".lmiw"
@@ -28,10 +29,21 @@ SECRET = "browser-secret"
 _ID = re.compile(r"[0-9a-f]{32}")
 
 
-def clean_name(name: str) -> str:
-    """``name`` as UTF-8 can hold it: a lone surrogate (JSON from a client can carry one) becomes U+FFFD, so
-    writing the index never fails, for this name or any saved after it. Surrogate pairs are joined."""
-    return name.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+MAX_NAME_CHARS = 120  # a name is a line of the list, sent with every refresh: 5 million characters were 15 MB
+
+
+def clean_name(name: str, limit: int = MAX_NAME_CHARS) -> str:
+    """``name`` as the list shows it: on one line, at most ``limit`` characters, and as UTF-8 can hold it (a lone
+    surrogate, which JSON from a client or a file can carry, becomes U+FFFD, so writing the index never fails,
+    for this name or any saved after it)."""
+    return cut_name(name, limit)[0]
+
+
+def cut_name(name: str, limit: int = MAX_NAME_CHARS) -> tuple[str, bool]:
+    """``clean_name``'s name, and whether it had to be cut to ``limit`` characters (to tell the user)."""
+    words = clean_text(str(name)).split()
+    whole = " ".join(words)
+    return whole[:limit].rstrip(), len(whole) > limit
 
 
 def new_workspace_id() -> str:
@@ -111,9 +123,12 @@ class WorkspaceStore:
             workspace_id = path.name[: -len(SUFFIX)]
             if not is_workspace_id(workspace_id):
                 continue
-            stat = path.stat()
+            try:
+                stat = path.stat()
+            except OSError:  # deleted meanwhile (another tab's Delete)
+                continue
             summary, problem = self._summary(path, stat)
-            name = names.get(workspace_id) or (summary.name if summary else "") or "(unnamed)"
+            name = names.get(workspace_id) or clean_name(summary.name if summary else "") or "(unnamed)"
             found.append(SavedWorkspace(workspace_id, name, summary, stat.st_size, stat.st_mtime, problem))
         return sorted(found, key=lambda w: w.modified, reverse=True)
 
@@ -125,7 +140,7 @@ class WorkspaceStore:
         if known is None or known[0] != version:
             try:
                 known = (version, read_summary(path), "")
-            except WorkspaceFileError as exc:
+            except (WorkspaceFileError, OSError) as exc:  # listed as damaged: it can still be deleted
                 known = (version, None, str(exc))
             self._summaries[path] = known
         return known[1], known[2]

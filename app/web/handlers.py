@@ -30,7 +30,8 @@ from ..session.model_work import ModelWork
 from ..session.reading import Reader
 from ..session.registry import SessionDenied, SessionExpired, SessionRegistry
 from ..session.state import ChatItem, ItemKind, Session, Stage, Work, WorkKind
-from . import views
+from ..session.text import clean_text
+from . import messages, views
 from .api import answer_json
 from .workspace_handlers import WorkspaceEvents
 
@@ -56,17 +57,17 @@ class Handlers(WorkspaceEvents):
     # -- helpers ---------------------------------------------------------------------------------
     def _session(self, request: gr.Request, *, touch: bool = True) -> Session:
         if request is None or not request.session_hash:
-            raise gr.Error("This request has no session; reload the page.")
+            raise messages.error("This request has no session; reload the page.")
         try:
             return self.registry.get(request.session_hash, touch=touch, owner=self._user(request))
         except SessionDenied:
-            raise gr.Error("This session belongs to another user.") from None
+            raise messages.error("This session belongs to another user.") from None
         except SessionExpired:
             if touch:  # a user action (not the panel timer): tell once, then the tab may start afresh
                 self.registry.forget_expired(request.session_hash)
             minutes = self.config.session_timeout_s / 60
-            raise gr.Error(f"This workspace was freed after {minutes:g} minutes without activity (saved first, when "
-                           "it was open in a browser). Reload the page to reopen it.") from None
+            raise messages.error(f"This workspace was freed after {minutes:g} minutes without activity (saved "
+                                 "first, when it was open in a browser). Reload the page to reopen it.") from None
 
     @staticmethod
     def _user(request: gr.Request) -> str | None:
@@ -89,9 +90,16 @@ class Handlers(WorkspaceEvents):
         if session.exported is not None and session.exported != chat:
             session.exported = None
             export = gr.update(value=None, visible=False)
-        note, busy = session.controls_state()
+        note, busy = self._controls_state(session)
         return (chat, shown_rows, context, activity, note, export, gr.update(interactive=busy),
                 gr.update(interactive=busy))
+
+    @staticmethod
+    def _controls_state(session: Session) -> tuple[str, bool]:
+        """The stop note as Markdown that shows it literally (it quotes names and files), and whether there is
+        work to stop."""
+        note, busy = session.controls_state()
+        return messages.markdown_text(note), busy
 
     def progress_view(self, session: Session) -> tuple:
         """The view while work streams: only what changed is post-processed and sent."""
@@ -120,7 +128,7 @@ class Handlers(WorkspaceEvents):
         """Chat box: queue the attached files and the question; lock the box until the answer is done."""
         session = self._session(request)
         message = message or {}
-        text = (message.get("text") or "").strip()
+        text = clean_text(str(message.get("text") or "")).strip()
         files = upload_paths(message.get("files"))
         if not text and not files:
             return (gr.MultimodalTextbox(value=None, interactive=True), *self.view(session))
@@ -138,14 +146,15 @@ class Handlers(WorkspaceEvents):
     def add_server_path(self, path: str, request: gr.Request):
         """A folder, file or git URL on the server; only with --allow-local-paths."""
         session = self._session(request)
-        path = (path or "").strip()
+        path = clean_text(str(path or "")).strip()
         if not self.config.local_paths_enabled:
-            raise gr.Error("Reading paths on the server is off; the server owner can enable --allow-local-paths.")
+            raise messages.error("Reading paths on the server is off; the server owner can enable "
+                                 "--allow-local-paths.")
         if path and not looks_like_url(path):  # git URLs: ingest accepts https only, and clones to a temp folder
             resolved = self.config.local_path_allowed(path)
             if resolved is None:
-                raise gr.Error("That path is outside the folders this server allows (--allow-local-paths); "
-                               "nothing was read.")
+                raise messages.error("That path is outside the folders this server allows (--allow-local-paths); "
+                                     "nothing was read.")
             path = str(resolved)  # read what was checked, not a link that could change in between
         if path:
             self._queue_sources(session, None, [path], uploads=False)
@@ -155,12 +164,12 @@ class Handlers(WorkspaceEvents):
         """Stop this session's running and queued work (the engine rolls back within a chunk or token)."""
         session = self._session(request)
         session.stop(say=True)
-        return session.controls_state()[0]
+        return self._controls_state(session)[0]
 
     def controls(self, request: gr.Request):
         """The stop note and Stop / Cancel as the work now stands, after Stop and after the model step: the
         replies of events running side by side can reach the browser in either order."""
-        note, busy = self._session(request, touch=False).controls_state()
+        note, busy = self._controls_state(self._session(request, touch=False))
         return note, gr.update(interactive=busy), gr.update(interactive=busy)
 
     def queue_regenerate(self, request: gr.Request):
@@ -174,8 +183,8 @@ class Handlers(WorkspaceEvents):
             work.question_item = ChatItem("user", ItemKind.QUESTION, question.text)
             session.chat.append(work.question_item)
         else:
-            gr.Warning("Nothing to regenerate: ask a question first (documents added after the last answer "
-                       "make it permanent).")
+            messages.warning("Nothing to regenerate: ask a question first (documents added after the last answer "
+                             "make it permanent).")
         return self.view(session)
 
     def _confirm_cost(self, session: Session, action: tuple, cost: int, what: str) -> bool:
@@ -202,7 +211,7 @@ class Handlers(WorkspaceEvents):
         """Remove one document: the rest of the context (documents and conversation) is read again without it."""
         session = self._session(request)
         if not source or session.engine is None or source not in self._removable(session):
-            gr.Warning("Choose a document that is in the context.")  # not gr.Error: it would paint the chat red
+            messages.warning("Choose a document that is in the context.")  # no error: it would paint the chat red
             return self.view(session)
         cost = replay_cost(session.engine, without_source(source))
         if self._confirm_cost(session, ("remove", source), max(cost, 1),
@@ -289,9 +298,9 @@ class Handlers(WorkspaceEvents):
         """
         session = self._session(request)
         paths = upload_paths(files)
-        question = (question or "").strip()
+        question = clean_text(str(question or "")).strip()
         if not question and not paths:
-            raise gr.Error("Give a question, files, or both.")
+            raise messages.error("Give a question, files, or both.")
         work = self._queue_sources(session, question or None, paths, uploads=True)
         for _ in self.read(request):
             pass
@@ -320,7 +329,8 @@ class Handlers(WorkspaceEvents):
             settings = GenerationSettings.from_ui(temperature, top_p, max_new_tokens, repetition_penalty, recall, topk,
                                                   quote)
         except (TypeError, ValueError) as exc:
-            raise gr.Error(f"Invalid setting: {exc}") from exc
+            raise messages.error(f"Invalid setting: {exc}") from exc
+        prompt = clean_text(str(system_prompt or ""))  # the Settings' text, from a client: UTF-8 only
         with session.working():
             if (yield from self._claim_or_follow(session)):
                 try:
@@ -328,7 +338,7 @@ class Handlers(WorkspaceEvents):
                         if work.stage == Stage.QUEUED:
                             yield from self.reader.read(session, work)  # a client that skipped the reading step
                         try:
-                            yield from self.model_work.run(session, work, settings, system_prompt or "")
+                            yield from self.model_work.run(session, work, settings, prompt)
                         finally:
                             session.finish_work(work)
                 finally:

@@ -20,6 +20,7 @@ from ..session.registry import SessionRegistry
 from ..session.workspace_store import WorkspaceStore
 from .events import input_names, wire
 from .handlers import Handlers
+from .login import LoginGuard
 from .ui import STATIC_DIR, LayoutInfo, build_layout
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ def launch(config: AppConfig, demo: gr.Blocks, *, block: bool = True):
     css = (STATIC_DIR / "app.css").read_text(encoding="utf-8")
     js = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
     result = demo.launch(
-        server_name=config.host, server_port=config.port, share=config.share, auth=config.auth or None,
+        server_name=config.host, server_port=config.port, share=config.share,
+        auth=LoginGuard(config.auth) if config.auth else None,  # wrong passwords wait: login.py
         auth_message="LM-Infinite chat: please log in." if config.auth else None,
         max_file_size=config.max_file_size, allowed_paths=[str(STATIC_DIR)], css=css, js=js,
         favicon_path=str(STATIC_DIR / "favicon.svg"), footer_links=["api", "settings"], show_error=True,

@@ -10,6 +10,8 @@ import gradio as gr
 from ..session.documents import upload_paths
 from ..session.state import Session, WorkKind
 from ..session.workspace_file import WorkspaceFileError, check_compatible
+from ..session.workspace_store import MAX_NAME_CHARS, cut_name, is_workspace_id
+from . import messages
 from .workspace_views import workspace_choices, workspace_note, workspace_rows
 
 
@@ -24,13 +26,13 @@ class WorkspaceEvents:
     def _shown(self, session: Session, note: str = "") -> tuple:
         """After a page load or a switch: the workspace id the browser keeps, and everything on screen."""
         if note:
-            gr.Info(note)
+            messages.info(note)
         return (session.workspace_id, *self.view(session), *self.workspace_view(session))
 
     def attach(self, workspace_id, request: gr.Request):
         """Page load: show the workspace this browser had open (reopened from disk if it was freed)."""
         if request is None or not request.session_hash:
-            raise gr.Error("This request has no session; reload the page.")
+            raise messages.error("This request has no session; reload the page.")
         session, note = self.registry.attach(request.session_hash, workspace_id, self._user(request),
                                              page_load=True)
         return self._shown(session, note)
@@ -38,7 +40,7 @@ class WorkspaceEvents:
     def _refused(self, why: str, request: gr.Request) -> tuple:
         """A switch that cannot be made: say why and show the tab's workspace as it was (a gr.Error would mark
         every output, the chat included, as failed)."""
-        gr.Warning(why)
+        messages.warning(why)
         return self._shown(self._session(request))
 
     def open_workspace(self, choice, request: gr.Request):
@@ -63,8 +65,11 @@ class WorkspaceEvents:
         return self.view(session)
 
     def rename(self, name, request: gr.Request):
+        """Name this workspace: on one line, cleaned of what UTF-8 cannot hold, cut (saying so) when too long."""
         session = self._session(request)
-        name = " ".join(str(name or "").split())[:120].encode("utf-8", "replace").decode("utf-8")  # no lone surrogate
+        name, cut = cut_name(str(name or ""))
+        if cut:
+            messages.warning(f"A workspace name has at most {MAX_NAME_CHARS} characters; it was cut to “{name}”.")
         if name and name != session.name:
             session.name = name
             if self.registry.store.exists(session.owner, session.workspace_id):
@@ -74,10 +79,10 @@ class WorkspaceEvents:
     def delete_workspace(self, choice, request: gr.Request):
         """Delete a saved workspace, never the one open in a tab (it would be saved again when left)."""
         session = self._session(request)
-        if not choice:
-            raise gr.Error("Choose a saved workspace first.")
+        if not is_workspace_id(choice):
+            raise messages.error("Choose a saved workspace first.")
         if self.registry.is_open(choice):
-            raise gr.Error("That workspace is open (here or in another tab): open or start another one first.")
+            raise messages.error("That workspace is open (here or in another tab): open or start another one first.")
         self.registry.store.delete(session.owner, choice)
         return self.workspace_view(session)
 
@@ -86,7 +91,7 @@ class WorkspaceEvents:
         session = self._session(request)
         choice = choice or session.workspace_id
         if not self.registry.store.exists(session.owner, choice):
-            raise gr.Error("This workspace has not been saved yet: press Save first.")
+            raise messages.error("This workspace has not been saved yet: press Save first.")
         name = self.registry.store.name(session.owner, choice, "workspace")
         return gr.File(value=str(self.registry.store.download_copy(session.owner, choice, session.tmpdir, name)),
                        visible=True)
@@ -102,12 +107,25 @@ class WorkspaceEvents:
             summary = check_compatible(Path(paths[0]), self.runtime)
         except WorkspaceFileError as exc:
             return None, *self._refused(f"Not imported: {exc}", request)
-        workspace_id = self.registry.store.add(owner, Path(paths[0]), f"{summary.name} (imported)")
+        name, cut = imported_name(summary.name)
+        workspace_id = self.registry.store.add(owner, Path(paths[0]), name)
         session, note = self.registry.attach(request.session_hash, workspace_id, owner, fallback_new=False)
         if session is None:  # the header was fine, the tensors were not: the tab keeps its workspace
             self.registry.store.delete(owner, workspace_id)
             return None, *self._refused(f"Not imported: {note}", request)
+        if cut:
+            note += f" Its name had more than {MAX_NAME_CHARS} characters and was cut."
         return None, *self._shown(session, note)
 
     def workspace_panel(self, request: gr.Request):
         return self.workspace_view(self._session(request, touch=False))
+
+
+IMPORTED = " (imported)"
+
+
+def imported_name(saved: str) -> tuple[str, bool]:
+    """The list's name of an imported workspace, and whether the name it was saved with had to be cut (a file
+    can carry a name of millions of characters)."""
+    name, cut = cut_name(saved, MAX_NAME_CHARS - len(IMPORTED))
+    return name + IMPORTED, cut
