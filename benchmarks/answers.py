@@ -55,7 +55,12 @@ def _exact_words(excerpts: list[tuple[str, str]], question: str) -> str:
     return quoted_question(excerpts, question) + "\nAnswer briefly, in the excerpt's own words."
 
 
-WORDINGS = {"question-around": _question_around, "exact-words": _exact_words}
+def _pieces(excerpts: list[tuple[str, str]], question: str) -> str:
+    """The retrieval baseline's wording: the passages unlabelled, as pieces of context, then the question."""
+    return RAG_PROMPT.format(context="\n\n".join(text.strip() for _, text in excerpts), question=question)
+
+
+WORDINGS = {"question-around": _question_around, "exact-words": _exact_words, "pieces": _pieces}
 
 
 @dataclass
@@ -84,7 +89,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default="qwen2.5-coder-0.5b", help="a bundled model's short name (app --model)")
     p.add_argument("--window", type=int, default=None, help="LM-Infinite window (default: the model's measured one)")
     p.add_argument("--methods", default="app,retrieval")
-    p.add_argument("--split", choices=("tune", "confirm", "all"), default="all")
+    p.add_argument("--split", choices=(*devset.SPLITS, "all"), default="all")
     p.add_argument("--documents", default="", help="comma-separated devset names (default: the split's)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--dtype", default="auto")
@@ -119,8 +124,8 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(args.threads)
     runtime = load_runtime(AppConfig(model=args.model, window=args.window, dtype=args.dtype, topk=5))
-    names = tuple(n for n in args.documents.split(",") if n) or {
-        "tune": devset.TUNE, "confirm": devset.CONFIRM, "all": devset.TUNE + devset.CONFIRM}[args.split]
+    names = tuple(n for n in args.documents.split(",") if n) or (
+        sum(devset.SPLITS.values(), ()) if args.split == "all" else devset.SPLITS[args.split])
     documents = devset.load(names)
     args.out.mkdir(parents=True, exist_ok=True)
     tag = args.tag or f"{args.model}_w{runtime.window}"
@@ -331,10 +336,8 @@ def methods_of(rows: list[Row]) -> dict:
         later = [r for r in mine if r.index > 0]
         out[method] = {
             "right": sum(r.right for r in mine), "questions": len(mine),
-            "right_tune": sum(r.right for r in mine if r.split == "tune"),
-            "questions_tune": sum(r.split == "tune" for r in mine),
-            "right_confirm": sum(r.right for r in mine if r.split == "confirm"),
-            "questions_confirm": sum(r.split == "confirm" for r in mine),
+            **{f"{key}_{split}": sum((r.right if key == "right" else 1) for r in mine if r.split == split)
+               for split in devset.SPLITS for key in ("right", "questions")},
             "first_source_right": sum(r.source_right for r in mine),
             "right_first_question": sum(r.right for r in first), "first_questions": len(first),
             "right_later_questions": sum(r.right for r in later), "later_questions": len(later),
@@ -381,7 +384,7 @@ def publish_sources(rows: list[Row], readme: bool) -> str:
     from ingest.tables import markdown_table
 
     documents = devset.load()
-    tables = {split: source_table([r for r in rows if r.split == split], documents) for split in ("tune", "confirm")}
+    tables = {split: source_table([r for r in rows if r.split == split], documents) for split in devset.SPLITS}
     labels = {"attention": "the question's recall alone", "lexical": "BM25 alone",
               "rrf": f"reciprocal rank fusion (1 / ({RRF_K} + rank))"}
     body = []
@@ -390,12 +393,12 @@ def publish_sources(rows: list[Row], readme: bool) -> str:
         if how == "lexical+0.25 attention":
             label += ": **the app's**"
         cells = []
-        for split in ("tune", "confirm"):
+        for split in devset.SPLITS:
             t = tables[split][how]
             cells += [f"{t['first']}/{t['questions']}", f"{t['first_three']}/{t['questions']}"]
         body.append([label, *cells])
-    table = markdown_table(["sources ranked by", "first right, tune", "first three, tune", "first right, confirm",
-                            "first three, confirm"], body)
+    table = markdown_table(["sources ranked by", *(f"first {which}, {split}" for split in devset.SPLITS
+                                                   for which in ("right", "three"))], body)
     text = ("Which passage comes first, recomputed from the rankings the app's runs recorded (each ranking's first "
             "ten); the weight was chosen on the tune split.\n\n" + table)
     print(text)
@@ -415,14 +418,14 @@ def publish_table(summaries: list[dict], readme: bool) -> str:
         for method, m in summary["methods"].items():
             pct = lambda a, b: f"{a}/{b} ({100 * a / b:.0f} %)" if b else "–"  # noqa: E731
             rows.append([summary["model"], f"{summary['window']:,}", method, pct(m["right"], m["questions"]),
-                         pct(m["right_tune"], m["questions_tune"]), pct(m["right_confirm"], m["questions_confirm"]),
+                         *(pct(m.get(f"right_{s}", 0), m.get(f"questions_{s}", 0)) for s in devset.SPLITS),
                          pct(m["first_source_right"], m["questions"]),
                          f"{m['right_first_question']}/{m['first_questions']} · "
                          f"{m['right_later_questions']}/{m['later_questions']}",
                          pct(m["right_paraphrased"], m["paraphrased"]), f"{m['ttft_s_median']:.1f}",
                          f"{m['prefill_tps_median']:,}", f"{m['decode_tps_median']:.1f}",
                          f"{summary['peak_rss_mib']:,}"])
-    table = markdown_table(["model", "window", "answered by", "right", "right, tune", "right, confirm",
+    table = markdown_table(["model", "window", "answered by", "right", *(f"right, {s}" for s in devset.SPLITS),
                             "first source right", "right: first question · later", "right: paraphrased",
                             "first token s (median)", "prefill tok/s (median)", "decode tok/s (median)",
                             "peak RSS MiB"], rows)

@@ -17,7 +17,7 @@ from app.engine.citations import CARRIED_TOKENS, NEUTRAL_QUESTION
 from app.engine.generation import GenerationSettings
 from app.engine.history import Exchange
 from app.engine.reader import AnswerReader
-from app.engine.quoting import quoted_question
+from app.engine.quoting import QUOTED_PASSAGES, quoted_question
 from app.engine.model_loading import ModelChoice, load_runtime
 from ingest import Provenance
 from app_fixtures import FILLER, model_dir
@@ -510,9 +510,14 @@ def test_a_quoted_answer_comes_from_the_quote_and_leaves_only_its_question_and_a
     page_end = max(s.end for s in engine.spans if s.where is not None and s.where.page_only() == first)
     assert all(engine.spans.at(p).where.page_only() == first for p in range(lo, min(hi, page_end)))
     assert hi <= page_end + CARRIED_TOKENS  # and the page's last word, fed with the next page
+    # Each quoted source (the first ones ranked, QUOTED_PASSAGES at most) quoted in rank order, then the question.
+    quoted = result.citations
+    assert quoted.quote_sources[0] == first and 1 <= len(quoted.quote_spans) <= QUOTED_PASSAGES
+    assert list(quoted.quote_sources) == [c.where for c in quoted.citations[:len(quoted.quote_sources)]]
     text = engine.turns[-1].quoted
-    assert text == quoted_question([(first.label(), runtime.tokenizer.decode(engine.token_ids[lo:hi],
-                                                                            skip_special_tokens=True))], question)
+    assert text == quoted_question([(where.label(), runtime.tokenizer.decode(engine.token_ids[a:b],
+                                                                            skip_special_tokens=True))
+                                    for (a, b), where in zip(quoted.quote_spans, quoted.quote_sources)], question)
     # The answer is the one that user turn gets in a context holding nothing else (the reader: no documents, no
     # earlier answers to copy), read and answered without recall...
     plain = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=False, quote=False)

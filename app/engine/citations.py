@@ -224,8 +224,9 @@ def cite(question: RecallTally, spans: SpanIndex, *, baseline: RecallTally | Non
         return (first, spans.at(first)) if first is not None else None
 
     citations = []
-    for rank, (key, score) in enumerate(ranked[:limit]):  # the best passage is always cited, the rest above min_share
-        if rank and score / mass < min_share:
+    always = max(1, quotes if quote_tokens else 1)  # the passages quoted to the model are always cited
+    for rank, (key, score) in enumerate(ranked[:max(limit, always)]):  # the others above min_share
+        if rank >= always and score / mass < min_share:
             continue
         where = peak_of(key)
         citations.append(Citation(key, score / mass, snippet(*where) if snippet and where else ""))

@@ -1,5 +1,5 @@
-"""Quoting the top source: the passage the question's sources rank first is quoted with the question, and the
-answer is drawn from it.
+"""Quoting the top sources: the passages the question's sources rank first are quoted with the question, and the
+answer is drawn from them.
 
 Ranking finds the right passage far more often than a small model can use it from the middle of a long context:
 on 42 questions about two PDF manuals and a Python module, SmolLM2-135M's first source held the answer for 32, but
@@ -7,7 +7,7 @@ it answered 6 right (docs/smollm2.md). Given the cited page with recall off, and
 answers 20; with recall still on, the middle tokens recall pulls in distract it from the quote.
 
 So an answer is drawn as follows (``ContextEngine.ask``): the question is read with recall, which with BM25 ranks
-the sources (citations.py); the context goes back before it; the first source's densest part and the question are
+the sources (citations.py); the context goes back before it; the first sources' densest parts and the question are
 read in a reader of their own (reader.py), without recall, and the answer is sampled there; then the context reads
 the question and the answer. The quote helps one answer and leaves nothing behind, so a conversation's history
 stays its questions and answers (history.py), and a context rebuilt from it is the same.
@@ -17,20 +17,20 @@ from __future__ import annotations
 
 from typing import Mapping
 
-# Of the top source, at most half the window. SmolLM2 (window 1,024) quotes 512: 768 answered no more there
-# (benchmarks/docqa.py). Qwen2.5-Coder-0.5B (window 2,048) answered 49 of the tune split's 58 questions quoting 768,
-# 48 quoting 512 (benchmarks/answers.py).
-QUOTE_TOKENS = 768
-# How many of the first sources are quoted: one. Three (512 tokens each, as many as a retrieval script pastes)
-# answered 36 of the 58 where one answered 40 (both with the earlier source ranking): a small model reads one
-# passage better than three, and the first source is right for nine questions in ten.
-QUOTED_PASSAGES = 1
+# How many of the first sources are quoted, and how much of each. Qwen2.5-Coder-0.5B (window 2,048) on the
+# development set's tune and confirm splits (106 questions, benchmarks/answers.py, docs/answers.md): one passage of
+# 768 tokens answered 70, two of 768 answered 73, three of 512 answered 75, four of 512 in the retrieval
+# baseline's wording 72; retrieval with the same model answers 75. One passage did best on the tune split alone
+# (48 of 58) and worst on the confirm split (22 of 48): the first source is right for nine questions in ten on
+# the first, two in three on the second, where the second and third sources hold what the first misses.
+QUOTE_TOKENS = 512
+QUOTED_PASSAGES = 3
 
 
 def quote_size(window: int) -> int:
-    """Tokens of the top source to quote: at most half the window, leaving the question and the answer's start
-    beside it."""
-    return min(QUOTE_TOKENS, window // 2)
+    """Tokens to quote of each quoted source: the quotes together take at most three quarters of the window,
+    leaving the question and the answer's start beside them."""
+    return min(QUOTE_TOKENS, window * 3 // (4 * QUOTED_PASSAGES))
 
 
 def densest_window(relevance: Mapping[int, float], start: int, end: int, size: int) -> tuple[int, int]:

@@ -115,7 +115,7 @@ def _recall_line(info: LayoutInfo) -> str:
     if not info.recall:
         return "top-k middle recall off"
     if info.quote:
-        return "top-k middle recall reads each question, and the top source it finds is quoted before the answer"
+        return "top-k middle recall reads each question, and the top sources it finds are quoted before the answer"
     return "top-k middle recall while answering"
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 from ingest.units import human_bytes
 
 from ..engine.budget import Budget
+from ..engine.quoting import QUOTED_PASSAGES
 from ..engine.metrics import DeviceMemory, LiveStats, Sample
 from ..session.documents import STATUS_LABELS, DocumentRow, RowStatus
 from ..session.state import ChatItem, ItemKind, Session
@@ -49,8 +50,9 @@ def answer_markdown(item: ChatItem) -> str:
     if item.citations:
         lines = [f"- `{c.where.label()}` · {c.share:.0%}" + (f" · “{c.snippet}”" if c.snippet else "")
                  for c in item.citations]
-        if item.stats.get("quoted"):  # the answer was drawn with this passage quoted before the question
-            lines[0] += " · *quoted to the model*"
+        if item.stats.get("quoted"):  # the answer was drawn with the first passages quoted before the question
+            for index in range(min(QUOTED_PASSAGES, len(lines))):
+                lines[index] += " · *quoted to the model*"
         parts.append("**Sources**, ranked by the top-k recall attention the question drew to each passage beyond "
                      "what a neutral question draws (shares of that excess):\n"
                      + "\n".join(lines))
