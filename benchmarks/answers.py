@@ -280,18 +280,17 @@ def fused(row: Row, how: str) -> list:
     lexical = [Provenance(**{k: v for k, v in d.items() if k != "label"}) for d in row.lexical_ranking]
     if how in ("attention", "lexical"):
         return attention if how == "attention" else lexical
-    scores: dict = {}
     if how == "rrf":
+        scores: dict = {}
         for ranking in (attention, lexical):
             for rank, passage in enumerate(ranking):
                 scores[passage] = scores.get(passage, 0.0) + 1 / (RRF_K + rank + 1)
-    else:
-        weight = float(how.split("+")[1].split()[0])
-        for ranking, values, w in ((lexical, row.lexical_scores, 1.0), (attention, row.attention_scores, weight)):
-            top = max(values, default=0.0) or 1.0
-            for passage, value in zip(ranking, values):
-                scores[passage] = scores.get(passage, 0.0) + w * value / top
-    return sorted(scores, key=lambda p: -scores[p])
+        return sorted(scores, key=lambda p: -scores[p])
+    from app.engine.citations import fuse
+
+    weight = float(how.split("+")[1].split()[0])
+    return [passage for passage, _ in fuse(dict(zip(attention, row.attention_scores)),
+                                           dict(zip(lexical, row.lexical_scores)), attention_weight=weight)]
 
 
 def source_table(rows: list[Row], documents) -> dict:

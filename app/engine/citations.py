@@ -153,8 +153,8 @@ class Ranking(StrEnum):
 
 # A passage's hybrid score is its BM25 score over the best one's plus this share of its recall relevance over the
 # best one's. On the development set's tune split (58 questions, README), the first source held the answer for 50
-# with BM25 alone, 42 with recall alone, 43 fusing their ranks (1 / (10 + rank)) and 52 with this weight (52 at 0.1,
-# 51 at 0.5, 43 at 1): recall breaks BM25's near-ties, and a passage BM25 ranks low cannot win on recall alone.
+# with BM25 alone, 42 with recall alone, 44 fusing their ranks (1 / (10 + rank)) and 53 with this weight (52 at 0.1,
+# 52 at 0.5, 43 at 1; docs/answers.md): recall breaks BM25's near-ties, and a passage BM25 ranks low cannot win on recall alone.
 ATTENTION_WEIGHT = 0.25
 # A piece's last word is fed with the next piece (chat_format.py holds it back until what follows is known), so a
 # passage's tokens end a word early: a quote may take this many tokens more, to end where the passage ends.
@@ -162,7 +162,8 @@ CARRIED_TOKENS = 24  # a word in digits or a long identifier takes many (Qwen sp
 
 
 def fuse(attention: Mapping[Provenance, float], lexical: Mapping[Provenance, float],
-         ranking: Ranking = Ranking.HYBRID) -> list[tuple[Provenance, float]]:
+         ranking: Ranking = Ranking.HYBRID, *, attention_weight: float = ATTENTION_WEIGHT
+         ) -> list[tuple[Provenance, float]]:
     """Passages best first with their scores (each list's positive scores only): one list's own scores when only
     one ranks anything, else each passage's BM25 score over the best one's plus ATTENTION_WEIGHT times its recall
     relevance over the best one's."""
@@ -173,7 +174,7 @@ def fuse(attention: Mapping[Provenance, float], lexical: Mapping[Provenance, flo
         return sorted(only.items(), key=lambda item: -item[1])
     recalled, worded = lists
     top_recall, top_words = max(recalled.values()), max(worded.values())
-    fused = {p: worded.get(p, 0.0) / top_words + ATTENTION_WEIGHT * recalled.get(p, 0.0) / top_recall
+    fused = {p: worded.get(p, 0.0) / top_words + attention_weight * recalled.get(p, 0.0) / top_recall
              for p in recalled.keys() | worded.keys()}
     return sorted(fused.items(), key=lambda item: -item[1])
 
