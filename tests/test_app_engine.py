@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import dataclasses
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from app.engine import context as context_module, native_memory
 from app.engine.chat_format import TurnState
 from app.cli import AppConfig
 from app.engine.context import AnswerDelta, AnswerResult, ContextEngine, ContextFull, ContextOutOfMemory, EngineError, Stopped
@@ -569,3 +571,31 @@ def test_no_quote_without_a_source_and_a_quote_needs_no_room_in_the_context(runt
     assert engine.length <= engine.budget
 
 
+
+
+def test_the_heap_is_trimmed_after_each_operation_once_the_answer_reader_is_freed(runtime, monkeypatch):
+    """A quoted answer's reader holds a cache of its own; trimming the heap while it is still alive would keep its
+    pages, and a long session grew ~30 MB a question that way (native_memory.py)."""
+    readers_alive_at_trim = []
+
+    def trim():
+        gc.collect()
+        readers_alive_at_trim.append(sum(isinstance(o, AnswerReader) for o in gc.get_objects()))
+
+    monkeypatch.setattr(context_module, "trim_heap", trim)
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like(pages=10)))
+    assert readers_alive_at_trim == [0]  # the documents' operation
+    result = answer(engine, "What is the pass key?", QUOTING)
+    assert result.quoted
+    assert len(readers_alive_at_trim) == 2 and readers_alive_at_trim[-1] == 0
+    run(engine.regenerate(QUOTING))
+    assert len(readers_alive_at_trim) == 3 and readers_alive_at_trim[-1] == 0
+
+
+def test_the_kernel_caches_are_capped_unless_the_user_chose_a_capacity(monkeypatch):
+    oneDNN, ideep = native_memory.CAPACITY_VARIABLES
+    monkeypatch.delenv(oneDNN, raising=False)
+    monkeypatch.setenv(ideep, "7")
+    native_memory.bound_kernel_caches()
+    assert os.environ[oneDNN] == str(native_memory.KERNEL_CACHE_CAPACITY) and os.environ[ideep] == "7"

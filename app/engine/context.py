@@ -26,6 +26,7 @@ from .generation import GenerationSettings, LoopGuard, next_token, whole_sentenc
 from .history import DocumentsFed, Exchange
 from .lexical import PassageIndex, token_matches
 from .metrics import LiveStats, RateMeter
+from .native_memory import trim_heap
 from .quoting import QUOTED_PASSAGES, quote_size, quoted_question
 from .reader import AnswerReader
 from .runtime import ModelRuntime, is_out_of_memory
@@ -235,6 +236,7 @@ class ContextEngine:
         finally:
             if self._open is not None and self._open[0] is token:
                 self._open = None
+            trim_heap()  # what the operation freed goes back to the system (native_memory.py)
         self.stats.phase, self.stats.detail, self.stats.eta_s = "idle", "", None
 
     def _answering(self):
@@ -455,6 +457,7 @@ class ContextEngine:
                     result = item
                 else:
                     yield item
+            reader = None  # its cache is freed before the operation ends and trims the heap
         yield result  # after the commit: a consumer that stops here cannot roll the answer back
 
     def _keep_undo_points(self) -> None:
@@ -582,6 +585,7 @@ class ContextEngine:
                     result = item
                 else:
                     yield item
+            reader = None  # as in ask
         yield result
 
     def append_exchange(self, exchange: Exchange, cancel=None) -> Iterator[LiveStats]:

@@ -21,6 +21,7 @@ from lminfinite.patch import trained_span
 from ..cli import DEMO_MODEL_DIR, LLAMA2_CHAT, AppConfig
 from . import bundled_model
 from .cpu_dtype import default_cpu_dtype
+from .native_memory import bound_kernel_caches
 from .runtime import ExclusiveCudaGraph, ModelRuntime
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ def load_runtime(config: AppConfig, choice: ModelChoice | None = None) -> ModelR
     """Load tokenizer and model as configured and enable LM-Infinite on it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    bound_kernel_caches()  # before the first matmul: oneDNN reads its cache's capacity once
     choice = choice or choose_model(config)
     if config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)

@@ -8,8 +8,6 @@ and one session's k never reaches another's forward.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import gc
 import threading
@@ -23,6 +21,7 @@ from lminfinite.graphed import CudaGraph
 
 from .metrics import LiveStats
 from .model_gate import ModelGate
+from .native_memory import trim_heap
 
 
 class OutOfMemory(RuntimeError):
@@ -37,17 +36,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OUT_OF_MEMORY_MARKERS)
 
 
-def _glibc():
-    """glibc, for malloc_trim; None on other C libraries (musl, macOS), where there is nothing to trim."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_LIBC = _glibc()
-
 # Emptying the CUDA allocator's cache frees memory (cudaFree syncs the device), which must not happen while
 # another thread captures a CUDA graph: released sessions free memory from their own threads.
 _CUDA_CAPTURE_OR_EMPTY = threading.Lock()
@@ -60,8 +48,7 @@ def release_memory() -> None:
     if torch.cuda.is_available():
         with _CUDA_CAPTURE_OR_EMPTY:
             torch.cuda.empty_cache()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    trim_heap()
 
 
 class ExclusiveCudaGraph(CudaGraph):
