@@ -166,8 +166,7 @@ class InfiniteLayer(CacheLayerMixin):
     def _prefill(self, rotated, value_states) -> KeyContext:
         """Any chunk: lay out [start?, window, chunk] in position order, then keep what the future needs."""
         first, c = self.seen, rotated.shape[-2]
-        slots = self._slot(torch.arange(self.win_start, first, device=rotated.device))
-        ordered_k, ordered_v = self.ring_k.index_select(-2, slots), self.ring_v.index_select(-2, slots)
+        ordered_k, ordered_v = self._in_order(self.win_start, first)
         if self.win_start == self.start_k.shape[-2]:  # nothing evicted yet: [0, seen) is all here
             ctx = self._contiguous_context(rotated, value_states, ordered_k, ordered_v)
         else:
@@ -216,6 +215,17 @@ class InfiniteLayer(CacheLayerMixin):
             return None, None, None, ()
         keys, values, pages = self.middle.attention_view()
         return keys, values, self.middle.scan_view(), pages
+
+    def _in_order(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ring's keys and values of positions [lo, hi) in position order. While they lie in one turn of the
+        ring (always, until the window first wraps) that is a view: no gather, no index tensor. Callers join it
+        with the chunk's own keys, a copy, so nothing they keep aliases the ring that ``_commit`` then writes."""
+        window = self.config.window_
+        if hi == lo or lo // window == (hi - 1) // window:
+            first_slot = self._slot(lo)
+            return (self.ring_k.narrow(-2, first_slot, hi - lo), self.ring_v.narrow(-2, first_slot, hi - lo))
+        slots = self._slot(torch.arange(lo, hi, device=self.ring_k.device))
+        return self.ring_k.index_select(-2, slots), self.ring_v.index_select(-2, slots)
 
     def _slot(self, position):
         return self.config.n_starting + position % self.config.window_
