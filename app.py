@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop ends the app as Ctrl-C does, cleaning up
     from app.startup import check_before_loading, load_or_explain
+    from app.session import temp_folders
     from app.web.server import build_app, launch
 
     try:
@@ -28,8 +29,11 @@ def main(argv: list[str] | None = None) -> None:
     demo, handlers = build_app(config, runtime)
     print(f"[lminfinite-chat] {runtime.notice}; context budget {handlers.budget.tokens:,} tokens "
           f"({handlers.budget.why})", file=sys.stderr, flush=True)
+    handlers.registry.start_sweeping()  # idle sessions are saved and freed on time, with or without traffic
     launch(config, demo)  # returns when the server is stopped
     saved = handlers.registry.save_all()
+    temp_folders.remove_own()  # the sessions' exports
+    handlers.registry.store.downloads.clear()  # and the links their downloads were served from
     print(f"[lminfinite-chat] stopped; saved {saved} workspace{'' if saved == 1 else 's'} changed since its last save",
           file=sys.stderr, flush=True)
 

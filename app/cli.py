@@ -68,8 +68,9 @@ class AppConfig:
     })
     device: str = flag("auto", "auto (all GPUs through accelerate's device_map='auto', else CPU), cpu, cuda, "
                        "cuda:N", group=MODEL)
-    dtype: str = flag("auto", "weights/activations dtype; auto: bfloat16 on CUDA, and on a CPU that multiplies "
-                      "bfloat16 at least twice as fast as float32 (measured at start: AMX), else float32", group=MODEL,
+    dtype: str = flag("auto", "weights/activations dtype; auto: bfloat16 on CUDA, and on a CPU with a bfloat16 matrix "
+                      "unit (the amx_bf16 flag: Intel AMX), else float32. A workspace saved in another dtype is "
+                      "converted when reopened", group=MODEL,
                       choices=["auto", "float32", "bfloat16", "float16"])
     cpu_threads: int | None = flag(None, "torch CPU threads (default: torch's choice)", group=MODEL, type=int,
                                    at_least=1)
@@ -101,6 +102,10 @@ class AppConfig:
     context_budget: int | None = flag(None, "most tokens one session's context may hold; documents that would not "
                                       "fit are refused (default: 1,000,000 on CPU; sized from free memory on CUDA)",
                                       group=LM_INFINITE, type=int, at_least=1)
+    max_question_tokens: int = flag(4096, "longest question, in tokens; a longer one is refused at once, asking "
+                                    "for it as a file (an answer holds the model from its question's first token to its "
+                                    "last; a document steps aside between chunks) (default: 4096)",
+                                    group=LM_INFINITE, type=int, at_least=1)
     memory_budget: int | None = flag(None, "most memory all sessions' contexts may hold together, e.g. 8GB; work "
                                      "that would cross it is refused with a message (default: 70%% of the memory "
                                      "free at start-up)", group=LM_INFINITE, type=parse_size, metavar="SIZE",
@@ -126,6 +131,10 @@ class AppConfig:
     workspaces: str | None = flag(None, "folder where workspaces (context, chat and documents) are saved, one "
                                   "subfolder per user (default: $LMINFINITE_WORKSPACES, else ~/.cache/lminfinite-chat/workspaces)", group=SERVER,
                                   metavar="DIR")
+    workspace_quota: int | None = flag(None, "most disk one user's saved workspaces may take together, e.g. 20GB; "
+                                       "a save or import that would cross it is refused, saying so, and the previous "
+                                       "save stays (default: no limit)", group=SERVER, type=parse_size,
+                                       metavar="SIZE", at_least=1)
     save_middle: str = flag("exact", "how a saved workspace stores the middle tokens recall reads: exact (the "
                             "cache's dtype; a reopened context answers token for token as before) or bfloat16 / "
                             "float16 (half the file on CPU; answers may differ slightly)", group=SERVER,

@@ -717,13 +717,11 @@ def test_regenerated_answer_says_it_was_sampled():
             in views.answer_markdown(item))
 
 
-def test_auto_dtype_on_the_cpu_is_bfloat16_only_where_it_is_measured_faster():
-    from app.engine.cpu_dtype import bfloat16_speedup, default_cpu_dtype
+def test_auto_dtype_on_the_cpu_is_bfloat16_only_with_a_bfloat16_matrix_unit():
+    from app.engine.cpu_dtype import default_cpu_dtype
 
-    assert default_cpu_dtype(6.3) == (torch.bfloat16, "this CPU multiplies bfloat16 6.3x faster than float32")
-    assert default_cpu_dtype(1.2) == (torch.float32, "bfloat16 is not faster on this CPU (1.2x)")
-    speedup = bfloat16_speedup()
-    assert speedup > 0 and bfloat16_speedup() == speedup  # measured once per process
-    assert model_loading.resolve_dtype(cli.AppConfig(), on_cuda=False) == default_cpu_dtype(speedup)
+    assert default_cpu_dtype(frozenset({"avx512f", "amx_bf16"}))[0] == torch.bfloat16
+    assert default_cpu_dtype(frozenset({"avx512f", "avx512_bf16"}))[0] == torch.float32
+    assert model_loading.resolve_dtype(cli.AppConfig(), on_cuda=False) == default_cpu_dtype()
     assert model_loading.resolve_dtype(cli.AppConfig(dtype="float32"), on_cuda=False) == (torch.float32, "")
     assert model_loading.resolve_dtype(cli.AppConfig(dtype="bfloat16"), on_cuda=True) == (torch.bfloat16, "")

@@ -3,7 +3,9 @@
 With top-k recall the cache keeps every evicted token once (in GPU memory, or in CPU memory with
 ``--offload-middle``), so one session's budget is what that memory can hold, capped at one million tokens.
 Every session may take that much, so a second limit, in bytes, covers all sessions together: work that
-would cross it is refused with a message, instead of the machine swapping or the process being killed.
+would cross it is refused with a message, instead of the machine swapping or the process being killed. Every
+token read counts: a document, a question with the answer it may get, a context read again (Clear, Remove), and
+a reopened workspace (counted from its file's tensors, never from the summary the file claims).
 """
 
 from __future__ import annotations
@@ -30,14 +32,17 @@ class Budget:
     memory_bytes: int | None = None  # all sessions' caches together; None: no limit
     memory_why: str = ""
 
-    def memory_refusal(self, in_use: int, adding_tokens: int) -> str | None:
-        """Why adding ``adding_tokens`` to the sessions' ``in_use`` cache bytes would cross the memory budget."""
-        if self.memory_bytes is None:
+    def memory_refusal(self, in_use: int, adding_tokens: int, what: str = "") -> str | None:
+        """Why adding ``adding_tokens`` to the sessions' ``in_use`` cache bytes would cross the memory budget;
+        ``what`` names them in the message (default: "these N tokens")."""
+        return self.bytes_refusal(in_use, adding_tokens * self.middle_bytes_per_token,
+                                  what or f"these {adding_tokens:,} tokens")
+
+    def bytes_refusal(self, in_use: int, needed: int, what: str) -> str | None:
+        """Why ``needed`` more bytes (``what``, e.g. a reopened cache) on top of ``in_use`` would cross the budget."""
+        if self.memory_bytes is None or in_use + needed <= self.memory_bytes:
             return None
-        needed = adding_tokens * self.middle_bytes_per_token
-        if in_use + needed <= self.memory_bytes:
-            return None
-        return (f"the server's memory for contexts is taken: these {adding_tokens:,} tokens need "
+        return (f"the server's memory for contexts is taken: {what} need "
                 f"{units.human_bytes(needed)}, and the open sessions hold {units.human_bytes(in_use)} of "
                 f"{units.human_bytes(self.memory_bytes)} ({self.memory_why}). Try again when others are done, "
                 "or add less")

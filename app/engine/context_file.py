@@ -13,6 +13,7 @@ context answers, clears and grows as before; only "regenerate" of an answer give
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import asdict
 
@@ -44,21 +45,43 @@ class ContextDamaged(ValueError):
 
 def model_identity(runtime: ModelRuntime) -> dict:
     """What must match for a saved cache to mean the same thing: the model (name and a fingerprint of its
-    weights' first embedding rows and its config), and the LM-Infinite settings that shape attention."""
+    weights' first embedding rows and its config, in its dtype and in any: ``weights``), and the LM-Infinite
+    settings that shape attention."""
     embedding = runtime.model.get_input_embeddings().weight
     digest = hashlib.sha256(runtime.model.config.to_json_string(use_diff=False).encode())
     digest.update(embedding[:4].detach().float().cpu().numpy().tobytes())
     config = runtime.lm_config
     return {"model": runtime.name, "dtype": str(runtime.dtype).removeprefix("torch."),
-            "fingerprint": digest.hexdigest()[:32], "window": config.window_, "n_starting": config.n_starting,
-            "topk_from_layer": config.topk_from_layer}
+            "fingerprint": digest.hexdigest()[:32], "weights": weights_fingerprint(runtime),
+            "window": config.window_, "n_starting": config.n_starting, "topk_from_layer": config.topk_from_layer}
+
+
+def weights_fingerprint(runtime: ModelRuntime) -> str:
+    """The model whatever dtype it runs in: its config less its dtype, and its first embedding rows rounded to
+    bfloat16 (a model loaded in float32 or bfloat16 from the same weights gives the same)."""
+    config = {k: v for k, v in runtime.model.config.to_dict().items() if k not in ("dtype", "torch_dtype")}
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    embedding = runtime.model.get_input_embeddings().weight
+    digest.update(embedding[:4].detach().to(torch.bfloat16).float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
+def converts_dtype(saved: dict, runtime: ModelRuntime) -> bool:
+    """The context was saved by the same model running in another dtype: its cache is converted on reopening
+    (a server whose --dtype changed, or a workspace from another machine, opens it rather than refusing it)."""
+    current = model_identity(runtime)
+    return ("dtype" in saved and saved["dtype"] != current["dtype"]
+            and saved.get("weights") == current["weights"] and saved.get("model") == current["model"])
 
 
 def check_identity(saved: dict, runtime: ModelRuntime) -> None:
-    """Refuse a context made with another model or setting, naming what differs."""
+    """Refuse a context made with another model or setting, naming what differs (another dtype is converted)."""
     current = model_identity(runtime)
+    converted = converts_dtype(saved, runtime)
     for key, value in current.items():
-        if key == "dtype" and key not in saved:  # saved before the dtype was recorded: the fingerprint tells
+        if key in ("dtype", "weights") and key not in saved:  # saved before it was recorded: the fingerprint tells
+            continue
+        if converted and key in ("dtype", "fingerprint"):  # the same weights in another dtype
             continue
         if saved.get(key) != value:
             if key == "dtype":
@@ -85,6 +108,36 @@ class Prefixed(Mapping):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+class Converted(Mapping):
+    """The tensors of ``tensors`` in ``dtype`` where they are in ``saved`` (the rings and starting tokens; the
+    middle store keeps the dtype it was saved in, and the cache widens it as it would a bfloat16 save)."""
+
+    def __init__(self, tensors: Mapping, saved: torch.dtype, dtype: torch.dtype):
+        self._tensors, self._saved, self._dtype = tensors, saved, dtype
+
+    def __getitem__(self, name: str):
+        tensor = self._tensors[name]
+        is_middle = name.endswith(("middle_k", "middle_v"))
+        if isinstance(tensor, torch.Tensor) and tensor.dtype == self._saved and not is_middle:
+            return tensor.to(self._dtype)
+        return tensor
+
+    def __iter__(self):
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
+def in_dtype(tensors: Mapping, info: dict, dtype: torch.dtype) -> tuple[Mapping, dict]:
+    """A saved cache (its tensors and the library's record of them) as if saved by the model in ``dtype``."""
+    saved = getattr(torch, str(info["identity"].get("dtype")), None)
+    if not isinstance(saved, torch.dtype):
+        return tensors, info  # holds no tensors yet (or a damaged record: restore_cache says which)
+    identity = {**info["identity"], "dtype": str(dtype).removeprefix("torch.")}
+    return Converted(tensors, saved, dtype), {**info, "identity": identity}
 
 
 def context_record(engine: ContextEngine, *, middle_dtype: torch.dtype | None = None) -> tuple[dict, dict]:
@@ -119,7 +172,10 @@ def reopen_context(runtime: ModelRuntime, tensors: dict, record: dict, *, budget
     _check_answer_ids(history, vocabulary)
     engine = ContextEngine(runtime, system_prompt=record["system_prompt"], budget=budget,
                            stats=stats or LiveStats())
-    engine.use_cache(lminfinite.restore_cache(runtime.model, Prefixed(tensors, CACHE), record["cache"]))
+    cache_tensors, cache_info = Prefixed(tensors, CACHE), record["cache"]
+    if converts_dtype(record["identity"], runtime):
+        cache_tensors, cache_info = in_dtype(cache_tensors, cache_info, runtime.dtype)
+    engine.use_cache(lminfinite.restore_cache(runtime.model, cache_tensors, cache_info))
     engine.token_ids.extend(ids)
     for start, end, kind, where in record["spans"]:
         engine.spans.append(Span(start, end, SpanKind(kind), Provenance(**where) if where else None))

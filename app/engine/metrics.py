@@ -147,16 +147,23 @@ class SessionSeries:
         self._lock = threading.Lock()
         self._was_active = True  # the first tick records the starting point
         self._kv = -1
+        self._sampled_at: float | None = None  # monotonic time of the last sample
 
-    def record(self, memory: DeviceMemory, stats: LiveStats) -> Sample | None:
-        """Append this tick's sample; None while idle with nothing changed since the last (idle) sample.
+    def record(self, memory: DeviceMemory, stats: LiveStats, every_s: float = 0.0) -> Sample | None:
+        """Append this tick's sample; None while idle with nothing changed since the last (idle) sample, and
+        while work goes on within ``every_s`` of the last sample (several tabs showing one session each tick
+        it: the plots still get one sample per tick).
 
-        Work shorter than a tick still shows: the KV cache it grew is a change.
+        Work shorter than a tick still shows: the KV cache it grew is a change, as are work starting and ending.
         """
         active = stats.active
         with self._lock:
             if not active and not self._was_active and stats.kv_total == self._kv:
                 return None
+            now = time.monotonic()
+            if active and self._was_active and self._sampled_at is not None and now - self._sampled_at < every_s:
+                return None  # this tick's sample was taken by another tab's
+            self._sampled_at = now
             self._was_active, self._kv = active, stats.kv_total
             prefill, decode = stats.running_rates
             sample = Sample(t=round(time.monotonic() - self.started, 1), memory_mb=memory.allocated / 2**20,

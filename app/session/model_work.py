@@ -16,12 +16,13 @@ from ingest.units import human_bytes
 
 from ..engine.budget import Budget
 from ..engine.context import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
-from ..engine.replay import DOCUMENTS_ONLY, replay, without_source
+from ..engine.replay import DOCUMENTS_ONLY, replay, replay_cost, without_source
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import LiveStats
 from ..engine.runtime import ModelRuntime, is_out_of_memory
 from .documents import RowStatus, fit_budget, plural, replace_rows, rows_summary, set_rows
 from .state import ChatItem, ItemKind, Session, Work, WorkKind
+from .workspace_quota import QuotaExceeded
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,8 @@ class ModelWork:
             yield self.view(session)  # a request that ends here saves nothing (a closed tab saves on release)
             started = time.perf_counter()
             size = self.save(session)
+        except QuotaExceeded as exc:  # checked before writing: nothing was written
+            session.stop_note = f"⚠ Not saved: {exc}; the previous save is intact."
         except Exception as exc:  # noqa: BLE001 - the previous save is intact (written beside, then renamed)
             log.exception("saving workspace %s failed", session.workspace_id)
             session.stop_note = f"⚠ Not saved ({type(exc).__name__}: {exc}); the previous save is intact."
@@ -239,7 +242,21 @@ class ModelWork:
         if question_item is not None:
             question_item.in_context = False
 
+    def _question_memory_refusal(self, engine: ContextEngine, question: str, settings: GenerationSettings) -> str | None:
+        """Why reading ``question`` and the answer it may get (up to max new tokens) would cross the memory
+        budget across sessions: a question is read into the cache as a document is."""
+        tokens = len(engine.format.question(question, engine.carry)[0]) + settings.max_new_tokens
+        return self.budget.memory_refusal(self.cache_bytes(), tokens,
+                                          f"this question and its answer (up to {tokens:,} tokens)")
+
     def _answer(self, session: Session, work: Work, engine: ContextEngine, settings: GenerationSettings):
+        refusal = self._question_memory_refusal(engine, work.question, settings)
+        if refusal is not None:  # nothing was read: the context is as it was
+            if work.question_item is not None:
+                work.question_item.in_context = False
+            text = f"⚠ Not answered: {refusal}."
+            session.show(ChatItem("assistant", ItemKind.ANSWER, text, in_context=False), work)
+            return
         item = ChatItem("assistant", ItemKind.ANSWER, pending=True)
         session.show(item, work)
         try:
@@ -280,8 +297,9 @@ class ModelWork:
         statuses = {id(c) for c in session.chat if c.kind == ItemKind.STATUS}  # notes from before Clear stay
 
         def clear() -> None:  # questions asked after Clear stay, even while it re-reads: they come after it
-            later = session.queued_items(after=work)
-            session.chat[:] = [c for c in session.chat if id(c) in statuses or id(c) in later]
+            with session.lock:  # one step: a question asked meanwhile is in ``later`` or not yet in the chat
+                later = session.queued_items(after=work)
+                session.chat[:] = [c for c in session.chat if id(c) in statuses or id(c) in later]
 
         if engine is None or engine.forget_conversation():
             clear()
@@ -319,6 +337,11 @@ class ModelWork:
             session.stats.set_kv(engine.memory())
             note.title, note.pending, note.text = failed, False, text
 
+        cost = replay_cost(engine, keep)  # read into a second cache while the old one is kept
+        refusal = self.budget.memory_refusal(self.cache_bytes(), cost, f"reading the context again ({cost:,} tokens)")
+        if refusal is not None:
+            unchanged(refusal[0].upper() + refusal[1:] + ".")
+            return False
         try:
             for item in replaying:
                 if isinstance(item, LiveStats):

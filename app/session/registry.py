@@ -24,12 +24,15 @@ import torch
 from ..cli import AppConfig
 from ..engine.budget import Budget
 from ..engine.runtime import ModelRuntime
-from .state import Session
-from .workspace_file import WorkspaceFileError, read_summary, read_workspace, write_workspace
+from .state import KeptInMemory, Session
+from .workspace_file import WorkspaceFileError, read_workspace, write_workspace
+from .workspace_quota import check_quota, save_size
+from .workspace_size import reopened_bytes
 from .workspace_store import WorkspaceStore, is_workspace_id, new_workspace_id
 
 log = logging.getLogger(__name__)
 
+SWEEP_EVERY_S = 5.0  # how often the registry's own thread looks for idle sessions, with or without traffic
 EXPIRED_KEPT = 10_000  # freed tabs remembered, to tell their late requests what happened
 DETACHED_GRACE_S = 30.0  # a workspace no tab shows stays live this long: a reload finds it without reopening
 MIDDLE_DTYPES = {"exact": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -57,6 +60,8 @@ class SessionRegistry:
         self._expired: OrderedDict[str, float] = OrderedDict()  # tabs whose session the sweep freed, newest last
         self._lock = threading.Lock()
         self._reopening: dict[str, threading.Lock] = {}  # per workspace id, see _workspace_lock
+        self._sweeper: threading.Thread | None = None  # start_sweeping's thread
+        self._stop_sweeping = threading.Event()
 
     def __len__(self) -> int:
         return len(self._live)
@@ -152,8 +157,12 @@ class SessionRegistry:
             live = self._live.get(workspace_id)
         if live is not None and not (live.closed or live.retiring) and live.owner == owner:
             return live, ""
-        if live is not None and (live.closed or live.retiring):
-            live.released.wait(timeout=600)  # its last save first: then the file is complete
+        if live is not None and (live.closed or live.retiring):  # its last save first: then the file is complete
+            deadline = time.monotonic() + 600
+            while (live.closed or live.retiring) and not live.released.wait(0.05) and time.monotonic() < deadline:
+                pass
+            if not (live.closed or live.retiring or live.released.is_set()) and live.owner == owner:
+                return live, ""  # that save failed: the workspace was kept live (_keep)
         if not self.store.exists(owner, workspace_id):  # never saved, or deleted: nothing to say on a page load
             return None, ""
         return self.reopen(workspace_id, owner)
@@ -163,8 +172,9 @@ class SessionRegistry:
         session = self._new(owner, workspace_id, self.store.name(owner, workspace_id))
         started = time.perf_counter()
         try:
-            tokens = read_summary(self.store.path(owner, workspace_id)).tokens
-            refusal = self.budget.memory_refusal(self.cache_bytes(), tokens)
+            path = self.store.path(owner, workspace_id)
+            needed = reopened_bytes(path, self.runtime.dtype, self.budget.middle_bytes_per_token)  # not its summary
+            refusal = self.budget.bytes_refusal(self.cache_bytes(), needed, "its cache's tensors")
             if refusal is not None:  # it stays saved, in the list, to open when memory is free
                 session.close()
                 return None, f"The saved workspace was not reopened: {refusal}."
@@ -227,6 +237,30 @@ class SessionRegistry:
             engines = [s.engine for s in self._live.values() if s.engine is not None]
         return sum(sum(engine.memory().values()) for engine in engines if engine.cache is not None)
 
+    def start_sweeping(self, every_s: float = SWEEP_EVERY_S) -> None:
+        """Sweep every ``every_s`` on a thread of the registry's own: idle sessions are saved and freed on time
+        even when no request comes (a request also sweeps). ``stop_sweeping`` (or ``save_all``) ends it."""
+        if self._sweeper is not None:
+            return
+        self._stop_sweeping.clear()
+
+        def loop() -> None:
+            while not self._stop_sweeping.wait(every_s):
+                try:
+                    self.sweep()
+                except Exception:  # noqa: BLE001 - one failed sweep must not end the sweeping
+                    log.exception("sweeping idle sessions failed")
+
+        self._sweeper = threading.Thread(target=loop, name="idle-sweep", daemon=True)
+        self._sweeper.start()
+
+    def stop_sweeping(self, wait_s: float = 10.0) -> None:
+        """End the sweeping thread (the server is stopping), waiting for a sweep under way to finish."""
+        sweeper, self._sweeper = self._sweeper, None
+        self._stop_sweeping.set()
+        if sweeper is not None:
+            sweeper.join(wait_s)
+
     def sweep(self) -> list[str]:
         """Save and free workspaces left by their tabs for longer than the grace period, and sessions idle for
         longer than the time-out: never one that is working or has work waiting in a queue (waiting is not
@@ -269,21 +303,36 @@ class SessionRegistry:
         save = session.in_browser and session.unsaved
 
         def before_release(retired: Session) -> None:
-            try:
-                if save:
+            if save:
+                try:
                     self.save_now(retired)
-            finally:
-                with self._lock:
-                    if self._live.get(retired.workspace_id) is retired:
-                        del self._live[retired.workspace_id]
+                except Exception as exc:  # noqa: BLE001 - a full disk, say: the work is kept, not lost
+                    log.exception("saving workspace %s before freeing it failed; it stays in memory",
+                                  retired.workspace_id)
+                    self._keep(retired, exc)
+                    raise KeptInMemory(retired.workspace_id) from exc
+            self.store.downloads.release(retired.workspace_id)
+            with self._lock:
+                if self._live.get(retired.workspace_id) is retired:
+                    del self._live[retired.workspace_id]
 
         session.close(before_release=before_release)
+
+    def _keep(self, session: Session, error: Exception) -> None:
+        """A workspace whose save failed as it was being freed stays live, left by its tabs: its user finds it, and
+        why, on the next visit; the sweep tries the save again after the grace period."""
+        with self._lock:
+            session.retiring = False
+            session.detached_at = time.monotonic()
+        session.keep_open(f"⚠ This workspace could not be saved when its tab closed ({type(error).__name__}: "
+                          f"{error}); it is kept in memory, not freed: press Save in the Workspaces tab to keep it.")
 
     # -- saving ----------------------------------------------------------------------------------
     def save_all(self, wait_s: float = 30.0) -> int:
         """The server is stopping: stop every workspace's work, then save those a browser had open and that
         changed (work still running after ``wait_s`` is left: its workspace keeps its last save). Returns how
         many were saved."""
+        self.stop_sweeping()  # no sweep starts a save of its own meanwhile
         with self._lock:
             sessions = [s for s in self._live.values() if s.in_browser]
         for session in sessions:
@@ -308,6 +357,8 @@ class SessionRegistry:
     def save_now(self, session: Session) -> int:
         """Write the session to its file (it must be idle: no model step running). Returns the file's bytes."""
         changes = session.changes
+        check_quota(self.store, session.owner, session.workspace_id, save_size(session), self.config.workspace_quota,
+                    "saving it")
         size = write_workspace(self.store.path(session.owner, session.workspace_id), session, session.name,
                                middle_dtype=MIDDLE_DTYPES[self.config.save_middle])
         session.saved_changes = changes  # the file is written: a failure below loses a display name, not the save

@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import logging
 import shutil
-import tempfile
 import threading
 import time
 from collections import deque
@@ -24,10 +23,15 @@ from ..engine.context import ContextEngine
 from ..engine.metrics import LiveStats, SessionSeries
 from ..engine.runtime import ModelRuntime, release_memory
 from .documents import DocumentRow, RowStatus, plural
+from .temp_folders import session_temp_folder
 
 log = logging.getLogger(__name__)
 
 STALE_WORK_S = 24 * 3600.0  # queued work older than this no longer keeps a session from the idle sweep
+
+
+class KeptInMemory(Exception):
+    """Raised by a close's last step (the registry's save) that failed: the session stays live, nothing is freed."""
 
 
 class ItemKind(StrEnum):
@@ -122,13 +126,12 @@ class Session:
         self.stop_note = ""  # what Stop or a save said, until that work is over (Stop) or new work starts
         self.exported: list | None = None  # the chat messages the shown export was made of
         self.shown_rows: list | None = None  # the documents table this session's tab was last sent
-        self.panel_shown: dict = {}  # what this session's tab was last sent by the panel timer
         self.busy = 0
         self.model_step = False  # a request of this session is running its actions on the model
         self.closed = False
         self.retiring = False  # the registry is saving and freeing it (registry._retire); set by the registry only
         self.lock = threading.RLock()
-        self.tmpdir = tempfile.mkdtemp(prefix="lminfinite-session-")
+        self.tmpdir = session_temp_folder()  # under this server's own folder (temp_folders.py)
         self._ids = itertools.count(1)
 
     # -- engine --------------------------------------------------------------------------------
@@ -157,18 +160,25 @@ class Session:
         return self.budget.tokens - self.context_tokens
 
     # -- work ----------------------------------------------------------------------------------
-    def new_work(self, kind: str, question: str | None = None, sources: list[str] | None = None) -> Work:
+    def new_work(self, kind: str, question: str | None = None, sources: list[str] | None = None, *,
+                 question_item: ChatItem | None = None, status_item: ChatItem | None = None,
+                 refused: list[DocumentRow] = ()) -> Work:
         """Queue an action; one without files to read is ready for the model at once.
 
-        The rows an earlier action's Stop cancelled stay in the table until now, so the user saw them.
+        Its chat items (and the rows of files refused at the door) join the chat and the table under the same
+        lock as the queue: an answer or a Clear running meanwhile sees the action whole, or not at all. The
+        rows an earlier action's Stop cancelled stay in the table until now, so the user saw them.
         """
-        work = Work(next(self._ids), kind, question, list(sources or []))
+        work = Work(next(self._ids), kind, question, list(sources or []), question_item=question_item,
+                    status_item=status_item)
         if not work.sources:
             work.stage = Stage.READ
         with self.lock:
             self.documents[:] = [d for d in self.documents if d.status != RowStatus.CANCELLED]
+            self.documents.extend(refused)
             self.stop_note = ""
             self.pending.append(work)
+            self.chat.extend(work.items)
         return work
 
     def confirmed(self, action: tuple, within_s: float) -> bool:
@@ -276,11 +286,12 @@ class Session:
     def reset(self) -> None:
         """New context: forget documents, chat and cache (settings and metrics history stay)."""
         self.stop()
-        self.pending.clear()
+        with self.lock:
+            self.pending.clear()
+            self.chat.clear()
+            self.documents.clear()
+            self.fed_digests.clear()
         self.drop_engine()
-        self.chat.clear()
-        self.documents.clear()
-        self.fed_digests.clear()
 
     @contextmanager
     def working(self):
@@ -312,10 +323,19 @@ class Session:
                 return
         self._release()
 
+    def keep_open(self, note: str) -> None:
+        """Undo a close whose last save failed: the session stays live with its work, and ``note`` tells its user."""
+        with self.lock:
+            self.closed = False
+            self._before_release = None
+            self.stop_note = note
+
     def _release(self) -> None:
         if self._before_release is not None:
             try:
                 self._before_release(self)
+            except KeptInMemory:  # the save failed and the registry keeps it live (keep_open): nothing is freed
+                return
             except Exception:  # noqa: BLE001 - a failed last save must not keep the memory
                 log.exception("saving workspace %s before freeing it failed", self.workspace_id)
         self.reset()

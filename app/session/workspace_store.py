@@ -20,6 +20,7 @@ from pathlib import Path
 
 from lminfinite.atomic_file import replacing, write_text
 
+from .downloads import Downloads
 from .text import clean_text
 from .workspace_file import Summary, WorkspaceFileError, read_summary
 
@@ -76,6 +77,7 @@ class WorkspaceStore:
         self.root = Path(root).expanduser()
         self._lock = threading.Lock()  # the names index is read-modify-written
         self._summaries: dict[Path, tuple] = {}  # path -> ((mtime_ns, size), summary, problem): see _summary
+        self.downloads = Downloads(self.root)
 
     def folder(self, owner: str | None) -> Path:
         name = "shared" if owner is None else "user-" + hashlib.sha256(owner.encode()).hexdigest()[:24]
@@ -132,6 +134,18 @@ class WorkspaceStore:
             found.append(SavedWorkspace(workspace_id, name, summary, stat.st_size, stat.st_mtime, problem))
         return sorted(found, key=lambda w: w.modified, reverse=True)
 
+    def used(self, owner: str | None, but: str | None = None) -> int:
+        """Bytes the user's saved workspaces take on disk, leaving out ``but`` (a workspace about to be replaced)."""
+        total = 0
+        for path in self.folder(owner).glob(f"*{SUFFIX}"):
+            if path.name == f"{but}{SUFFIX}":
+                continue
+            try:
+                total += path.stat().st_size
+            except OSError:  # deleted meanwhile
+                continue
+        return total
+
     def _summary(self, path: Path, stat) -> tuple[Summary | None, str]:
         """A file's list line, read once per version of the file: its header holds the whole chat and history,
         and the list is shown again after every model step."""
@@ -161,16 +175,11 @@ class WorkspaceStore:
         self.set_name(owner, workspace_id, name)
         return workspace_id
 
-    def download_copy(self, owner: str | None, workspace_id: str, folder: Path, name: str) -> Path:
-        """The saved file under a readable name in ``folder`` (a hard link when it can be: no copy of gigabytes)."""
+    def download_link(self, owner: str | None, workspace_id: str, session_id: str, name: str) -> Path:
+        """The saved file under a readable name, linked for the session ``session_id`` to download
+        (downloads.py: served as it is, no copy of gigabytes)."""
         safe = "".join(ch if ch.isalnum() or ch in " -_." else "_" for ch in name).strip() or "workspace"
-        target = Path(folder) / f"{safe[:80]}{SUFFIX}"
-        target.unlink(missing_ok=True)
-        try:
-            os.link(self.path(owner, workspace_id), target)
-        except OSError:
-            shutil.copyfile(self.path(owner, workspace_id), target)
-        return target
+        return self.downloads.link(session_id, self.path(owner, workspace_id), f"{safe[:80]}{SUFFIX}")
 
     def remove_leftovers(self) -> int:
         """Temporary files of saves a crash interrupted (the saves themselves are whole: see atomic_file).

@@ -27,16 +27,19 @@ from ..engine.runtime import ModelRuntime
 from ..session.documents import plural, screen_uploads, upload_paths
 from ..session.exporting import export_data, write_exports
 from ..session.model_work import ModelWork
+from ..session.question_limit import QuestionLimit
 from ..session.reading import Reader
 from ..session.registry import SessionDenied, SessionExpired, SessionRegistry
 from ..session.state import ChatItem, ItemKind, Session, Stage, Work, WorkKind
 from ..session.text import clean_text
 from . import messages, views
 from .api import answer_json
+from .panel_sent import PanelSent
 from .workspace_handlers import WorkspaceEvents
 
 
 CONFIRM_S = 20.0  # a costly action's second click counts as "yes" this long after the first
+SAMPLE_EVERY_S = 0.9  # the plots' sampling interval: a little under the panel timer's 1 s tick (ui.py)
 FOLLOW_S = 0.25  # how often a request whose actions another request runs refreshes its view while it waits
 
 
@@ -53,6 +56,8 @@ class Handlers(WorkspaceEvents):
         self.reader = Reader(runtime, config, self.progress_view)
         self.model_work = ModelWork(runtime, budget, self.progress_view, registry.cache_bytes, registry.save_now)
         self.default_settings = default_settings or {}  # run's settings by name, as the Settings panel starts
+        self.question_limit = QuestionLimit(runtime.tokenizer, config.max_question_tokens)
+        self.panel_sent = PanelSent()  # per tab: several tabs can show one workspace
 
     # -- helpers ---------------------------------------------------------------------------------
     def _session(self, request: gr.Request, *, touch: bool = True) -> Session:
@@ -68,6 +73,13 @@ class Handlers(WorkspaceEvents):
             minutes = self.config.session_timeout_s / 60
             raise messages.error(f"This workspace was freed after {minutes:g} minutes without activity (saved "
                                  "first, when it was open in a browser). Reload the page to reopen it.") from None
+
+    def _check_question(self, question: str | None) -> None:
+        """Refuse (gr.Error, nothing queued) a question longer than --max-question-tokens, before it waits for the
+        model; the chat box keeps the text, to shorten or attach as a file."""
+        refusal = self.question_limit.refusal(question) if question else None
+        if refusal is not None:
+            raise messages.error(refusal)
 
     @staticmethod
     def _user(request: gr.Request) -> str | None:
@@ -111,17 +123,15 @@ class Handlers(WorkspaceEvents):
             accepted, refused = screen_uploads(paths, self.config.max_file_size, self.upload_root)
         else:
             accepted, refused = paths, []
-        work = session.new_work(WorkKind.TURN, question, accepted)
-        session.documents.extend(refused)
+        question_item = status_item = None
         if question or names:
-            work.question_item = ChatItem("user", ItemKind.QUESTION, question or "", files=names)
-            session.chat.append(work.question_item)
+            question_item = ChatItem("user", ItemKind.QUESTION, question or "", files=names)
         if names:
             title = f"Reading {plural(len(accepted), 'file')}" if accepted else "No file could be read"
             lines = [f"{r.path}: {r.reason}" for r in refused]
-            work.status_item = ChatItem("assistant", ItemKind.STATUS, "\n".join(lines), title=title, pending=bool(accepted))
-            session.chat.append(work.status_item)
-        return work
+            status_item = ChatItem("assistant", ItemKind.STATUS, "\n".join(lines), title=title, pending=bool(accepted))
+        return session.new_work(WorkKind.TURN, question, accepted, question_item=question_item,
+                                status_item=status_item, refused=refused)
 
     # -- fast steps ------------------------------------------------------------------------------
     def submit(self, message, request: gr.Request):
@@ -132,6 +142,7 @@ class Handlers(WorkspaceEvents):
         files = upload_paths(message.get("files"))
         if not text and not files:
             return (gr.MultimodalTextbox(value=None, interactive=True), *self.view(session))
+        self._check_question(text)
         self._queue_sources(session, text or None, files, uploads=True)
         return (gr.MultimodalTextbox(value=None, interactive=False), *self.view(session))
 
@@ -179,9 +190,8 @@ class Handlers(WorkspaceEvents):
         if answer is not None and answer.in_context and session.engine is not None and session.engine.can_regenerate:
             session.new_work(WorkKind.REGENERATE)
         elif question is not None and not question.in_context:
-            work = session.new_work(WorkKind.TURN, question.text)
-            work.question_item = ChatItem("user", ItemKind.QUESTION, question.text)
-            session.chat.append(work.question_item)
+            session.new_work(WorkKind.TURN, question.text,
+                             question_item=ChatItem("user", ItemKind.QUESTION, question.text))
         else:
             messages.warning("Nothing to regenerate: ask a question first (documents added after the last answer "
                              "make it permanent).")
@@ -252,7 +262,7 @@ class Handlers(WorkspaceEvents):
     def _panel_numbers(self, session: Session) -> tuple[str, dict, object]:
         """The panel's HTML and raw numbers, after taking this tick's sample for the plots."""
         memory = device_memory(self.runtime.device_type)
-        session.series.record(memory, session.stats)
+        session.series.record(memory, session.stats, every_s=SAMPLE_EVERY_S)  # once per tick, however many tabs
         vanilla = session.stats.context_tokens * self.vanilla_token_bytes
         data = stats_dict(session.stats, memory)
         data.update(budget=self.budget.tokens, vanilla_kv_bytes=vanilla, sessions=len(self.registry),
@@ -264,7 +274,8 @@ class Handlers(WorkspaceEvents):
         session = self._session(request, touch=False)
         html, data, memory = self._panel_numbers(session)
         memory_frame, speed_frame = views.plot_frames(session.series.snapshot(), memory.kind)
-        session.panel_shown = {"html": html, "data": views.panel_key(html, data), "plots": session.series.version}
+        self.panel_sent.set(session, request.session_hash,
+                            {"html": html, "data": views.panel_key(html, data), "plots": session.series.version})
         return html, memory_frame, speed_frame, data
 
     def tick(self, request: gr.Request):
@@ -278,18 +289,20 @@ class Handlers(WorkspaceEvents):
         except gr.Error:  # freed or not this user's: the panel just stops changing (actions say why)
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         html, data, memory = self._panel_numbers(session)
-        shown, version, key = session.panel_shown, session.series.version, views.panel_key(html, data)
+        shown = self.panel_sent.get(session, request.session_hash)
+        version, key = session.series.version, views.panel_key(html, data)
         plots = (gr.skip(), gr.skip())
         if shown.get("plots") != version:
             plots = views.plot_frames(session.series.snapshot(), memory.kind)
-        session.panel_shown = {"html": html, "data": key, "plots": version}
+        self.panel_sent.set(session, request.session_hash, {"html": html, "data": key, "plots": version})
         return (html if shown.get("html") != html else gr.skip(), *plots,
                 data if shown.get("data") != key else gr.skip())
 
     def unload(self, request: gr.Request):
         """The tab disconnected: stop its work and free its context."""
         if request is not None and request.session_hash:
-            self.registry.close(request.session_hash, owner=self._user(request), as_user=True)
+            if self.registry.close(request.session_hash, owner=self._user(request), as_user=True):
+                self.panel_sent.forget(request.session_hash)
 
     def ask(self, question, files, request: gr.Request) -> dict:
         """API ``/ask``: add ``files`` (may be empty) to this session's context, then answer ``question``.
@@ -301,6 +314,7 @@ class Handlers(WorkspaceEvents):
         question = clean_text(str(question or "")).strip()
         if not question and not paths:
             raise messages.error("Give a question, files, or both.")
+        self._check_question(question)
         work = self._queue_sources(session, question or None, paths, uploads=True)
         for _ in self.read(request):
             pass

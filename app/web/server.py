@@ -16,6 +16,7 @@ from ingest.units import human_bytes  # noqa: E402
 from ..cli import AppConfig
 from ..engine.budget import Budget, context_budget
 from ..engine.runtime import ModelRuntime
+from ..session import temp_folders
 from ..session.registry import SessionRegistry
 from ..session.workspace_store import WorkspaceStore
 from .events import input_names, wire
@@ -48,6 +49,9 @@ def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = 
     temperature, top_p = default_temperature(runtime)
     store = WorkspaceStore(config.workspace_root)
     store.remove_leftovers()
+    temp_folders.remove_stale()  # session folders of servers stopped or killed before
+    store.downloads.clear()  # links a server stopped before left
+    gr.set_static_paths([store.downloads.root])  # downloads are served as they are, not copied (downloads.py)
     info = LayoutInfo(
         notice=runtime.notice, share_warning=config.share_without_auth, allow_local_paths=config.local_paths_enabled,
         budget_tokens=budget.tokens, max_file_size=human_bytes(config.max_file_size),

@@ -10,6 +10,7 @@ import gradio as gr
 from ..session.documents import upload_paths
 from ..session.state import Session, WorkKind
 from ..session.workspace_file import WorkspaceFileError, check_compatible
+from ..session.workspace_quota import QuotaExceeded, check_quota
 from ..session.workspace_store import MAX_NAME_CHARS, cut_name, is_workspace_id
 from . import messages
 from .workspace_views import workspace_choices, workspace_note, workspace_rows
@@ -58,23 +59,28 @@ class WorkspaceEvents:
         return self._shown(session)
 
     def queue_save(self, name, request: gr.Request):
-        """Save after the actions queued before it (the model step writes the file)."""
+        """Save after the actions queued before it (the model step writes the file, then records the name: a save
+        that fails, or is killed, leaves the list naming what the file holds)."""
         session = self._session(request)
-        self.rename(name, request)
+        self._name(session, name, record=False)
         session.new_work(WorkKind.SAVE)
         return self.view(session)
 
     def rename(self, name, request: gr.Request):
         """Name this workspace: on one line, cleaned of what UTF-8 cannot hold, cut (saying so) when too long."""
         session = self._session(request)
+        self._name(session, name, record=True)
+        return self.workspace_view(session)
+
+    def _name(self, session: Session, name, *, record: bool) -> None:
+        """Give ``session`` the name asked for; ``record``: rename its saved file in the list now, too."""
         name, cut = cut_name(str(name or ""))
         if cut:
             messages.warning(f"A workspace name has at most {MAX_NAME_CHARS} characters; it was cut to “{name}”.")
         if name and name != session.name:
             session.name = name
-            if self.registry.store.exists(session.owner, session.workspace_id):
+            if record and self.registry.store.exists(session.owner, session.workspace_id):
                 self.registry.store.set_name(session.owner, session.workspace_id, name)
-        return self.workspace_view(session)
 
     def delete_workspace(self, choice, request: gr.Request):
         """Delete a saved workspace, never the one open in a tab (it would be saved again when left)."""
@@ -93,8 +99,8 @@ class WorkspaceEvents:
         if not self.registry.store.exists(session.owner, choice):
             raise messages.error("This workspace has not been saved yet: press Save first.")
         name = self.registry.store.name(session.owner, choice, "workspace")
-        return gr.File(value=str(self.registry.store.download_copy(session.owner, choice, session.tmpdir, name)),
-                       visible=True)
+        link = self.registry.store.download_link(session.owner, choice, session.workspace_id, name)
+        return gr.update(value=str(link), visible=True)  # an update: a gr.File(value=…) copies it into the cache
 
     def import_workspace(self, upload, request: gr.Request):
         """A downloaded workspace file: checked against this server's model and settings, added to the user's
@@ -105,7 +111,9 @@ class WorkspaceEvents:
         owner = self._user(request)
         try:
             summary = check_compatible(Path(paths[0]), self.runtime)
-        except WorkspaceFileError as exc:
+            check_quota(self.registry.store, owner, None, Path(paths[0]).stat().st_size, self.config.workspace_quota,
+                        "importing it")
+        except (WorkspaceFileError, QuotaExceeded) as exc:
             return None, *self._refused(f"Not imported: {exc}", request)
         name, cut = imported_name(summary.name)
         workspace_id = self.registry.store.add(owner, Path(paths[0]), name)

@@ -7,6 +7,7 @@ import time
 from ingest.units import human_bytes
 
 from ..session.state import Session
+from ..session.workspace_quota import save_size
 from ..session.workspace_store import SavedWorkspace
 
 WORKSPACE_HEADERS = ["Name", "Files", "Tokens", "Size", "Saved"]  # short headers: the panel is narrow
@@ -37,11 +38,7 @@ def workspace_choices(saved: list[SavedWorkspace]) -> list[tuple[str, str]]:
 
 def workspace_note(session: Session, saved: SavedWorkspace | None) -> str:
     """Where this workspace stands on disk, and what a save would write (the cache's bytes, before saving)."""
-    held = session.engine.memory() if session.engine is not None else {}
-    middle = held.get("middle", 0)
-    if session.config.save_middle != "exact":  # stored in 2-byte floats, whatever the cache's dtype
-        middle = middle * 2 // session.runtime.dtype.itemsize
-    to_write = held.get("starting", 0) + held.get("window", 0) + middle  # rows in use, not spare room
+    to_write = save_size(session)  # rows in use, not spare room
     if saved is not None and not session.unsaved:
         return f"Saved at {when(saved.modified)} · {human_bytes(saved.size)} on disk · opens again on reload."
     if session.pristine:
