@@ -7,6 +7,7 @@ sections, so every chunk has exactly one file and one page.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from .languages import PROSE_LANGUAGES
@@ -31,6 +32,15 @@ class Document:
     @property
     def chars(self) -> int:
         return sum(len(s.text) for s in self.sections)
+
+
+PAGE_MARKER = re.compile(r"--- page \d+(?: \([^)\n]*\))? ---")
+
+
+def without_page_markers(text: str) -> str:
+    """``text`` less the page markers (page_header) the model reads: a snippet shown under a citation, whose
+    label names its page already."""
+    return PAGE_MARKER.sub(" ", text)
 
 
 def page_header(page: int, label: str | None, first: bool) -> str:

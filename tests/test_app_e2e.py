@@ -67,10 +67,10 @@ def test_upload_ask_stream_with_sources_and_live_panel(server, files):
     assert app.context_tokens > document_tokens
 
     answer = app.last_answer()
-    assert "**Sources**, ranked by the top-k recall attention the question drew" in answer
+    assert "**Sources**, best first (by the question's words and the attention it drew" in answer
     cited = answer.split("**Sources**")[1]
     assert "report.pdf p. " in cited or "demo_repo/" in cited
-    assert "(shares of that excess)" in cited and "% · “" in cited  # what the percentage is; the text
+    assert "% of that score" in cited and "% · “" in cited  # what the percentage is; the text
 
     data = app.panel()
     assert data["context_tokens"] == app.context_tokens

@@ -599,3 +599,15 @@ def test_the_kernel_caches_are_capped_unless_the_user_chose_a_capacity(monkeypat
     monkeypatch.setenv(ideep, "7")
     native_memory.bound_kernel_caches()
     assert os.environ[oneDNN] == str(native_memory.KERNEL_CACHE_CAPACITY) and os.environ[ideep] == "7"
+
+
+def test_a_snippet_leaves_out_the_page_markers_the_model_reads(runtime):
+    """A citation's label names its page; the marker the model reads ('--- page 8 (3) ---') is not shown."""
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like(pages=3)))
+    documents = [span for span in engine.spans if span.where is not None]
+    assert len(documents) == 3
+    for span in documents[1:]:  # each begins at its page's marker (the first one at the file's header)
+        assert "--- page" in runtime.tokenizer.decode(engine.token_ids[span.start:span.end])
+        snippet = engine._snippet(span.start + 2, span)
+        assert "--- page" not in snippet and FILLER.split()[0] in snippet

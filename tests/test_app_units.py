@@ -540,8 +540,7 @@ def test_chat_messages_render_answers_sources_and_stops():
     messages = views.chat_messages(items)
     assert messages[0] == {"role": "user", "content": "*Attached: r.pdf*\n\nWhat is the key?"}
     assert messages[1]["metadata"] == {"title": "Added 1 file", "status": "done"}
-    assert ("It is 42.\n\n**Sources**, ranked by the top-k recall attention the question drew to each passage "
-            "beyond what a neutral question draws (shares of that excess):\n"
+    assert (f"It is 42.\n\n{views.SOURCES_HEADING}\n"
             "- `r.pdf p. 3` · 60% · “the key is 42”") in messages[2]["content"]
     assert "first token 250 ms · 31 tok/s · 5 tokens</sub>" in messages[2]["content"]
     assert "not in the context" in messages[3]["content"]

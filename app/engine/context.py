@@ -19,6 +19,7 @@ from itertools import accumulate
 from typing import Generator, Iterator, Protocol, Sequence
 
 from ingest import Provenance
+from ingest.documents import without_page_markers
 
 from .chat_format import Carry, ChatFormat, TurnState
 from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, Ranking, cite
@@ -422,7 +423,8 @@ class ContextEngine:
     def _snippet(self, position: int, span: Span) -> str:
         """The passage's text around ``position``, as the model read it (decoded from the context's tokens)."""
         lo, hi = max(span.start, position - SNIPPET_BEFORE), min(span.end, position + SNIPPET_AFTER)
-        text = " ".join(self.format.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True).split())
+        text = self.format.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True)
+        text = " ".join(without_page_markers(text).split())  # the citation's label names the page
         return ("…" if lo > span.start else "") + text + ("…" if hi < span.end else "")
 
     def ask(self, question: str, settings: GenerationSettings, cancel=None,

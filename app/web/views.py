@@ -45,6 +45,10 @@ def _fmt_rate(rate: float) -> str:
 
 
 # -- chat --------------------------------------------------------------------------------------
+# Said once per answer, so short: how the passages are ranked (citations.py) and what the percentage is.
+SOURCES_HEADING = "**Sources**, best first (by the question's words and the attention it drew; % of that score):"
+
+
 def answer_markdown(item: ChatItem) -> str:
     parts = [item.text or ("…" if item.pending else "(empty answer)")]
     if item.citations:
@@ -53,9 +57,7 @@ def answer_markdown(item: ChatItem) -> str:
         if item.stats.get("quoted"):  # the answer was drawn with the first passages quoted before the question
             for index in range(min(QUOTED_PASSAGES, len(lines))):
                 lines[index] += " · *quoted to the model*"
-        parts.append("**Sources**, ranked by the top-k recall attention the question drew to each passage beyond "
-                     "what a neutral question draws (shares of that excess):\n"
-                     + "\n".join(lines))
+        parts.append(f"{SOURCES_HEADING}\n" + "\n".join(lines))
     elif item.recall_note:
         parts.append(f"*{item.recall_note}*")
     if item.stats:
