@@ -35,7 +35,7 @@ def test_a_question_over_the_cap_is_refused_at_once_in_the_chat_box_and_the_api(
     session = handlers.registry.peek("tab")
     assert session.chat == [] and not session.pending  # nothing queued: the box keeps the text to shorten
     with pytest.raises(gr.Error, match="at most 50 tokens"):
-        handlers.ask(long_question, [], req)
+        drain(handlers.ask(long_question, [], req))  # a generator (item 14): refused at its first step
     with pytest.raises(gr.Error, match=r"characters long; a question may have at most 50 tokens"):
         handlers.submit({"text": "x" * 1_000_000, "files": []}, req)  # refused without tokenising a megabyte
     assert session.chat == [] and not session.pending

@@ -117,7 +117,7 @@ def test_ask_waits_for_its_answer_when_another_request_of_the_session_runs(runti
     step = started(handlers, req, "Tell me a long story.")
     session = handlers.registry.peek(req.session_hash)
     replies = []
-    second = threading.Thread(target=lambda: replies.append(handlers.ask("Second question?", [], req)))
+    second = threading.Thread(target=lambda: replies.append(drain(handlers.ask("Second question?", [], req))))
     second.start()
     while len(session.pending) < 2:  # /ask has queued its question behind the running answer
         second.join(0.01)

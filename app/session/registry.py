@@ -93,7 +93,7 @@ class SessionRegistry:
                     raise SessionExpired(session_hash)
                 session = self._new(owner)
                 self._bind(session_hash, session)
-        if session.owner is not None and session.owner != owner:
+        if not self._is_owner(session, owner):
             raise SessionDenied(session_hash)
         if touch:
             session.touch()
@@ -110,7 +110,10 @@ class SessionRegistry:
         (the user chose to open that workspace) a workspace that cannot be opened gives (None, why) and the tab
         keeps what it shows, its queued work included. A ``page_load`` that finds no workspace to show keeps
         what the tab's first requests did before it landed: a file dropped at once is not lost.
+        A tab that shows another user's session is not theirs to switch (SessionDenied): its session hash
+        leaked, and the switch would stop that user's work.
         """
+        self._check_tab_owner(session_hash, owner)
         while True:
             with self._workspace_lock(workspace_id):  # one reopen per workspace; other page loads go on
                 session, note = self._find(workspace_id, owner)
@@ -123,15 +126,34 @@ class SessionRegistry:
                 with self._lock:
                     if session.closed or session.retiring:  # the sweep took it meanwhile: find it again (saved)
                         continue
-                    self._expired.pop(session_hash, None)
                     previous = self._tabs.get(session_hash)
+                    denied = previous is not None and not self._is_owner(previous, owner)  # bound meanwhile
+                    if denied:
+                        break
+                    self._expired.pop(session_hash, None)
                     session.touch()  # before it is bound, so the sweep never sees it shown and idle
                     session.in_browser = True
                     self._bind(session_hash, session)
                     break
+        if denied:
+            if not session.tabs and not self.is_open(session.workspace_id):  # found for nobody: free it
+                session.close()
+            raise SessionDenied(session_hash)
         if previous is not None and previous is not session:  # what the tab showed before is left
             self._left(previous, session_hash)
         return session, note
+
+    @staticmethod
+    def _is_owner(session: Session, owner: str | None) -> bool:
+        """``owner`` may use ``session`` (without --auth sessions have no owner, and anyone may)."""
+        return session.owner is None or session.owner == owner
+
+    def _check_tab_owner(self, session_hash: str, owner: str | None) -> None:
+        """SessionDenied when the tab shows a session of another user."""
+        with self._lock:
+            shown = self._tabs.get(session_hash)
+        if shown is not None and not self._is_owner(shown, owner):
+            raise SessionDenied(session_hash)
 
     def _before_page_load(self, session_hash: str, owner: str | None) -> Session | None:
         """The session a tab's requests got before its page load attached one (never shown in a browser)."""
@@ -205,7 +227,7 @@ class SessionRegistry:
         """The tab left (``as_user``: only when ``owner`` is the session's owner)."""
         with self._lock:
             session = self._tabs.get(session_hash)
-            if session is None or (as_user and session.owner is not None and session.owner != owner):
+            if session is None or (as_user and not self._is_owner(session, owner)):
                 return False
             del self._tabs[session_hash]
         self._left(session, session_hash)

@@ -66,7 +66,7 @@ class Handlers(WorkspaceEvents):
         try:
             return self.registry.get(request.session_hash, touch=touch, owner=self._user(request))
         except SessionDenied:
-            raise messages.error("This session belongs to another user.") from None
+            raise messages.error(messages.ANOTHER_USERS_SESSION) from None
         except SessionExpired:
             if touch:  # a user action (not the panel timer): tell once, then the tab may start afresh
                 self.registry.forget_expired(request.session_hash)
@@ -304,10 +304,13 @@ class Handlers(WorkspaceEvents):
             if self.registry.close(request.session_hash, owner=self._user(request), as_user=True):
                 self.panel_sent.forget(request.session_hash)
 
-    def ask(self, question, files, request: gr.Request) -> dict:
+    def ask(self, question, files, request: gr.Request):
         """API ``/ask``: add ``files`` (may be empty) to this session's context, then answer ``question``.
 
-        Uses the Settings' defaults of the server (greedy unless the model asks otherwise, recall on).
+        Uses the Settings' defaults of the server (greedy unless the model asks otherwise, recall on). A generator
+        that sends nothing until the JSON at the end: Gradio closes it when the call is cancelled
+        (gradio_client's ``job.cancel()``) or its client leaves, and the session's work then stops as with
+        Stop. A plain function ran to the end in its thread, for nobody.
         """
         session = self._session(request)
         paths = upload_paths(files)
@@ -316,13 +319,15 @@ class Handlers(WorkspaceEvents):
             raise messages.error("Give a question, files, or both.")
         self._check_question(question)
         work = self._queue_sources(session, question or None, paths, uploads=True)
-        for _ in self.read(request):
-            pass
-        for _ in self.run(**self.default_settings, request=request):  # or follows the request running them
-            pass
+        try:
+            yield from unsent(self.read(request))
+            yield from unsent(self.run(**self.default_settings, request=request))  # or follows the request running them
+        except GeneratorExit:  # the call ended: its own step rolled back as it closed; the rest is Stop's
+            session.stop()
+            raise
         answer = session.answer_to(work.question_item) if question else None
         rows = work.rows or [r for r in session.documents if r.path in {os.path.basename(p) for p in paths}]
-        return answer_json(answer, rows, session.context_tokens, self.runtime.name)
+        yield answer_json(answer, rows, session.context_tokens, self.runtime.name)
 
     # -- reading queue ---------------------------------------------------------------------------
     def read(self, request: gr.Request):
@@ -374,3 +379,13 @@ class Handlers(WorkspaceEvents):
         """The view of what the tab shows now: a tab switched to another workspace while ``session``'s step ran
         must not be sent the old chat."""
         return self.view(self.registry.peek(request.session_hash) or session)
+
+
+def unsent(steps):
+    """A step's progress with nothing sent (``gr.skip()``): each yield is where Gradio may close the request.
+    Closing this closes ``steps`` at once, so its work rolls back now, not when it is collected."""
+    try:
+        for _ in steps:
+            yield gr.skip()
+    finally:
+        steps.close()

@@ -14,6 +14,8 @@ import re
 
 import gradio as gr
 
+ANOTHER_USERS_SESSION = "This session belongs to another user."  # a leaked session hash, with --auth
+
 _MARKDOWN = re.compile(r"([\\`*_\[\]()!#|~{}+\-])")  # what starts emphasis, code, a link, an image or a heading
 
 

@@ -9,6 +9,7 @@ import sys
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no usage reports to Gradio's servers unless asked
 
 import gradio as gr  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
 from gradio.utils import get_upload_folder  # noqa: E402
 
 from ingest.units import human_bytes  # noqa: E402
@@ -22,6 +23,7 @@ from ..session.workspace_store import WorkspaceStore
 from .events import input_names, wire
 from .handlers import Handlers
 from .login import LoginGuard
+from .tab_guard import TabOwnerGuard
 from .ui import STATIC_DIR, LayoutInfo, build_layout
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,7 @@ def launch(config: AppConfig, demo: gr.Blocks, *, block: bool = True):
         server_name=config.host, server_port=config.port, share=config.share,
         auth=LoginGuard(config.auth) if config.auth else None,  # wrong passwords wait: login.py
         auth_message="LM-Infinite chat: please log in." if config.auth else None,
+        app_kwargs={"middleware": [Middleware(TabOwnerGuard)]} if config.auth else None,  # tab_guard.py
         max_file_size=config.max_file_size, allowed_paths=[str(STATIC_DIR)], css=css, js=js,
         favicon_path=str(STATIC_DIR / "favicon.svg"), footer_links=["api", "settings"], show_error=True,
         prevent_thread_lock=True, ssr_mode=False, pwa=False, mcp_server=False, theme=gr.themes.Soft(), quiet=True,

@@ -8,6 +8,7 @@ from pathlib import Path
 import gradio as gr
 
 from ..session.documents import upload_paths
+from ..session.registry import SessionDenied
 from ..session.state import Session, WorkKind
 from ..session.workspace_file import WorkspaceFileError, check_compatible
 from ..session.workspace_quota import QuotaExceeded, check_quota
@@ -30,12 +31,18 @@ class WorkspaceEvents:
             messages.info(note)
         return (session.workspace_id, *self.view(session), *self.workspace_view(session))
 
-    def attach(self, workspace_id, request: gr.Request):
-        """Page load: show the workspace this browser had open (reopened from disk if it was freed)."""
+    def _attach(self, request: gr.Request, workspace_id, **how) -> tuple:
+        """registry.attach for this request's tab and user; a tab showing another user's session is refused."""
         if request is None or not request.session_hash:
             raise messages.error("This request has no session; reload the page.")
-        session, note = self.registry.attach(request.session_hash, workspace_id, self._user(request),
-                                             page_load=True)
+        try:
+            return self.registry.attach(request.session_hash, workspace_id, self._user(request), **how)
+        except SessionDenied:
+            raise messages.error(messages.ANOTHER_USERS_SESSION) from None
+
+    def attach(self, workspace_id, request: gr.Request):
+        """Page load: show the workspace this browser had open (reopened from disk if it was freed)."""
+        session, note = self._attach(request, workspace_id, page_load=True)
         return self._shown(session, note)
 
     def _refused(self, why: str, request: gr.Request) -> tuple:
@@ -48,14 +55,14 @@ class WorkspaceEvents:
         """Open a saved workspace in this tab; the one it leaves is saved."""
         if not choice:
             return self._refused("Choose a saved workspace first.", request)
-        session, note = self.registry.attach(request.session_hash, choice, self._user(request), fallback_new=False)
+        session, note = self._attach(request, choice, fallback_new=False)
         if session is None:  # the tab keeps its workspace and its queued work; the note says why
             return self._refused(note or "That workspace no longer exists.", request)
         return self._shown(session, note)
 
     def new_workspace(self, request: gr.Request):
         """An empty workspace in this tab; the one it leaves is saved."""
-        session, _ = self.registry.attach(request.session_hash, None, self._user(request))
+        session, _ = self._attach(request, None)
         return self._shown(session)
 
     def queue_save(self, name, request: gr.Request):
@@ -117,7 +124,11 @@ class WorkspaceEvents:
             return None, *self._refused(f"Not imported: {exc}", request)
         name, cut = imported_name(summary.name)
         workspace_id = self.registry.store.add(owner, Path(paths[0]), name)
-        session, note = self.registry.attach(request.session_hash, workspace_id, owner, fallback_new=False)
+        try:
+            session, note = self._attach(request, workspace_id, fallback_new=False)
+        except gr.Error:  # another user's tab: nothing is kept
+            self.registry.store.delete(owner, workspace_id)
+            raise
         if session is None:  # the header was fine, the tensors were not: the tab keeps its workspace
             self.registry.store.delete(owner, workspace_id)
             return None, *self._refused(f"Not imported: {note}", request)
