@@ -558,6 +558,15 @@ def test_panel_and_activity_show_the_numbers():
     assert memory.kind == "cpu" and memory.allocated > 0 and memory.peak >= memory.allocated
 
 
+def test_an_eta_reads_the_same_in_the_chat_and_in_the_panel():
+    """Issue "What a user sees", item 5: the chat's reading line said '948.0 s' while the panel said '15.8 min'."""
+    from app.session.model_work import feeding_line
+
+    stats = LiveStats(phase="prefill", detail="documents", prefill_tps=80.0, done=500, total=76_000, eta_s=948.0)
+    assert feeding_line(stats) == "500 / 76,000 tokens · 80 tok/s · ETA 15.8 min"
+    assert "ETA 15.8 min" in views.activity_html(stats)
+
+
 def test_exports_hold_documents_sources_and_flags(tmp_path):
     data = export_data(model="demo", system_prompt="Be brief.", context_tokens=99,
                        documents=[DocumentRow("r.pdf", "ingested", 3, 90),

@@ -17,6 +17,18 @@ import psutil
 import torch
 
 
+def human_seconds(seconds: float | None) -> str:
+    """'250 ms', '9.8 s', '15.8 min': a duration written one way everywhere (the chat's reading line and the
+    panel once showed one ETA as '948.0 s' and as '15.8 min')."""
+    if seconds is None:
+        return "–"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
+
+
 @dataclass(frozen=True)
 class DeviceMemory:
     """GPU memory summed over the visible devices, or this process's RSS on CPU (bytes)."""

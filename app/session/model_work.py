@@ -18,7 +18,7 @@ from ..engine.budget import Budget
 from ..engine.context import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
 from ..engine.replay import DOCUMENTS_ONLY, replay, replay_cost, without_source
 from ..engine.generation import GenerationSettings
-from ..engine.metrics import LiveStats
+from ..engine.metrics import LiveStats, human_seconds
 from ..engine.runtime import ModelRuntime, is_out_of_memory
 from .documents import RowStatus, fit_budget, plural, replace_rows, rows_summary, set_rows
 from .state import ChatItem, ItemKind, Session, Work, WorkKind
@@ -72,9 +72,9 @@ class Throttle:
 
 
 def feeding_line(stats: LiveStats) -> str:
-    """'1,024 / 9,000 tokens · 812 tok/s · ETA 9.8 s' from the engine's live figures."""
+    """'1,024 / 9,000 tokens · 812 tok/s · ETA 15.8 min' from the engine's live figures."""
     rate = f" · {stats.prefill_tps:,.0f} tok/s" if stats.prefill_tps else ""
-    eta = f" · ETA {stats.eta_s:.1f} s" if stats.eta_s is not None else ""
+    eta = f" · ETA {human_seconds(stats.eta_s)}" if stats.eta_s is not None else ""
     return f"{stats.done:,} / {stats.total:,} tokens{rate}{eta}"
 
 

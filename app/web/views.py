@@ -13,7 +13,7 @@ from ingest.units import human_bytes
 
 from ..engine.budget import Budget
 from ..engine.quoting import QUOTED_PASSAGES
-from ..engine.metrics import DeviceMemory, LiveStats, Sample
+from ..engine.metrics import DeviceMemory, LiveStats, Sample, human_seconds
 from ..session.documents import STATUS_LABELS, DocumentRow, RowStatus
 from ..session.state import ChatItem, ItemKind, Session
 
@@ -30,14 +30,7 @@ FINISH_NOTES = {"length": " · stopped at max tokens", "repetition": " · cut wh
 
 
 
-def fmt_seconds(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    return f"{seconds / 60:.1f} min"
+fmt_seconds = human_seconds  # the panel's, the chat's and the reading line's durations are written alike
 
 
 def _fmt_rate(rate: float) -> str:
