@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+from types import SimpleNamespace
 import dataclasses
 from dataclasses import dataclass
 
@@ -12,7 +13,10 @@ import pytest
 import torch
 
 from app.engine import context as context_module, native_memory
+from app.engine.budget import Budget
 from app.engine.chat_format import TurnState
+from app.session.documents import DocumentRow, RowStatus
+from app.web import views
 from app.cli import AppConfig
 from app.engine.context import AnswerDelta, AnswerResult, ContextEngine, ContextFull, ContextOutOfMemory, EngineError, Stopped
 from app.engine.citations import CARRIED_TOKENS, NEUTRAL_QUESTION
@@ -611,3 +615,20 @@ def test_a_snippet_leaves_out_the_page_markers_the_model_reads(runtime):
         assert "--- page" in runtime.tokenizer.decode(engine.token_ids[span.start:span.end])
         snippet = engine._snippet(span.start + 2, span)
         assert "--- page" not in snippet and FILLER.split()[0] in snippet
+
+
+def test_the_documents_counted_are_those_with_tokens_in_the_context_while_they_are_read(runtime):
+    """The context line said "5,049 from 0 documents" while the files were read (issue "What a user sees")."""
+    engine = new_engine(runtime)
+    feeding = engine.feed_documents([*pdf_like(pages=2), *code_file()])
+    for _ in feeding:  # until the first page is in, the feed not over
+        if engine.document_tokens:
+            break
+    assert engine.document_sources == 1  # report.pdf's first page; src/funcs.py is still to come
+    reading = [DocumentRow(name, RowStatus.READING) for name in ("report.pdf", "src/funcs.py")]
+    shown = SimpleNamespace(engine=engine, chat=[], documents=reading, context_tokens=engine.length,
+                            stats=engine.stats)
+    summary = views.session_view(shown, Budget(tokens=1_000_000, why="test", middle_bytes_per_token=1))[2]
+    assert f"{engine.document_tokens:,} from 1 document<" in summary
+    run(feeding)
+    assert engine.document_sources == 2  # report.pdf and src/funcs.py

@@ -183,6 +183,11 @@ class ContextEngine:
     def document_tokens(self) -> int:
         return sum(s.length for s in self.spans.documents())
 
+    @property
+    def document_sources(self) -> int:
+        """Files with tokens in the context, a file being read included (its rows say "reading" until it ends)."""
+        return len({s.where.source for s in self.spans.documents() if s.where is not None})
+
     def memory(self) -> dict[str, int]:
         return self.cache.memory()
 

@@ -14,7 +14,7 @@ from ingest.units import human_bytes
 from ..engine.budget import Budget
 from ..engine.quoting import QUOTED_PASSAGES
 from ..engine.metrics import DeviceMemory, LiveStats, Sample, human_seconds
-from ..session.documents import STATUS_LABELS, DocumentRow, RowStatus
+from ..session.documents import STATUS_LABELS, DocumentRow
 from ..session.state import ChatItem, ItemKind, Session
 
 DOCUMENT_HEADERS = ["File", "Status", "Pages", "Tokens", "Note"]
@@ -88,12 +88,13 @@ def chat_messages(items: list[ChatItem]) -> list[dict]:
 def session_view(session: Session, budget: Budget) -> tuple:
     """Chat, documents table, context summary and activity: the outputs of every work event."""
     engine = session.engine
-    files = sum(1 for d in session.documents if d.status in (RowStatus.INGESTED, RowStatus.PARTIAL))
+    # Counted from the context, as its tokens are: the table's rows say "reading" while their tokens go in
+    # (it showed "5,049 from 0 documents").
     return (
         chat_messages(session.chat),
         document_rows(session.documents),
         context_html(session.context_tokens, engine.document_tokens if engine else 0, budget.tokens, budget.why,
-                     files),
+                     engine.document_sources if engine else 0),
         activity_html(session.stats),
     )
 
