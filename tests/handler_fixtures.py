@@ -4,6 +4,7 @@ The demo model's ``runtime`` fixture is in conftest.py."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 from app.engine.budget import Budget
@@ -29,3 +30,11 @@ def drain(generator):
     for last in generator:
         pass
     return last
+
+
+def wait_until(condition, timeout_s: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)

@@ -8,14 +8,7 @@ import time
 from app.engine.metrics import LiveStats
 from app.engine.model_gate import ModelGate
 from app_fixtures import make_long_text
-from handler_fixtures import SETTINGS, drain, make_handlers, request
-
-
-def wait_until(condition, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+from handler_fixtures import SETTINGS, drain, make_handlers, request, wait_until
 
 
 def test_a_waiting_answer_goes_before_the_next_chunk_of_a_feed():

@@ -10,13 +10,7 @@ import time
 
 from app.engine.metrics import LiveStats
 from app.engine.model_gate import ModelGate
-
-
-def wait_until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
+from handler_fixtures import wait_until
 
 
 def test_a_waiting_feed_gets_its_next_chunk_after_one_answer_however_many_answers_wait():
@@ -36,7 +30,7 @@ def test_a_waiting_feed_gets_its_next_chunk_after_one_answer_however_many_answer
         threads = [threading.Thread(target=turn, args=(object(), True, "answer", stats)) for stats in answers]
         for thread in threads:
             thread.start()
-        wait_until(lambda: all(stats.phase == "waiting" for stats in answers))
+        wait_until(lambda: all(stats.phase == "waiting" for stats in answers), timeout_s=10.0)
     threads.append(threading.Thread(target=turn, args=(feed, False, "chunk 2", feed_stats)))  # asked at once
     threads[-1].start()
     for thread in threads:
