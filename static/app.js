@@ -49,5 +49,18 @@
       event.returnValue = "";
     }
   });
+  // What two buttons do that their names do not say: set as tooltips, again whenever Gradio redraws them.
+  const tips = {
+    "regenerate-button": "Answer the last question again, in its place (a stopped answer too).",
+    "new-context-button": "Start a new, empty workspace: this one is saved and stays in Workspaces.",
+  };
+  const setTips = () => {
+    for (const [id, tip] of Object.entries(tips)) {
+      const button = document.getElementById(id);
+      if (button && button.title !== tip) button.title = tip;
+    }
+  };
+  setTips();
+  new MutationObserver(setTips).observe(document.body, {childList: true, subtree: true});
   document.title = "LM-Infinite chat";
 }

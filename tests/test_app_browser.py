@@ -330,3 +330,43 @@ def test_the_chats_own_clear_icon_clears_the_context_too():
         page.wait_for_function("() => document.querySelector('#context-summary').innerText.startsWith('0 tokens')",
                                timeout=30_000)
         assert "pineapple" not in page.inner_text("#chat")
+
+
+# Counts Gradio's progress overlays drawn on screen ("processing | 2.9s", the queue's place, the chat's "•••"):
+# Gradio renders them for every output and hides those an event asked to hide.
+_OVERLAYS = """() => {
+  window.__overlay = 0;
+  const shown = (el) => { for (let n = el; n; n = n.parentElement) { const s = getComputedStyle(n);
+    if (s.display === 'none' || s.visibility === 'hidden' || s.opacity === '0') return false; } return true; };
+  new MutationObserver(() => {
+    for (const el of document.querySelectorAll('.progress-text, .eta-bar, .dot-flashing'))
+      if (shown(el) && el.getBoundingClientRect().width > 0) window.__overlay += 1;
+  }).observe(document.body, {childList: true, subtree: true});
+}"""
+
+
+@pytest.mark.browser
+def test_new_context_keeps_the_work_and_the_chat_shows_the_words_as_typed():
+    """Issue 32: New context wiped 13 minutes of work with one click; a question's "<edit>" vanished from the
+    chat; Gradio drew "processing | 2.9s" over the panels and a "•••" bubble in the chat while answering."""
+    server = shared_server()
+    with chromium() as browser:
+        page = _open(browser, server)
+        assert "saved and stays in Workspaces" in page.get_attribute("#new-context-button", "title")
+        assert "in its place" in page.get_attribute("#regenerate-button", "title")
+        page.evaluate(_OVERLAYS)
+        page.fill("#chat-input textarea", "Which <edit> mode replaces a*b*c values?")
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => document.querySelector('#stop-button').disabled && "
+                               "document.querySelector('#chat').innerText.includes('first token')", timeout=60_000)
+        assert "Which <edit> mode replaces a*b*c values?" in page.inner_text("#chat")
+        assert page.evaluate("window.__overlay") == 0
+
+        page.click("#new-context-button")
+        page.wait_for_function("() => !document.querySelector('#chat').innerText.includes('<edit>')", timeout=30_000)
+        assert "is kept in Workspaces" in page.inner_text("body")  # the toast
+        assert page.inner_text("#context-summary .ctx-line").startswith("0 tokens")
+        page.get_by_role("tab", name="Workspaces").click()  # the workspace left is listed, saved, not current
+        page.wait_for_function("() => document.querySelector('#workspaces-table').innerText.includes('Workspace of')",
+                               timeout=30_000)
+        assert "●" not in page.inner_text("#workspaces-table")

@@ -100,10 +100,10 @@ def test_an_open_that_fails_leaves_the_tab_on_its_workspace_with_its_queued_work
     handlers.submit({"text": "A queued question", "files": []}, req)
     queued = session.pending[-1]
     with pytest.warns(UserWarning, match="could not be opened"):
-        handlers.open_workspace(damaged_id, req)
+        drain(handlers.open_workspace(damaged_id, req))
     assert handlers.registry.peek("tab") is session and session.tabs == {"tab"} and not queued.cancel.is_set()
     with pytest.warns(UserWarning, match="no longer exists"):
-        handlers.open_workspace("0" * 32, req)
+        drain(handlers.open_workspace("0" * 32, req))
     assert handlers.registry.peek("tab") is session
     drain(handlers.run(*SETTINGS, req))
     assert session.chat[-2].text == "A queued question" and session.chat[-1].in_context
@@ -145,5 +145,5 @@ def test_a_refused_remove_or_open_says_why_and_leaves_the_screen_as_it_was(runti
         view = handlers.queue_remove(None, req)
     assert view[0] == handlers.view(session)[0] and not session.pending
     with pytest.warns(UserWarning, match="Choose a saved workspace first"):
-        shown = handlers.open_workspace(None, req)
+        shown = drain(handlers.open_workspace(None, req))
     assert shown[0] == workspace_id and shown[1] == view[0]

@@ -36,9 +36,15 @@ class Keep:
         return kept
 
 
+def removed_by(choice: str, path: str) -> bool:
+    """Whether removing ``choice`` removes the file ``path``: the file itself, or, for an archive's prefix
+    ("repo.zip/"), every file read from that archive."""
+    return path == choice or (choice.endswith("/") and path.startswith(choice))
+
+
 def without_source(source: str) -> Keep:
-    """Everything but one file's chunks."""
-    return Keep(chunk=lambda chunk: chunk.where.source != source)
+    """Everything but one file's chunks (or an archive's files: ``removed_by``)."""
+    return Keep(chunk=lambda chunk: not removed_by(source, chunk.where.source))
 
 
 DOCUMENTS_ONLY = Keep(conversation=False)

@@ -16,11 +16,12 @@ from ingest.units import human_bytes
 
 from ..engine.budget import Budget
 from ..engine.context import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
-from ..engine.replay import DOCUMENTS_ONLY, replay, replay_cost, without_source
+from ..engine.replay import DOCUMENTS_ONLY, removed_by, replay, replay_cost, without_source
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import LiveStats, human_seconds
 from ..engine.runtime import ModelRuntime, is_out_of_memory
 from .documents import RowStatus, fit_budget, plural, replace_rows, rows_summary, set_rows
+from .removal import removal_label
 from .state import ChatItem, ItemKind, Session, Work, WorkKind
 from .workspace_quota import QuotaExceeded
 
@@ -314,11 +315,13 @@ class ModelWork:
     def _remove(self, session: Session, work: Work):
         """Remove a document: the context is built again from its history without the file's chunks."""
         source = work.question
+        name = removal_label(source, session.documents)
         rebuilt = yield from self._rebuild(session, work, without_source(source), (
-            f"Removing {source}", f"Removed {source}", f"⚠ {source} was not removed; the context is unchanged"))
+            f"Removing {name}", f"Removed {name}", f"⚠ {name} was not removed; the context is unchanged"))
         if rebuilt:
-            session.documents[:] = [r for r in session.documents if not (r.path == source and r.status.in_context)]
-            session.fed_digests = {d: path for d, path in session.fed_digests.items() if path != source}
+            session.documents[:] = [r for r in session.documents
+                                    if not (removed_by(source, r.path) and r.status.in_context)]
+            session.fed_digests = {d: path for d, path in session.fed_digests.items() if not removed_by(source, path)}
 
     def _rebuild(self, session: Session, work: Work, keep, titles: tuple[str, str, str]):
         """Replay the history as ``keep`` says into a new engine, then swap; on Stop or failure the old engine

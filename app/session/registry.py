@@ -28,7 +28,7 @@ from .state import KeptInMemory, Session
 from .workspace_file import WorkspaceFileError, read_workspace, write_workspace
 from .workspace_quota import check_quota, save_size
 from .workspace_size import reopened_bytes
-from .workspace_store import WorkspaceStore, is_workspace_id, new_workspace_id
+from .workspace_store import SUFFIX, WorkspaceStore, is_workspace_id, new_workspace_id
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +189,21 @@ class SessionRegistry:
             return None, ""
         return self.reopen(workspace_id, owner)
 
+    def will_reopen(self, workspace_id, owner: str | None) -> bool:
+        """Whether showing ``workspace_id`` reads it back from disk: saved, and not live (or live but being saved
+        and freed). A tab shows that it is reopening meanwhile: it can take a minute."""
+        if not is_workspace_id(workspace_id) or not self.store.exists(owner, workspace_id):
+            return False
+        with self._lock:
+            live = self._live.get(workspace_id)
+        return live is None or live.closed or live.retiring
+
     def reopen(self, workspace_id: str, owner: str | None) -> tuple[Session | None, str]:
-        """A saved workspace as a new live session; (None, why) when its file cannot be opened."""
-        session = self._new(owner, workspace_id, self.store.name(owner, workspace_id))
+        """A saved workspace as a new live session; (None, why) when its file cannot be opened. The user knows it
+        by its name, not its id."""
+        name = self.store.name(owner, workspace_id)
+        saved = f"“{name}”" if name else "The saved workspace"
+        session = self._new(owner, workspace_id, name)
         started = time.perf_counter()
         try:
             path = self.store.path(owner, workspace_id)
@@ -199,16 +211,17 @@ class SessionRegistry:
             refusal = self.budget.bytes_refusal(self.cache_bytes(), needed, "its cache's tensors")
             if refusal is not None:  # it stays saved, in the list, to open when memory is free
                 session.close()
-                return None, f"The saved workspace was not reopened: {refusal}."
+                return None, f"{saved} was not reopened: {refusal}."
             read_workspace(self.store.path(owner, workspace_id), session)
         except (WorkspaceFileError, OSError) as exc:
             log.warning("could not reopen workspace %s: %s", workspace_id, exc)
             session.close()
-            return None, f"The saved workspace could not be opened: {exc}."
+            why = str(exc).replace(f"{workspace_id}{SUFFIX}", "its file")  # the file's name is the id, not the name
+            return None, f"{saved} could not be opened: {why}."
         except Exception as exc:  # noqa: BLE001 - a file no check foresaw must not break the page load
             log.exception("reopening workspace %s failed", workspace_id)
             session.close()
-            return None, f"The saved workspace could not be opened ({type(exc).__name__}); it is kept as it is."
+            return None, f"{saved} could not be opened ({type(exc).__name__}); it is kept as it is."
         session.name = self.store.name(owner, workspace_id) or session.name
         seconds = time.perf_counter() - started
         return session, f"Reopened “{session.name}”: {session.context_tokens:,} tokens in {seconds:.1f} s."
@@ -309,6 +322,15 @@ class SessionRegistry:
             else:
                 self._retire(session)
         return freed
+
+    def retire_left(self, session: Session) -> None:
+        """Save and free, now, a workspace its tab left for a new one (New context), so that the Workspaces list
+        shows it at once rather than after the grace period. One that a tab still shows stays live."""
+        with self._lock:
+            if session.tabs or session.retiring or session.closed:
+                return
+            session.retiring = True
+        self._retire(session)
 
     def _due(self, session: Session, now: float) -> bool:
         """Idle past the time-out, or left by its last tab past the grace period; never while it works or waits."""

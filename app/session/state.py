@@ -251,6 +251,13 @@ class Session:
         with self.lock:
             self.model_step = False
 
+    def last_prefill_rate(self) -> float:
+        """The prefill rate the newest answer measured (0 when none did): what a cost estimate uses after a reopen,
+        before this server has read anything for the session."""
+        with self.lock:
+            return next((c.stats["prefill_tps"] for c in reversed(self.chat)
+                         if c.kind == ItemKind.ANSWER and c.stats.get("prefill_tps")), 0.0)
+
     @property
     def unsaved(self) -> bool:
         """Work finished since the last save (or never saved), and something to keep."""

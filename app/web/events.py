@@ -32,8 +32,9 @@ def wire(demo, c: Components, h: Handlers) -> None:
 
     def then_model(event, api_name: str):
         """Chain the model step (and re-enable the chat box) after a fast or reading step."""
-        step = event.then(h.run, settings, view, api_name=api_name, show_progress="full",
-                          show_progress_on=view[:4], **MODEL)  # not on the stop note and the buttons
+        # No Gradio overlay ("processing | 2.9s" over the panels, a "•••" bubble in the chat): the activity line
+        # says what the step does, waiting for its turn included.
+        step = event.then(h.run, settings, view, api_name=api_name, show_progress="hidden", **MODEL)
         step.then(h.enable_input, None, [c.chat_input, *controls], api_name=False, **FAST)
         step.then(h.workspace_panel, None, c.workspace_view, api_name=False, **FAST)  # "not saved yet · …"
         return step
@@ -63,7 +64,9 @@ def wire(demo, c: Components, h: Handlers) -> None:
     then_model(c.clear.click(h.queue_forget, None, view, api_name="clear", **FAST), api_name=False)
     # The chat's own trash icon empties only the browser's copy: it clears the chat as the button does.
     then_model(c.chatbot.clear(h.queue_forget, None, view, api_name=False, **FAST), api_name=False)
-    then_model(c.new_context.click(h.queue_reset, None, view, api_name="new_context", **FAST), api_name=False)
+    # New context in a browser is a new workspace, the one left saved (wire_workspaces); an API client's session,
+    # never saved, is emptied in place.
+    then_model(c.reset_trigger.click(h.queue_reset, None, view, api_name="new_context", **FAST), api_name=False)
     c.export.click(h.export, None, c.export_files, api_name="export", **FAST)
 
     # The one-call API (app/web/api.py): add files, ask, get JSON; all on the model queue.
@@ -81,9 +84,10 @@ def wire(demo, c: Components, h: Handlers) -> None:
 def wire_workspaces(demo, c: Components, h: Handlers, then_model) -> None:
     """Page load shows the workspace the browser remembers; open, new, save, rename, delete, download, import."""
     shown = [c.workspace_id, *c.view, *c.workspace_view]  # a switch changes everything on screen
-    demo.load(h.attach, c.workspace_id, shown, api_name=False, **FAST)
+    demo.load(h.page_load, c.workspace_id, shown, api_name=False, **FAST)
     c.open_workspace.click(h.open_workspace, c.workspace_choice, shown, api_name=False, **FAST)
     c.new_workspace.click(h.new_workspace, None, shown, api_name=False, **FAST)
+    c.new_context.click(h.new_context, None, shown, api_name=False, **FAST)
     then_model(c.save.click(h.queue_save, c.workspace_name, c.view, api_name="save", **FAST), api_name=False)
     c.workspace_name.submit(h.rename, c.workspace_name, c.workspace_view, api_name=False, **FAST)
     c.workspace_name.blur(h.rename, c.workspace_name, c.workspace_view, api_name=False, **FAST)

@@ -29,6 +29,7 @@ from ..session.exporting import export_data, write_exports
 from ..session.model_work import ModelWork
 from ..session.question_limit import QuestionLimit
 from ..session.reading import Reader
+from ..session.removal import removal_choices, removal_label
 from ..session.registry import SessionDenied, SessionExpired, SessionRegistry
 from ..session.state import ChatItem, ItemKind, Session, Stage, Work, WorkKind
 from ..session.text import clean_text
@@ -184,14 +185,20 @@ class Handlers(WorkspaceEvents):
         return note, gr.update(interactive=busy), gr.update(interactive=busy)
 
     def queue_regenerate(self, request: gr.Request):
+        """One rule: Regenerate answers the last question again, in its place. A stopped answer was not kept, so
+        its question is asked again and the stopped exchange gives way to it (it stayed above as a second turn,
+        while Regenerate after an answer replaced it)."""
         session = self._session(request)
         answer = next((c for c in reversed(session.chat) if c.kind == ItemKind.ANSWER), None)
         question = next((c for c in reversed(session.chat) if c.kind == ItemKind.QUESTION and c.text), None)
         if answer is not None and answer.in_context and session.engine is not None and session.engine.can_regenerate:
             session.new_work(WorkKind.REGENERATE)
         elif question is not None and not question.in_context:
-            session.new_work(WorkKind.TURN, question.text,
-                             question_item=ChatItem("user", ItemKind.QUESTION, question.text))
+            with session.lock:
+                stopped = session.answer_to(question)
+                session.chat[:] = [c for c in session.chat if c is not question and c is not stopped]
+                session.new_work(WorkKind.TURN, question.text,
+                                 question_item=ChatItem("user", ItemKind.QUESTION, question.text))
         else:
             messages.warning("Nothing to regenerate: ask a question first (documents added after the last answer "
                              "make it permanent).")
@@ -202,7 +209,7 @@ class Handlers(WorkspaceEvents):
         rate), the same request again within CONFIRM_S goes ahead."""
         if not cost or session.confirmed(action, CONFIRM_S):
             return True
-        rate = session.stats.prefill_tps
+        rate = session.stats.prefill_tps or session.last_prefill_rate()  # after a reopen: the answers' own
         took = f", about {views.fmt_seconds(cost / rate)} at {rate:,.0f} tokens/s" if rate else ""
         session.stop_note = f"{what}: {cost:,} tokens{took}. Click again to go ahead."
         return False
@@ -218,25 +225,27 @@ class Handlers(WorkspaceEvents):
         return self.view(session)
 
     def queue_remove(self, source, request: gr.Request):
-        """Remove one document: the rest of the context (documents and conversation) is read again without it."""
+        """Remove one document, or an archive's files: the rest of the context (documents and conversation) is
+        read again without them."""
         session = self._session(request)
         if not source or session.engine is None or source not in self._removable(session):
             messages.warning("Choose a document that is in the context.")  # no error: it would paint the chat red
             return self.view(session)
         cost = replay_cost(session.engine, without_source(source))
         if self._confirm_cost(session, ("remove", source), max(cost, 1),
-                              f"Removing {source} reads the rest of the context again"):
+                              f"Removing {removal_label(source, session.documents)} reads the rest of the context "
+                              "again"):
             session.new_work(WorkKind.REMOVE, source)
         return self.view(session)
 
     @staticmethod
     def _removable(session: Session) -> list[str]:
-        return list(dict.fromkeys(r.path for r in session.documents if r.status.in_context))
+        return [value for _, value in removal_choices(session.documents)]
 
     def removable(self, current, request: gr.Request):
         """The Remove list, filled when it is opened; the choice is kept while its file is still in the context."""
-        choices = self._removable(self._session(request, touch=False))
-        return gr.Dropdown(choices=choices, value=current if current in choices else None)
+        choices = removal_choices(self._session(request, touch=False).documents)
+        return gr.Dropdown(choices=choices, value=current if current in {v for _, v in choices} else None)
 
     def queue_reset(self, request: gr.Request):
         session = self._session(request)

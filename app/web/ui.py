@@ -81,6 +81,7 @@ class Components:
     ask_result: gr.JSON
     ask_trigger: gr.Button
     show_trigger: gr.Button  # the /show API: the session as it is
+    reset_trigger: gr.Button  # the /new_context API: an API client's session emptied in place (never saved)
     workspace_id: gr.BrowserState  # which workspace this browser shows: a reload reopens it
     workspace_name: gr.Textbox
     save: gr.Button
@@ -157,7 +158,7 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                     regenerate = gr.Button("Regenerate", size="sm", icon=_icon("regenerate"),
                                            elem_id="regenerate-button")
                     clear = gr.Button("Clear chat", size="sm", icon=_icon("clear"))
-                    new_context = gr.Button("New context", size="sm", icon=_icon("new"))
+                    new_context = gr.Button("New context", size="sm", icon=_icon("new"), elem_id="new-context-button")
                     export = gr.Button("Export", size="sm", icon=_icon("export"), elem_id="export-button")
                 stop_note = gr.Markdown(elem_id="stop-note")
                 export_files = gr.File(label="Export (Markdown and JSON)", visible=False, file_count="multiple",
@@ -238,6 +239,7 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
             ask_result = gr.JSON(label="result")
             ask_trigger = gr.Button("ask")
             show_trigger = gr.Button("show")
+            reset_trigger = gr.Button("new context")
     return demo, Components(
         chatbot=chatbot, chat_input=chat_input, stop=stop, regenerate=regenerate, clear=clear,
         new_context=new_context, export=export, export_files=export_files, stop_note=stop_note, upload=upload,
@@ -246,7 +248,8 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
         context=context, panel=panel, panel_data=panel_data, memory_plot=memory_plot, throughput_plot=throughput_plot,
         system_prompt=system_prompt, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
         repetition_penalty=repetition_penalty, recall=recall, topk=topk, quote=quote, timer=timer, ask_question=ask_question,
-        ask_files=ask_files, ask_result=ask_result, ask_trigger=ask_trigger, show_trigger=show_trigger, workspace_id=workspace_id,
+        ask_files=ask_files, ask_result=ask_result, ask_trigger=ask_trigger, show_trigger=show_trigger,
+        reset_trigger=reset_trigger, workspace_id=workspace_id,
         workspace_name=workspace_name, save=save, workspace_note=workspace_note, workspaces=workspaces,
         workspace_choice=workspace_choice, open_workspace=open_workspace, new_workspace=new_workspace,
         delete_workspace=delete_workspace, download_workspace=download_workspace, workspace_file=workspace_file,

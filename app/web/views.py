@@ -14,8 +14,9 @@ from ingest.units import human_bytes
 from ..engine.budget import Budget
 from ..engine.quoting import QUOTED_PASSAGES
 from ..engine.metrics import DeviceMemory, LiveStats, Sample, human_seconds
-from ..session.documents import STATUS_LABELS, DocumentRow
+from ..session.documents import STATUS_LABELS, DocumentRow, plural
 from ..session.state import ChatItem, ItemKind, Session
+from .messages import markdown_text
 
 DOCUMENT_HEADERS = ["File", "Status", "Pages", "Tokens", "Note"]
 # The Files table's column widths (of the table's width): the file and the note (a skipped file's reason) get
@@ -64,12 +65,18 @@ def answer_markdown(item: ChatItem) -> str:
     return "\n\n".join(parts)
 
 
+def user_text(text: str) -> str:
+    """The user's words as they typed them: the Chatbot renders Markdown and drops HTML tags, so a question about
+    ``<edit>`` or ``a*b*c`` is escaped to show literally, its line breaks kept."""
+    return markdown_text(text).replace("\n", "  \n")
+
+
 def chat_messages(items: list[ChatItem]) -> list[dict]:
     """Messages for gr.Chatbot; status and notices render as titled, collapsible blocks."""
     messages = []
     for item in items:
         if item.kind == ItemKind.QUESTION:
-            text = item.text
+            text = user_text(item.text)
             if item.files:
                 text = "*Attached: " + ", ".join(item.files) + "*" + ("\n\n" + text if text else "")
             if not item.in_context and item.text:
@@ -95,7 +102,7 @@ def session_view(session: Session, budget: Budget) -> tuple:
         document_rows(session.documents),
         context_html(session.context_tokens, engine.document_tokens if engine else 0, budget.tokens, budget.why,
                      engine.document_sources if engine else 0),
-        activity_html(session.stats),
+        activity_html(session.stats, len(session.pending)),
     )
 
 
@@ -118,8 +125,16 @@ def context_html(context_tokens: int, document_tokens: int, budget: int, budget_
     )
 
 
-def activity_html(stats: LiveStats) -> str:
-    """Progress of the running work: what, how far, how fast, how long left.
+def reopening_activity(name: str) -> str:
+    """The activity line while a saved workspace is read back from disk."""
+    return ('<div class="activity busy"><div class="activity-label">Reopening workspace</div>'
+            '<div class="bar"><div class="bar-fill striped" style="width:100%"></div></div>'
+            f'<div class="activity-detail">{html.escape(name)}</div></div>')
+
+
+def activity_html(stats: LiveStats, queued: int = 0) -> str:
+    """Progress of the running work: what, how far, how fast, how long left; ``queued``: the session's actions
+    not finished (between two steps of one, the line said "Idle" while Cancel was active).
 
     The engine updates ``stats`` from another thread: each figure is read once, so the bar's width and its
     text are computed from the same numbers.
@@ -149,6 +164,10 @@ def activity_html(stats: LiveStats) -> str:
             f'<div class="activity busy"><div class="activity-label">{label}{detail}</div>'
             f'<div class="bar"><div class="bar-fill{striped}" style="width:{fraction * 100:.1f}%"></div></div>'
             f'<div class="activity-detail">{" · ".join(bits)}</div></div>')
+    if not blocks and queued:
+        return ('<div class="activity busy"><div class="activity-label">Waiting for its turn at the model</div>'
+                '<div class="bar"><div class="bar-fill striped" style="width:100%"></div></div>'
+                f'<div class="activity-detail">{plural(queued, "action")} queued</div></div>')
     if not blocks:
         return '<div class="activity idle">Idle: drop files here or in the chat box.</div>'
     return "".join(blocks)

@@ -7,14 +7,16 @@ from pathlib import Path
 
 import gradio as gr
 
+from ingest.units import human_bytes
+
 from ..session.documents import upload_paths
 from ..session.registry import SessionDenied
 from ..session.state import Session, WorkKind
 from ..session.workspace_file import WorkspaceFileError, check_compatible
 from ..session.workspace_quota import QuotaExceeded, check_quota
 from ..session.workspace_store import MAX_NAME_CHARS, cut_name, is_workspace_id
-from . import messages
-from .workspace_views import workspace_choices, workspace_note, workspace_rows
+from . import messages, views
+from .workspace_views import reopening_chat, workspace_choices, workspace_note, workspace_rows
 
 
 class WorkspaceEvents:
@@ -45,6 +47,26 @@ class WorkspaceEvents:
         session, note = self._attach(request, workspace_id, page_load=True)
         return self._shown(session, note)
 
+    def page_load(self, workspace_id, request: gr.Request):
+        """The page-load event: ``attach``, showing meanwhile which saved workspace is being read back."""
+        reopening = self._reopening(workspace_id, request)
+        if reopening is not None:
+            yield reopening
+        yield self.attach(workspace_id, request)
+
+    def _reopening(self, workspace_id, request: gr.Request) -> tuple | None:
+        """What the tab shows while ``workspace_id`` is read back from disk; None when it is live or not saved."""
+        owner = self._user(request)
+        if not self.registry.will_reopen(workspace_id, owner):
+            return None
+        saved = next((w for w in self.registry.store.list(owner) if w.id == workspace_id), None)
+        if saved is None:
+            return None
+        skip = gr.skip()
+        return (skip, reopening_chat(saved), skip, skip, views.reopening_activity(saved.name), skip, skip, skip, skip,
+                saved.name, f"Reopening “{saved.name}”: reading {human_bytes(saved.size)} back into memory…",
+                skip, skip)
+
     def _refused(self, why: str, request: gr.Request) -> tuple:
         """A switch that cannot be made: say why and show the tab's workspace as it was (a gr.Error would mark
         every output, the chat included, as failed)."""
@@ -52,18 +74,39 @@ class WorkspaceEvents:
         return self._shown(self._session(request))
 
     def open_workspace(self, choice, request: gr.Request):
-        """Open a saved workspace in this tab; the one it leaves is saved."""
+        """Open a saved workspace in this tab; the one it leaves is saved. Always answers: the one already shown
+        says so, and one read back from disk shows that it is being read."""
         if not choice:
-            return self._refused("Choose a saved workspace first.", request)
+            yield self._refused("Choose a saved workspace first.", request)
+            return
+        current = self.registry.peek(request.session_hash) if request is not None else None
+        if current is not None and current.workspace_id == choice:
+            yield self._shown(current, f"“{current.name}” is the workspace open in this tab.")
+            return
+        reopening = self._reopening(choice, request)
+        if reopening is not None:
+            yield reopening
         session, note = self._attach(request, choice, fallback_new=False)
         if session is None:  # the tab keeps its workspace and its queued work; the note says why
-            return self._refused(note or "That workspace no longer exists.", request)
-        return self._shown(session, note)
+            yield self._refused(note or "That workspace no longer exists.", request)
+            return
+        yield self._shown(session, note)
 
     def new_workspace(self, request: gr.Request):
         """An empty workspace in this tab; the one it leaves is saved."""
         session, _ = self._attach(request, None)
         return self._shown(session)
+
+    def new_context(self, request: gr.Request):
+        """New context: a new, empty workspace in this tab, the one left saved and kept in the list. Emptying it in
+        place saved nothing over its last save, so one click lost 13 minutes of work."""
+        left = self.registry.peek(request.session_hash) if request is not None else None
+        kept = left is not None and not left.pristine  # asked before the switch: a freed session is emptied
+        session, _ = self._attach(request, None)
+        if kept and left is not session:
+            self.registry.retire_left(left)  # saved now: the list shows it on this screen
+        return self._shown(session, f"“{left.name}” is kept in Workspaces, saved as you left it; this is a new, "
+                                    "empty workspace." if kept and left is not session else "")
 
     def queue_save(self, name, request: gr.Request):
         """Save after the actions queued before it (the model step writes the file, then records the name: a save

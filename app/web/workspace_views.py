@@ -46,3 +46,12 @@ def workspace_note(session: Session, saved: SavedWorkspace | None) -> str:
     before = f"Last saved at {when(saved.modified)}. " if saved is not None else "Not saved yet. "
     return (before + f"Saving writes about {human_bytes(to_write)} ({session.context_tokens:,} tokens); "
             "it happens by itself when you leave or reload the page.")
+
+
+def reopening_chat(saved: SavedWorkspace) -> list[dict]:
+    """The chat while a saved workspace is read back (a minute for 124K tokens on a loaded machine): which one,
+    and how big, where an empty workspace was shown before and looked like lost work."""
+    tokens = f"{saved.summary.tokens:,} tokens · " if saved.summary else ""
+    return [{"role": "assistant", "content": f"Reading {human_bytes(saved.size)} back into memory…",
+             "metadata": {"title": f"Reopening “{saved.name}” ({tokens}saved {when(saved.modified)})",
+                          "status": "pending"}}]
