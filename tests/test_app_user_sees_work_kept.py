@@ -160,7 +160,8 @@ def test_an_archive_is_removed_as_a_whole_and_the_cost_is_stated_after_a_reopen(
                                                    "proj.zip/proj/module_2.py", "notes.txt"}
     before = session.context_tokens
 
-    reopened.queue_remove("proj.zip/", other)  # the first click says what it costs, in tokens and time
+    _, said = toasts(lambda: reopened.queue_remove("proj.zip/", other))  # the first click says what it costs
+    assert len(said) == 1 and said[0].startswith("Removing proj.zip (3 files)")  # a toast, seen wherever one looks
     assert session.stop_note.startswith("Removing proj.zip (3 files) reads the rest of the context again: ")
     assert " tokens, about " in session.stop_note and "Click again" in session.stop_note
     reopened.queue_remove("proj.zip/", other)

@@ -212,6 +212,7 @@ class Handlers(WorkspaceEvents):
         rate = session.stats.prefill_tps or session.last_prefill_rate()  # after a reopen: the answers' own
         took = f", about {views.fmt_seconds(cost / rate)} at {rate:,.0f} tokens/s" if rate else ""
         session.stop_note = f"{what}: {cost:,} tokens{took}. Click again to go ahead."
+        messages.info(session.stop_note)  # also where the eye is: the note is under the chat, the button may not be
         return False
 
     def queue_forget(self, request: gr.Request):
