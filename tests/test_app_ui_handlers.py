@@ -77,13 +77,14 @@ def test_idle_ticks_send_nothing(handlers, tmp_path, monkeypatch):
     loaded = handlers.panel(req)  # page load: the whole panel
     assert isinstance(loaded[0], str) and isinstance(loaded[1], pd.DataFrame) and not any(skipped(loaded))
     for _ in range(2):
-        assert skipped(handlers.tick(req)) == [True] * 4
+        assert skipped(handlers.tick(req)) == [True] * 5
 
     ask(handlers, req, files=[make_pdf(tmp_path / "r.pdf")])  # work between ticks: the cache grew
-    panel, memory_plot, speed_plot, data = handlers.tick(req)
+    panel, memory_plot, prefill_plot, data, decode_plot = handlers.tick(req)
     assert "tokens" in panel and len(memory_plot) > len(loaded[1]) and data["context_tokens"] > 0
-    assert list(speed_plot["value"]) == [0.0] * len(speed_plot)  # idle at both samples: no stale rates
-    assert skipped(handlers.tick(req)) == [True] * 4
+    for plot, series in ((prefill_plot, "prefill"), (decode_plot, "decode")):  # each on its own scale
+        assert set(plot["series"]) == {series} and list(plot["value"]) == [0.0] * len(plot)  # idle: no stale rates
+    assert skipped(handlers.tick(req)) == [True] * 5
 
 
 def test_a_work_that_ends_as_stop_lands_leaves_no_stopping_note(handlers, monkeypatch):

@@ -73,7 +73,7 @@ def wire(demo, c: Components, h: Handlers) -> None:
     c.ask_trigger.click(h.ask, [c.ask_question, c.ask_files], c.ask_result, api_name="ask", **MODEL)
 
     # The live panel: whole on page load (and for API clients), then only what changed on each tick.
-    live = [c.panel, c.memory_plot, c.throughput_plot, c.panel_data]
+    live = [c.panel, c.memory_plot, c.throughput_plot, c.panel_data, c.decode_plot]  # the numbers stay 4th (/panel)
     demo.load(h.panel, None, live, api_name="panel", **FAST)
     c.timer.tick(h.tick, None, live, api_name=False, **FAST)
     c.show_trigger.click(h.show, None, view, api_name="show", **FAST)  # for API clients

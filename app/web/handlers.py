@@ -283,10 +283,10 @@ class Handlers(WorkspaceEvents):
         """Page load and API: the whole live panel (device memory, KV bytes, throughput, both plots)."""
         session = self._session(request, touch=False)
         html, data, memory = self._panel_numbers(session)
-        memory_frame, speed_frame = views.plot_frames(session.series.snapshot(), memory.kind)
+        memory_frame, prefill_frame, decode_frame = views.plot_frames(session.series.snapshot(), memory.kind)
         self.panel_sent.set(session, request.session_hash,
                             {"html": html, "data": views.panel_key(html, data), "plots": session.series.version})
-        return html, memory_frame, speed_frame, data
+        return html, memory_frame, prefill_frame, data, decode_frame
 
     def tick(self, request: gr.Request):
         """Timer tick: only what changed since this tab's last tick, gr.skip() for the rest.
@@ -297,16 +297,17 @@ class Handlers(WorkspaceEvents):
         try:
             session = self._session(request, touch=False)
         except gr.Error:  # freed or not this user's: the panel just stops changing (actions say why)
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return (gr.skip(),) * 5
         html, data, memory = self._panel_numbers(session)
         shown = self.panel_sent.get(session, request.session_hash)
         version, key = session.series.version, views.panel_key(html, data)
-        plots = (gr.skip(), gr.skip())
+        plots = (gr.skip(), gr.skip(), gr.skip())
         if shown.get("plots") != version:
             plots = views.plot_frames(session.series.snapshot(), memory.kind)
         self.panel_sent.set(session, request.session_hash, {"html": html, "data": key, "plots": version})
-        return (html if shown.get("html") != html else gr.skip(), *plots,
-                data if shown.get("data") != key else gr.skip())
+        memory_plot, prefill_plot, decode_plot = plots
+        return (html if shown.get("html") != html else gr.skip(), memory_plot, prefill_plot,
+                data if shown.get("data") != key else gr.skip(), decode_plot)
 
     def unload(self, request: gr.Request):
         """The tab disconnected: stop its work and free its context."""

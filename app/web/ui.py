@@ -66,7 +66,8 @@ class Components:
     panel: gr.HTML
     panel_data: gr.JSON
     memory_plot: gr.LinePlot
-    throughput_plot: gr.LinePlot
+    throughput_plot: gr.LinePlot  # prefill
+    decode_plot: gr.LinePlot
     system_prompt: gr.Textbox
     temperature: gr.Slider
     top_p: gr.Slider
@@ -189,10 +190,15 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                 with gr.Tab("Live charts", elem_id="live-tab"):
                     memory_plot = gr.LinePlot(x="seconds", y="value", color="series", title="Memory (MB)",
                                               x_title="seconds", y_title="MB", height=200)
+                    # Prefill and decode apart: on one scale, decode (tens of tokens/s) lay flat under prefill
+                    # (hundreds).
                     throughput_plot = gr.LinePlot(x="seconds", y="value", color="series",
-                                                  title="Throughput (tokens/s)", x_title="seconds",
-                                                  y_title="tokens/s", height=200)
-                    panel_data = gr.JSON(label="Raw numbers", open=False, visible=True)
+                                                  title="Reading (prefill, tokens/s)", x_title="seconds",
+                                                  y_title="tokens/s", height=180)
+                    decode_plot = gr.LinePlot(x="seconds", y="value", color="series",
+                                              title="Answering (decode, tokens/s)", x_title="seconds",
+                                              y_title="tokens/s", height=180)
+                    panel_data = gr.JSON(label="Raw numbers", visible=False)  # for API clients (/panel), not shown
                 with gr.Tab("Workspaces", elem_id="workspaces-tab"):
                     with gr.Row(equal_height=True):
                         workspace_name = gr.Textbox(label="This workspace", scale=4, elem_id="workspace-name",
@@ -246,6 +252,7 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
         server_path=server_path, add_path=add_path, activity=activity, cancel=cancel, documents=documents,
         remove_choice=remove_choice, remove=remove,
         context=context, panel=panel, panel_data=panel_data, memory_plot=memory_plot, throughput_plot=throughput_plot,
+        decode_plot=decode_plot,
         system_prompt=system_prompt, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
         repetition_penalty=repetition_penalty, recall=recall, topk=topk, quote=quote, timer=timer, ask_question=ask_question,
         ask_files=ask_files, ask_result=ask_result, ask_trigger=ask_trigger, show_trigger=show_trigger,

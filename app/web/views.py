@@ -207,12 +207,13 @@ def panel_key(html_text: str, data: dict) -> tuple:
     return html_text, {k: v for k, v in data.items() if k != "memory"}
 
 
-def plot_frames(samples: list[Sample], memory_kind: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Long-format frames for the memory and the throughput line plots."""
+def plot_frames(samples: list[Sample], memory_kind: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Long-format frames for the memory, prefill and decode line plots (each on its own scale)."""
     mem_name = "GPU allocated" if memory_kind == "cuda" else "process RSS"
-    memory_rows, speed_rows = [], []
+    memory_rows, prefill_rows, decode_rows = [], [], []
     for s in samples:
         memory_rows += [(s.t, s.memory_mb, mem_name), (s.t, s.kv_mb, "KV cache")]
-        speed_rows += [(s.t, s.prefill_tps, "prefill"), (s.t, s.decode_tps, "decode")]
+        prefill_rows.append((s.t, s.prefill_tps, "prefill"))
+        decode_rows.append((s.t, s.decode_tps, "decode"))
     columns = ["seconds", "value", "series"]
-    return pd.DataFrame(memory_rows, columns=columns), pd.DataFrame(speed_rows, columns=columns)
+    return tuple(pd.DataFrame(rows, columns=columns) for rows in (memory_rows, prefill_rows, decode_rows))
