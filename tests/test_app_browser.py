@@ -370,3 +370,34 @@ def test_new_context_keeps_the_work_and_the_chat_shows_the_words_as_typed():
         page.wait_for_function("() => document.querySelector('#workspaces-table').innerText.includes('Workspace of')",
                                timeout=30_000)
         assert "●" not in page.inner_text("#workspaces-table")
+
+
+@pytest.mark.browser
+def test_a_phone_sees_a_short_header_one_scroll_and_nothing_cut_at_the_right():
+    """Issue 32, item 9, at 390×844: the header took 40 % of the first screen, the chat scrolled inside the
+    scrolling page, quoted code ran off the right edge and table headers broke mid-word ("Pa ge s")."""
+    server = shared_server()
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 390, "height": 844})
+        page.goto(server.url)
+        _wait_for_page_load(page)
+        page.fill("#chat-input textarea", "What does `a_very_long_identifier_name_that_goes_on_and_on_without_any_"
+                                          "break_at_all()` return?")
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => document.querySelector('#stop-button').disabled && "
+                               "document.querySelector('#chat').innerText.includes('first token')", timeout=60_000)
+        drawn = page.evaluate("""() => {
+          const chat = document.querySelector('#chat');
+          const scrolls = (e) => e.clientHeight > 0 && ['auto', 'scroll'].includes(getComputedStyle(e).overflowY);
+          return {
+            header: document.querySelector('.app-header').getBoundingClientRect().height,
+            innerScrolls: [chat, ...chat.querySelectorAll('*')].filter(scrolls).length,
+            past: [...chat.querySelectorAll('pre, code, p, span, .message-content')]
+                    .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1).length,
+            pageWidth: document.documentElement.scrollWidth,
+            headers: [...document.querySelectorAll('#documents-table .header-table span')]
+                       .map(s => s.getBoundingClientRect().height).filter(h => h > 0),
+          }; }""")
+        assert drawn["header"] < 0.15 * 844, drawn
+        assert drawn["innerScrolls"] == 0 and drawn["past"] == 0 and drawn["pageWidth"] <= 390, drawn
+        assert drawn["headers"] and max(drawn["headers"]) <= 1.3 * min(drawn["headers"]), drawn
