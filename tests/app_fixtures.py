@@ -103,7 +103,7 @@ def make_long_text(path: Path, sentences: int = 3000) -> Path:
 
 # -- a launched app ------------------------------------------------------------------------------
 def start_server(*extra: str, timeout_s: float = 180, real_model: bool = False, port: int | None = None) -> AppServer:
-    """``python app.py`` on the test model, or with ``real_model`` on the default (Qwen2.5-Coder-0.5B) as a user runs
+    """``python app.py`` on the test model, or with ``real_model`` on the default (Qwen2.5-Coder-1.5B) as a user runs
     it: its first start joins, checks and converts the model's parts (about a minute), so it is given longer."""
     if real_model:
         timeout_s = max(timeout_s, 480)

@@ -56,7 +56,8 @@ def test_the_gate_is_reentrant_for_its_holder_and_owned_by_a_token_not_a_thread(
 def test_a_question_is_answered_while_another_session_is_still_feeding(runtime, tmp_path):
     handlers = make_handlers(runtime)
     feeder, asker = request("feeder"), request("asker")
-    handlers.add_files([str(make_long_text(tmp_path / "long.txt", sentences=6000))], feeder)
+    # Dozens of prefill chunks: the question, which waits for one of them, is answered long before the last.
+    handlers.add_files([str(make_long_text(tmp_path / "long.txt", sentences=3000))], feeder)
     drain(handlers.read(feeder))
     feeding = threading.Thread(target=drain, args=(handlers.run(*SETTINGS, feeder),))
     feeding.start()

