@@ -104,7 +104,8 @@ def parse_args(argv=None):
     p.add_argument("--tag", default="")
     p.add_argument("--readme", action="store_true")
     p.add_argument("--report", nargs="*", type=Path, default=None,
-                   help="only write the table of these summaries (…/answers/<tag>.json) and stop")
+                   help="only write the table of these summaries (…/answers/<tag>.json, or <tag>.json:<method> for "
+                        "one way of answering of that run) and stop")
     p.add_argument("--sources-report", nargs="*", type=Path, default=None,
                    help="only write the table of first sources per way of ranking, from these runs' app rows")
     return p.parse_args(argv)
@@ -357,11 +358,13 @@ def merged(paths: list[Path]) -> list[dict]:
     """One summary per model and window from runs' summaries, their rows (the .jsonl beside each) joined and scored
     again as the set is now: a tune run and a confirm run of the same settings make one row per way of answering."""
     groups: dict[tuple, dict] = {}
-    for path in paths:
+    for given in paths:
+        path, _, only = str(given).partition(":")  # "run.json:retrieval": that run's rows of one way only
+        path = Path(path)
         summary = json.loads(path.read_text())
         key = (summary["model"], summary["window"])
         group = groups.setdefault(key, {**summary, "rows": [], "dates": set(), "threads_": set()})
-        group["rows"] += read_rows(path.with_suffix(".jsonl"))
+        group["rows"] += [r for r in read_rows(path.with_suffix(".jsonl")) if not only or r.method == only]
         group["dates"].add(summary["date"])
         group["threads_"].add(summary["threads"])
         group["peak_rss_mib"] = max(group["peak_rss_mib"], summary["peak_rss_mib"])

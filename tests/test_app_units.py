@@ -418,7 +418,7 @@ def test_the_quote_is_the_densest_part_of_the_first_source_with_its_relevant_tok
     assert densest_window({101: 1.0}, 100, 400, 50) == (100, 150)  # and to its start
     assert quote_size(1024) == 256 and quote_size(2048) == quote_size(4096) == 512 and quote_size(256) == 64
     assert quoted_question([("r.pdf p. 3", "  The key is 7.\n")], "What is the key?") == \
-        'Here is an excerpt from r.pdf p. 3:\n"""\nThe key is 7.\n"""\n\nUsing the excerpt, answer this question: ' \
+        'Here is a part of r.pdf p. 3:\n"""\nThe key is 7.\n"""\n\nUsing the document, answer this question: ' \
         "What is the key?"
 
 

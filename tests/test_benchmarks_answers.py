@@ -94,3 +94,16 @@ def test_the_h11_zip_is_the_installed_package_and_the_same_bytes_every_time(tmp_
     (tmp_path / "again").mkdir()
     assert devset.document_path(document, tmp_path / "again").read_bytes() == first
     assert Path(tmp_path / "h11.zip").stat().st_size > 10_000
+
+
+def test_a_report_takes_one_way_of_answering_from_a_run_when_asked():
+    """README's 1.5B rows: the app from the runs with the reader's current wording, retrieval from the earlier
+    runs, which also hold app rows of the earlier wording (``run.json:retrieval``)."""
+    results = Path(answers.__file__).parent / "results" / "answers"
+    both = answers.merged([results / "c_q15.json"])
+    only = answers.merged([results / "c_q15.json:retrieval", results / "c_q15_parts.json"])
+    assert set(both[0]["methods"]) == {"app", "retrieval"} and both[0]["methods"]["app"]["questions"] == 48
+    assert only[0]["methods"]["app"]["questions"] == 48  # c_q15_parts' only: c_q15's app rows were left out
+    assert only[0]["methods"]["retrieval"] == both[0]["methods"]["retrieval"]
+    assert only[0]["methods"]["app"]["right"] == answers.methods_of(
+        answers.read_rows(results / "c_q15_parts.jsonl"))["app"]["right"]

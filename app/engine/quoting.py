@@ -58,10 +58,14 @@ def densest_window(relevance: Mapping[int, float], start: int, end: int, size: i
 def quoted_question(excerpts: list[tuple[str, str]], question: str) -> str:
     """The user turn the answer is drawn from: where each quote is from, the quotes, then the question, asked to be
     answered from them. Said so, SmolLM2 answers 20 of the 42 first benchmark questions, 13 when the question
-    follows the quote bare, 6 when it comes first (four such wordings scored 17-20; scratch runs)."""
+    follows the quote bare, 6 when it comes first (four such wordings scored 17-20; scratch runs).
+
+    The quotes are called parts of the user's documents, which is what they are to the user: called "excerpts",
+    one answer in five began "According to the excerpts" or "The above excerpt describes", about excerpts the user
+    never gave (docs/answers.md measures both wordings)."""
     if len(excerpts) == 1:
         label, text = excerpts[0]
-        return (f'Here is an excerpt from {label}:\n"""\n{text.strip()}\n"""\n\n'
-                f"Using the excerpt, answer this question: {question}")
+        return (f'Here is a part of {label}:\n"""\n{text.strip()}\n"""\n\n'
+                f"Using the document, answer this question: {question}")
     quoted = "\n\n".join(f'From {label}:\n"""\n{text.strip()}\n"""' for label, text in excerpts)
-    return f"Here are excerpts from the documents.\n\n{quoted}\n\nUsing the excerpts, answer this question: {question}"
+    return f"Here are parts of the documents.\n\n{quoted}\n\nUsing the documents, answer this question: {question}"
