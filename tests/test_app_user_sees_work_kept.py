@@ -16,12 +16,18 @@ def chat_text(shown) -> str:
     return " ".join(str(m["content"]) for m in shown[1])
 
 
-def test_new_context_starts_a_new_workspace_and_keeps_the_one_it_leaves(runtime, tmp_path):
+def named_workspace(runtime, tmp_path, tab: str, name: str, question: str = "What is this about?", files=None):
+    """Handlers over ``tmp_path/ws``, and a tab whose workspace, called ``name``, read a file and answered."""
     handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
-    req = request("tab")
-    first = handlers.attach(None, req)[0]
-    ask(handlers, req, "What is this about?", [make_long_text(tmp_path / "notes.txt", 20)])
-    handlers.registry.peek("tab").name = "Notes"
+    req = request(tab)
+    workspace_id = handlers.attach(None, req)[0]
+    ask(handlers, req, question, [make_long_text(tmp_path / "notes.txt", 20)] if files is None else files)
+    handlers.registry.peek(tab).name = name
+    return handlers, req, workspace_id
+
+
+def test_new_context_starts_a_new_workspace_and_keeps_the_one_it_leaves(runtime, tmp_path):
+    handlers, req, first = named_workspace(runtime, tmp_path, "tab", "Notes")
     tokens = handlers.registry.peek("tab").context_tokens
 
     shown, said = toasts(lambda: handlers.new_context(req))
@@ -49,11 +55,7 @@ def drain_open(handlers, choice, req) -> list:
 
 
 def test_open_always_answers_and_a_reopen_shows_which_workspace_is_read_back(runtime, tmp_path):
-    maker = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
-    req = request("maker")
-    workspace_id = maker.attach(None, req)[0]
-    ask(maker, req, "What is this about?", [make_long_text(tmp_path / "notes.txt", 20)])
-    maker.registry.peek("maker").name = "Release notes"
+    maker, req, workspace_id = named_workspace(runtime, tmp_path, "maker", "Release notes")
     maker.registry.save_now(maker.registry.peek("maker"))
 
     # Open on the workspace the tab already shows: it says so (it did nothing, with no message).
@@ -76,11 +78,7 @@ def test_open_always_answers_and_a_reopen_shows_which_workspace_is_read_back(run
 
 
 def test_a_workspace_that_cannot_be_reopened_is_named_by_its_name(runtime, tmp_path):
-    maker = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
-    req = request("maker")
-    workspace_id = maker.attach(None, req)[0]
-    ask(maker, req, "Hello?")
-    maker.registry.peek("maker").name = "Thesis"
+    maker, req, workspace_id = named_workspace(runtime, tmp_path, "maker", "Thesis", "Hello?", files=())
     maker.registry.save_now(maker.registry.peek("maker"))
     path = maker.registry.store.path(None, workspace_id)
     path.write_bytes(path.read_bytes()[:200])  # cut short: a crash mid-copy
