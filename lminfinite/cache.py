@@ -205,7 +205,7 @@ class InfiniteCache(Cache):
 
         starting / window / middle (rows in use), as the app shows them; middle_scan: the middle store's bfloat16
         copy of its keys for recall's scan, where it keeps one (scan_copy.py); middle_reserved: the middle store's
-        capacity beyond its rows (under a quarter of them: it grows by a quarter; appends fill it first); rotation: the model's rotary
+        capacity beyond its rows (under an eighth of them and 8,192 rows: middle_store.GROWTH; appends fill it first); rotation: the model's rotary
         tables, bounded by rotary.lookup_rows(window) and shared by every cache of the model, and this cache's
         DecodeStep. Per token, these are kv_bytes.span_bytes.
         """

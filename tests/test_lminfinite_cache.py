@@ -5,7 +5,7 @@ import torch
 
 import lminfinite
 from lminfinite.context import KeyContext
-from lminfinite_models import WINDOW, feed_in_chunks, held_bytes, random_ids, tiny_model
+from lminfinite_models import FAMILIES, WINDOW, feed_in_chunks, held_bytes, random_ids, tiny_model
 
 N_STARTING = 4
 
@@ -233,17 +233,37 @@ def test_middle_store_is_unchanged_by_a_failed_growth(monkeypatch):
     torch.testing.assert_close(values, -keys)
 
 
-def test_middle_store_spare_capacity_stays_under_a_quarter_of_its_rows():
-    """Appends of any size: the store never holds more than a quarter of its rows spare (64 rows at first),
-    and keeps every row it was given."""
-    from lminfinite.middle_store import MiddleStore
+def test_middle_store_spare_capacity_stays_under_an_eighth_of_its_rows_and_a_bounded_count():
+    """Appends of any size: the store never holds more than an eighth of its rows spare (64 rows at first) nor
+    more than MAX_SPARE_ROWS, and keeps every row it was given."""
+    from lminfinite.middle_store import MAX_SPARE_ROWS, MiddleStore
 
     store, generator, appended = MiddleStore(scan_copy=False), torch.Generator().manual_seed(3), []
-    for size in torch.randint(1, 700, (120,), generator=generator).tolist() + [1] * 300:
+    for size in torch.randint(1, 1700, (120,), generator=generator).tolist() + [1] * 300:
         rows = torch.randn(1, 2, size, 4, generator=generator)
         store.append(rows, 2 * rows)
         appended.append(rows)
         spare = store.keys.shape[-2] - store.length
-        assert 0 <= spare <= max(64, store.length // 4), (store.length, spare)
+        assert 0 <= spare <= min(max(64, store.length // 8), MAX_SPARE_ROWS), (store.length, spare)
+    assert store.length > 9 * MAX_SPARE_ROWS  # long enough for an eighth to pass the bound
     keys, values = store.view()
     assert torch.equal(keys, torch.cat(appended, dim=-2)) and torch.equal(values, 2 * keys)
+
+
+def test_a_bfloat16_cache_with_recall_holds_less_than_a_full_cache_past_the_window():
+    """What the panel compares (issue "What a user sees"): every byte the cache holds, spare and rotation tables
+    included, against a full cache of the same tokens; the layers below topk_from_layer keep no middle rows."""
+    model_class, make_config = FAMILIES["llama-gqa"]
+    shape = make_config()
+    shape.num_hidden_layers = 6  # one layer of six without recall: a sixth less than a full cache, as Qwen's 5 of 28
+    torch.manual_seed(0)
+    config = lminfinite.LMInfiniteConfig(n_starting=N_STARTING, topk=2, topk_from_layer=1)
+    model = lminfinite.enable(model_class(shape).eval().to(torch.bfloat16), config)
+    cache = lminfinite.InfiniteCache(model, keep_middle=True)
+    shape = lminfinite.kv_bytes.KVShape.from_config(model.config)
+    for steps in range(1, 21):  # 320 windows of 16 tokens; the first growths' 64 rows weigh less after a few
+        feed_in_chunks(model, random_ids(16 * WINDOW, seed=steps), 61, cache)
+        if steps >= 4:
+            full = steps * 16 * WINDOW * shape.token_bytes(torch.bfloat16)
+            assert sum(cache.memory().values()) <= full, steps
+    assert cache.memory()["middle_scan"] == 0 and cache.memory()["middle_reserved"] > 0
