@@ -38,3 +38,29 @@ def test_session_folders_live_under_the_servers_own_folder_and_go_at_stop_and_at
     handlers.registry.save_all()  # the server stopping
     temp_folders.remove_own()
     assert not own.parent.exists() and beside.exists()
+
+
+def test_icons_and_avatars_are_served_from_static_so_the_hourly_cache_clean_up_cannot_remove_them(runtime, tmp_path):
+    """Issue "What a user sees", item 3: icons and avatars were copies in Gradio's cache, which the app's
+    ``delete_cache`` empties of files over an hour old; after an hour every icon answered 403 until a restart."""
+    from app.web.server import build_app
+    from app.web.ui import STATIC_DIR
+    from app.cli import AppConfig
+    from app.engine.budget import Budget
+
+    demo, _ = build_app(AppConfig(model="test", workspaces=str(tmp_path / "ws")), runtime, Budget(10_000, "test", 1))
+    served = []
+
+    def paths(value):
+        if isinstance(value, dict):
+            if isinstance(value.get("path"), str) and value["path"].endswith(".svg"):
+                served.append(Path(value["path"]).resolve())
+            for item in value.values():
+                paths(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                paths(item)
+
+    paths(demo.get_config_file()["components"])
+    assert len(served) >= 4  # the two avatars and the buttons' icons
+    assert all(path.parent == STATIC_DIR.resolve() for path in served), served

@@ -53,7 +53,9 @@ def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = 
     store.remove_leftovers()
     temp_folders.remove_stale()  # session folders of servers stopped or killed before
     store.downloads.clear()  # links a server stopped before left
-    gr.set_static_paths([store.downloads.root])  # downloads are served as they are, not copied (downloads.py)
+    # Served as they are, not copied into Gradio's cache: downloads (downloads.py), and the icons and avatars,
+    # whose cached copies the hourly clean-up (delete_cache) removed: every icon answered 403 after an hour.
+    gr.set_static_paths([store.downloads.root, STATIC_DIR])
     info = LayoutInfo(
         notice=runtime.notice, share_warning=config.share_without_auth, allow_local_paths=config.local_paths_enabled,
         budget_tokens=budget.tokens, max_file_size=human_bytes(config.max_file_size),
