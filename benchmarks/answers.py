@@ -94,8 +94,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--dtype", default="auto")
     p.add_argument("--ranking", default=None, help="the app's source ranking: attention, lexical or hybrid")
-    p.add_argument("--quotes", type=int, default=None, help="passages the app quotes (default: the app's)")
-    p.add_argument("--quote-tokens", type=int, default=None, help="tokens quoted of each (default: the app's)")
+    p.add_argument("--quotes", type=int, default=None, help="chunks the app quotes at most (default: the app's)")
     p.add_argument("--wording", choices=sorted(WORDINGS), default=None,
                    help="app: another wording of the quoted user turn, to measure against the app's (quoting.py)")
     p.add_argument("--sources-only", action="store_true",
@@ -166,11 +165,7 @@ def answer_with_app(runtime, document, path: Path, args):
     if args.quotes is not None:
         import app.engine.context as context
 
-        context.QUOTED_PASSAGES = args.quotes
-    if args.quote_tokens is not None:
-        import app.engine.quoting as quoting
-
-        quoting.QUOTE_TOKENS = args.quote_tokens
+        context.QUOTED_CHUNKS = args.quotes
     if args.wording:
         import app.engine.context as context
 
@@ -393,7 +388,7 @@ def publish_sources(rows: list[Row], readme: bool) -> str:
     for how in FUSIONS:
         label = labels.get(how) or f"BM25 + {how.split('+')[1].split()[0]} × recall (each over its best)"
         if how == "lexical+0.25 attention":
-            label += ": **the app's**"
+            label += ": **the app's weight**"
         cells = []
         for split in devset.SPLITS:
             t = tables[split][how]
@@ -401,8 +396,9 @@ def publish_sources(rows: list[Row], readme: bool) -> str:
         body.append([label, *cells])
     table = markdown_table(["sources ranked by", *(f"first {which}, {split}" for split in devset.SPLITS
                                                    for which in ("right", "three"))], body)
-    text = ("Which passage comes first, recomputed from the rankings the app's runs recorded (each ranking's first "
-            "ten); the weight was chosen on the tune split.\n\n" + table)
+    text = ("Which passage comes first, recomputed per page from the rankings the app's runs recorded (each "
+            "ranking's first ten); the weight was chosen on the tune split. The app now fuses with that weight per "
+            "chunk and cites pages in the order of their best chunk (docs/answers.md).\n\n" + table)
     print(text)
     if readme:
         splice_readme(ROOT / "README.md", "sources", text)

@@ -5,7 +5,7 @@ every question is then answered from a snapshot of that cache, rolled back after
 
 - ``lminfinite``: recall off; ``lminfinite_topk``: recall on while the question is read and answered;
 - ``lminfinite_quote`` (the app's default): the question read with recall ranks the sources; then the first
-  source's densest ``quote_size(W)`` tokens, then the question, are read and answered with recall off
+  source's densest ``W / 4`` tokens (a third of the app's quote budget), then the question, are read and answered with recall off
   (``app.engine.quoting``, the same code);
 - ``truncate``: the unpatched model on the last ``W`` tokens (the last ``W - TRUNCATE_ROOM`` document
   tokens, shared by the document's questions, then the question).
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from app.engine.citations import NEUTRAL_QUESTION, RecallTally, content_token_ids, relevance
-from app.engine.quoting import densest_window, quote_size, quoted_question
+from app.engine.quoting import densest_window, quote_budget, quoted_question
 from ingest.results import citation_label
 from benchmarks import real_common as rc
 
@@ -202,7 +202,7 @@ def _quoted_answer(model, tokenizer, cache, settings: rc.Settings, corpus, conte
     """The app's answer (``ContextEngine.ask`` with quoting): its ``first`` source's densest part quoted before
     the question, read and answered with recall off (the caller rolls the cache back)."""
     (_, passage), _ = first
-    lo, hi = densest_window(scores, *pages[passage], quote_size(settings.window))
+    lo, hi = densest_window(scores, *pages[passage], quote_budget(settings.window) // 3)  # as the app quoted pages
     found = corpus.locate(positions.token_chars[lo] - positions.doc_char)
     where = (citation_label(found.source, found.page, found.page_label) if found.page is not None
              else citation_label(found.source, line_start=passage[0], line_end=passage[1]))

@@ -23,7 +23,7 @@ from app.engine.citations import CARRIED_TOKENS, NEUTRAL_QUESTION
 from app.engine.generation import GenerationSettings
 from app.engine.history import Exchange
 from app.engine.reader import AnswerReader
-from app.engine.quoting import QUOTED_PASSAGES, quoted_question
+from app.engine.quoting import QUOTED_CHUNKS, quoted_question
 from app.engine.model_loading import ModelChoice, load_runtime
 from ingest import Provenance
 from app_fixtures import FILLER, model_dir
@@ -510,16 +510,18 @@ def test_a_quoted_answer_comes_from_the_quote_and_leaves_only_its_question_and_a
     result = answer(engine, question, QUOTING)
     forwarded = runtime.tokens_forwarded - forwarded  # the three engines share the model
     assert result.quoted and result.tokens >= 1
-    # The quote: at most the quoted size, inside the first source's page, read as the user turn before the question.
-    first, (lo, hi) = result.citations.citations[0].where, result.citations.quote_span
-    assert 0 < hi - lo <= engine._quote_tokens(QUOTING) < runtime.window
-    page_end = max(s.end for s in engine.spans if s.where is not None and s.where.page_only() == first)
-    assert all(engine.spans.at(p).where.page_only() == first for p in range(lo, min(hi, page_end)))
-    assert hi <= page_end + CARRIED_TOKENS  # and the page's last word, fed with the next page
-    # Each quoted source (the first ones ranked, QUOTED_PASSAGES at most) quoted in rank order, then the question.
-    quoted = result.citations
-    assert quoted.quote_sources[0] == first and 1 <= len(quoted.quote_spans) <= QUOTED_PASSAGES
-    assert list(quoted.quote_sources) == [c.where for c in quoted.citations[:len(quoted.quote_sources)]]
+    # The quotes: the best chunks, QUOTED_CHUNKS at most, in all at most the budget, below the window; each inside
+    # its chunk (and the chunk's last word, fed with the next), the first in the first source's page.
+    quoted, budget = result.citations, engine._quote_budget(QUOTING)
+    assert 1 <= len(quoted.quote_spans) <= QUOTED_CHUNKS and budget < runtime.window
+    assert 0 < sum(hi - lo for lo, hi in quoted.quote_spans) <= budget
+    for (lo, hi), where in zip(quoted.quote_spans, quoted.quote_sources):
+        chunk = engine.spans.at(lo)
+        assert chunk.where == where and chunk.start <= lo < hi <= chunk.end + CARRIED_TOKENS
+    assert quoted.quote_sources[0] == quoted.citations[0].where
+    # The passages quoted are the first cited, in the order of their best chunk.
+    pages = list(dict.fromkeys(w.page_only() for w in quoted.quote_sources))
+    assert [c.where for c in quoted.citations[:len(pages)]] == pages == pages[:quoted.quoted_passages]
     text = engine.turns[-1].quoted
     assert text == quoted_question([(where.label(), runtime.tokenizer.decode(engine.token_ids[a:b],
                                                                             skip_special_tokens=True))
@@ -632,3 +634,26 @@ def test_the_documents_counted_are_those_with_tokens_in_the_context_while_they_a
     assert f"{engine.document_tokens:,} from 1 document<" in summary
     run(feeding)
     assert engine.document_sources == 2  # report.pdf and src/funcs.py
+
+
+def test_a_document_switched_off_is_neither_cited_nor_quoted_and_with_all_off_the_question_is_read_alone(runtime):
+    """Issue "What a user sees", item 11: switching a document off and on, nothing read again."""
+    engine = new_engine(runtime)
+    run(engine.feed_documents([*pdf_like(pages=10), *code_file()]))
+    length = engine.length
+    both = answer(engine, "What is the pass key? What does function_7 return?", QUOTING)
+    sources = {c.where.source for c in both.citations.citations}
+    assert sources == {"report.pdf", "src/funcs.py"}
+    code_only = run(engine.ask("What is the pass key? What does function_7 return?", QUOTING,
+                               switched_off=frozenset({"report.pdf"})))
+    assert code_only.citations.citations and code_only.quoted
+    assert {c.where.source for c in code_only.citations.citations} == {"src/funcs.py"}
+    assert {w.source for w in code_only.citations.quote_sources} == {"src/funcs.py"}
+    assert "report.pdf" not in engine.turns[-1].quoted and "src/funcs.py" in engine.turns[-1].quoted
+    # Every document off: no sources, and the answer is drawn from the question alone, in a reader of its own.
+    alone = run(engine.ask("What is the pass key?", QUOTING, switched_off=frozenset({"report.pdf", "src/funcs.py"})))
+    assert alone.quoted and not alone.citations.citations and not alone.citations.quote_spans
+    assert engine.turns[-1].quoted == "What is the pass key?"
+    # Nothing was read again: the context grew by the three questions and their answers only.
+    assert engine.history[0].chunks and len([h for h in engine.history if hasattr(h, "chunks")]) == 1
+    assert engine.length > length

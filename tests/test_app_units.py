@@ -404,8 +404,8 @@ def test_citations_count_content_tokens_not_attention_sinks():
     assert tokenizer.bos_token_id not in ids and tokenizer.convert_tokens_to_ids("Q") in ids
 
 
-def test_the_quote_is_the_densest_part_of_the_first_source_with_its_relevant_tokens_in_the_middle():
-    from app.engine.quoting import densest_window, quote_size, quoted_question
+def test_a_cut_quote_is_the_densest_part_of_its_chunk_with_its_relevant_tokens_in_the_middle():
+    from app.engine.quoting import densest_window, quote_budget, quoted_question, smallest_quote
 
     assert densest_window({5: 1.0}, 0, 40, 64) == (0, 40)  # a short passage is quoted whole
     assert densest_window({}, 100, 400, 50) == (100, 150)  # nothing relevant: its start
@@ -416,26 +416,46 @@ def test_the_quote_is_the_densest_part_of_the_first_source_with_its_relevant_tok
     assert densest_window(relevance, 100, 400, 200) == (127, 327)  # both fit: centred on 150-302
     assert densest_window(relevance, 100, 310, 50) == (260, 310)  # clipped to the passage's end
     assert densest_window({101: 1.0}, 100, 400, 50) == (100, 150)  # and to its start
-    assert quote_size(1024) == 256 and quote_size(2048) == quote_size(4096) == 512 and quote_size(256) == 64
+    assert quote_budget(2048) == 1536 and quote_budget(1024) == 768 and quote_budget(64) == 48
+    assert smallest_quote(1536) == 128 and smallest_quote(48) == 12
+    assert quoted_question([], "What is the key?") == "What is the key?"  # every document switched off
     assert quoted_question([("r.pdf p. 3", "  The key is 7.\n")], "What is the key?") == \
         'Here is a part of r.pdf p. 3:\n"""\nThe key is 7.\n"""\n\nUsing the document, answer this question: ' \
         "What is the key?"
 
 
-def test_citations_give_the_span_to_quote_inside_the_first_sources_page():
+def test_citations_quote_the_best_chunks_whole_while_they_fit_and_cut_the_first_that_does_not():
     spans = SpanIndex()
     spans.append(Span(0, 10, "system"))
-    for start, page in ((10, 1), (60, 2), (110, 2), (160, 3)):  # p. 2 is read as two chunks
-        spans.append(Span(start, start + 50, "document", where=Provenance("r.pdf", page=page)))
+    chunks = [Span(start, start + 50, "document", where=Provenance("r.pdf", page=page))
+              for start, page in ((10, 1), (60, 2), (110, 2), (160, 3))]  # p. 2 is read as two chunks
+    for chunk in chunks:
+        spans.append(chunk)
     spans.append(Span(210, 230, "question"))
     tally = RecallTally()
     tally(TopKSelection(6, torch.tensor([220]), torch.tensor([[[[20, 100, 120, 170]]]]),
                         torch.tensor([[[[0.1, 0.3, 0.3, 0.2]]]])))
-    assert cite(tally, spans).quote_span is None  # not asked
-    report = cite(tally, spans, quote_tokens=40)
-    assert report.citations[0].where.page == 2 and report.quote_span == (91, 131)
-    # The whole page, both chunks, and the word it ends with: fed with the next page (citations.CARRIED_TOKENS)
-    assert cite(tally, spans, quote_tokens=500).quote_span == (60, 160 + CARRIED_TOKENS)
+    assert cite(tally, spans).quote_spans == ()  # not asked
+    # Recall alone: p. 2 first, its chunks in context order; 40 tokens cut from the first chunk around its recall.
+    report = cite(tally, spans, quote_budget=40)
+    assert report.citations[0].where.page == 2 and report.quote_spans == ((91, 131),)
+    assert report.quoted_passages == 1
+    # Room for all: each chunk whole with its last word, fed with the next chunk (CARRIED_TOKENS), and what a
+    # neighbour quotes already not quoted twice.
+    report = cite(tally, spans, quote_budget=500)
+    assert report.quote_spans == ((60, 110 + CARRIED_TOKENS), (110 + CARRIED_TOKENS, 160 + CARRIED_TOKENS),
+                                  (160 + CARRIED_TOKENS, 210), (10, 60))
+    assert [w.page for w in report.quote_sources] == [2, 2, 3, 1] and report.quoted_passages == 3
+    assert [c.where.page for c in report.citations[:3]] == [2, 3, 1]  # the quoted passages are the first cited
+    # BM25 ranks p. 2's second chunk first: it is quoted first, and its page still cited first.
+    lexical = {chunks[2]: 3.0, chunks[3]: 1.0}
+    report = cite(tally, spans, quote_budget=500, quotes=2, lexical=lexical)
+    assert report.quote_spans == ((110, 160 + CARRIED_TOKENS), (160 + CARRIED_TOKENS, 210))
+    assert [c.where.page for c in report.citations[:2]] == [2, 3]
+    assert report.lexical_ranking[0].page == 2 and report.lexical_scores[0] == 3.0
+    # Fewer tokens left than the smallest quote: quoting stops.
+    assert len(cite(tally, spans, quote_budget=100).quote_spans) == 2  # 74 whole, then 26 of the next (≥ 25)
+    assert len(cite(tally, spans, quote_budget=90).quote_spans) == 1  # 16 left < 22
     assert spans.around(125, lambda span: span.where is not None and span.where.page == 2) == (60, 160)
     assert spans.around(5, lambda span: span.where is not None) == (0, 210)  # a run after the span it starts in
 

@@ -34,7 +34,7 @@ def test_new_context_starts_a_new_workspace_and_keeps_the_one_it_leaves(runtime,
     assert shown[0] != first and handlers.registry.peek("tab").pristine  # a new, empty workspace in the tab
     assert said == ["“Notes” is kept in Workspaces, saved as you left it; this is a new, empty workspace."]
     assert [w.id for w in handlers.registry.store.list(None)] == [first]  # saved at once, not wiped
-    assert [value for _, value in shown[12].constructor_args["choices"]] == [first]  # listed on the same screen
+    assert [value for _, value in shown[13].constructor_args["choices"]] == [first]  # listed on the same screen
     saved = handlers.registry.store.list(None)[0]
     assert saved.name == "Notes" and saved.summary.tokens == tokens
 
@@ -70,7 +70,7 @@ def test_open_always_answers_and_a_reopen_shows_which_workspace_is_read_back(run
     interim, final = views
     assert "Reopening “Release notes”" in interim[1][0]["metadata"]["title"]
     assert interim[1][0]["metadata"]["status"] == "pending" and "back into memory" in interim[1][0]["content"]
-    assert "Reopening workspace" in interim[4] and interim[9] == "Release notes"
+    assert "Reopening workspace" in interim[4] and interim[10] == "Release notes"
     assert final[0] == workspace_id and "What is this about?" in chat_text(final)
 
     # Live now: a second tab's page load shows it at once, with nothing in between.
@@ -167,3 +167,31 @@ def test_an_archive_is_removed_as_a_whole_and_the_cost_is_stated_after_a_reopen(
     assert [r.path for r in session.documents] == ["notes.txt"]
     assert 0 < session.context_tokens < before
     assert any(c.title == "Removed proj.zip (3 files)" for c in session.chat if c.kind == "status")
+
+
+def test_answer_from_switches_a_document_off_and_on_and_the_workspace_keeps_it(runtime, tmp_path):
+    """Item 11: a document switched off is not cited; the list shows it unchecked, after a reopen too."""
+    from app_fixtures import make_long_text as long_text
+
+    notes, other = long_text(tmp_path / "notes.txt", 20), tmp_path / "other.txt"
+    other.write_text("\n".join(f"{i}. The harbour master keeps the tide tables of the bay." for i in range(20)))
+    handlers, req, workspace_id = named_workspace(runtime, tmp_path, "tab", "Two files", files=[notes, other])
+    session = handlers.registry.peek("tab")
+    shown = handlers.show(req)[8]  # the "Answer from" list, after the chat's outputs
+    assert [v for _, v in shown["choices"]] == ["notes.txt", "other.txt"] == shown["value"]
+
+    question = "What colour is the grass, and the sky?"  # notes.txt's words
+    ask(handlers, req, question, [])
+    assert session.chat[-1].citations[0].where.source == "notes.txt"
+    handlers.switch_documents(["other.txt"], req)
+    assert session.answering_off() == {"notes.txt"} and handlers.show(req)[8]["value"] == ["other.txt"]
+    ask(handlers, req, question, [])
+    assert {c.where.source for c in session.chat[-1].citations} == {"other.txt"}
+
+    handlers.registry.save_now(session)
+    reopened = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    reopened.attach(workspace_id, request("later"))
+    wait_until(lambda: reopened.registry.peek("later").context_tokens == session.context_tokens)
+    assert reopened.registry.peek("later").answering_off() == {"notes.txt"}
+    handlers.switch_documents(["notes.txt", "other.txt"], req)  # on again
+    assert session.answering_off() == frozenset()

@@ -22,6 +22,10 @@ every token) to 32.
 development set's 58 tune questions and BM25 over the passages (lexical.py) for 50; BM25 plus a quarter of the
 recall relevance, each over its best, for 52 (``fuse``, README). Recall breaks BM25's near-ties; words alone rank a
 document that lies inside the window, where recall has nothing to pick.
+
+**Chunks, cited by page.** BM25 scores each chunk as ingest cut it, recall each page (or code chunk), and a chunk's
+score fuses its own BM25 with its page's recall (``rank_chunks``); pages are cited in the order of their best chunk,
+and the best chunks are quoted to the model whole (``choose_quotes``, quoting.py).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import torch
 
 from ingest import Provenance
 
-from .quoting import densest_window
+from .quoting import QUOTED_CHUNKS, densest_window, smallest_quote
 from .spans import Span, SpanIndex, SpanKind
 
 
@@ -70,6 +74,11 @@ class CitationReport:
     @property
     def quote_span(self) -> tuple[int, int] | None:
         return self.quote_spans[0] if self.quote_spans else None
+
+    @property
+    def quoted_passages(self) -> int:
+        """How many passages the quotes come from: the first that many citations."""
+        return len(dict.fromkeys(where.page_only() for where in self.quote_sources))
 
     @classmethod
     def recall_off(cls) -> "CitationReport":
@@ -181,18 +190,20 @@ def fuse(attention: Mapping[Provenance, float], lexical: Mapping[Provenance, flo
 
 def cite(question: RecallTally, spans: SpanIndex, *, baseline: RecallTally | None = None, limit: int = 5,
          min_share: float = 0.05, snippet: Callable[[int, Span], str] | None = None,
-         counts: Callable[[int], bool] | None = None, quote_tokens: int = 0, quotes: int = 1,
-         lexical: Mapping[Provenance, float] | None = None,
-         lexical_hits: Callable[[Provenance], Mapping[int, float]] | None = None,
-         ranking: Ranking = Ranking.HYBRID) -> CitationReport:
-    """Rank document passages by the recall weight their content tokens received, above ``baseline``'s, fused
-    with their BM25 scores ``lexical`` (``ranking``: either alone, or both).
+         counts: Callable[[int], bool] | None = None, quote_budget: int = 0, quotes: int = QUOTED_CHUNKS,
+         lexical: Mapping[Span, float] | None = None,
+         lexical_hits: Callable[[int, int], Mapping[int, float]] | None = None,
+         ranking: Ranking = Ranking.HYBRID, may_cite: Callable[[Provenance], bool] | None = None) -> CitationReport:
+    """Rank the documents' chunks by their BM25 score ``lexical`` fused with the recall weight their page's content
+    tokens received above ``baseline``'s (``ranking``: either alone, or both), and cite pages in the order of
+    their best chunk.
 
     ``counts(position)`` says whether the token there is a content token (None: all count);
     ``snippet(position, span)`` gives the text shown for a passage, around its most relevant token;
-    ``quote_tokens``: the size of the part to quote of each of the first ``quotes`` passages (``densest_window``
-    over the recall relevance and ``lexical_hits(passage)``, the positions of the question's words there), 0 for
-    none. A citation's share is its part of the fused scores of the passages that have any.
+    ``quote_budget``: tokens to quote of the best chunks (at most ``quotes`` of them; ``choose_quotes``), 0 for
+    none; ``lexical_hits(start, end)``: the positions of the question's words there, to choose a cut chunk's
+    part; ``may_cite(where)``: whether a chunk may be cited and quoted (a document the user switched off may not;
+    None: all may). A citation's share is its part of the scores of the passages cited or not.
     """
     positions, weights = question.totals()
     total = sum(weights)
@@ -211,52 +222,97 @@ def cite(question: RecallTally, spans: SpanIndex, *, baseline: RecallTally | Non
         by_passage[key] = by_passage.get(key, 0.0) + score
         if score > peak.get(key, (float("-inf"),))[0]:
             peak[key] = (score, position, span)
-    lexical = lexical or {}
-    ranked = fuse(by_passage, lexical, ranking)
-    if not ranked:
+    allowed = [s for s in spans.documents() if s.where is not None and (may_cite is None or may_cite(s.where))]
+    lexical = {chunk: score for chunk, score in (lexical or {}).items() if may_cite is None or may_cite(chunk.where)}
+    chunks = rank_chunks(allowed, by_passage, lexical, ranking)
+    best_chunk: dict[Provenance, tuple[Span, float]] = {}  # each passage, in the order of its best chunk
+    for chunk, score in chunks:
+        best_chunk.setdefault(chunk.where.page_only(), (chunk, score))
+    if not best_chunk:
         return CitationReport((), document_share, recalled=total > 0)
-    mass = sum(score for _, score in ranked)
-    hits = {key: dict(lexical_hits(key)) if lexical_hits else {} for key, _ in ranked[: max(limit, quotes)]}
+    mass = sum(score for _, score in best_chunk.values())
+    hits = lexical_hits or (lambda start, end: {})
+    quoted = choose_quotes(chunks, spans, scores, hits, quote_budget, quotes) if quote_budget else []
 
     def peak_of(key: Provenance) -> tuple[int, Span] | None:
         if key in peak and peak[key][0] > 0:
             return peak[key][1:]
-        first = min(hits.get(key) or {}, default=None)
+        chunk = best_chunk[key][0]
+        first = min(hits(chunk.start, chunk.end), default=None)
         return (first, spans.at(first)) if first is not None else None
 
     citations = []
-    always = max(1, quotes if quote_tokens else 1)  # the passages quoted to the model are always cited
-    for rank, (key, score) in enumerate(ranked[:max(limit, always)]):  # the others above min_share
-        if rank >= always and score / mass < min_share:
+    always = max(1, len(dict.fromkeys(chunk.where.page_only() for chunk, _ in quoted)))  # quoted: always cited
+    for rank, (key, (_, score)) in enumerate(list(best_chunk.items())[:max(limit, always)]):
+        if rank >= always and score / mass < min_share:  # the others above min_share
             continue
         where = peak_of(key)
         citations.append(Citation(key, score / mass, snippet(*where) if snippet and where else ""))
-    quoted = [(key, _quote_span(spans, key, scores, hits.get(key, {}), quote_tokens))
-              for key, _ in ranked[:quotes]] if quote_tokens else []
-    quoted = [(key, span) for key, span in quoted if span is not None]
+    lexical_pages: dict[Provenance, float] = {}
+    for chunk, score in sorted(lexical.items(), key=lambda item: -item[1]):
+        lexical_pages.setdefault(chunk.where.page_only(), score)
     return CitationReport(tuple(citations), document_share, recalled=total > 0,
-                          quote_spans=tuple(span for _, span in quoted), quote_sources=tuple(key for key, _ in quoted),
-                          attention_ranking=_top(by_passage), lexical_ranking=_top(lexical),
+                          quote_spans=tuple(part for _, part in quoted),
+                          quote_sources=tuple(chunk.where for chunk, _ in quoted),
+                          attention_ranking=_top(by_passage), lexical_ranking=_top(lexical_pages),
                           attention_scores=tuple(by_passage[k] for k in _top(by_passage)),
-                          lexical_scores=tuple(lexical[k] for k in _top(lexical)))
+                          lexical_scores=tuple(lexical_pages[k] for k in _top(lexical_pages)))
+
+
+def rank_chunks(chunks: list[Span], attention: Mapping[Provenance, float], lexical: Mapping[Span, float],
+                ranking: Ranking = Ranking.HYBRID) -> list[tuple[Span, float]]:
+    """Chunks best first with their scores (``fuse``): each chunk's BM25 score, and its passage's recall relevance.
+    Recall is summed per passage, where the tune split measured it (a chunk's own share is thinner and noisier);
+    BM25 tells a page's chunks apart. Chunks of equal score stay in context order."""
+    recalled = {chunk: attention.get(chunk.where.page_only(), 0.0) for chunk in chunks}
+    return fuse(recalled, lexical, ranking)
+
+
+def choose_quotes(ranked: list[tuple[Span, float]], spans: SpanIndex, attention: Mapping[int, float],
+                  lexical_hits: Callable[[int, int], Mapping[int, float]], budget: int,
+                  limit: int = QUOTED_CHUNKS) -> list[tuple[Span, tuple[int, int]]]:
+    """The best chunks to quote and the tokens of each: whole, best first, while they fit in ``budget`` and at most
+    ``limit``; the first that does not fit is cut to its densest part (``_densest_part``) if at least
+    ``smallest_quote`` tokens are left, and quoting stops there. Tokens a chosen neighbour quotes already (its
+    last word, fed with the next chunk) are not quoted twice."""
+    chosen: list[tuple[Span, tuple[int, int]]] = []
+    left, smallest = budget, smallest_quote(budget)
+    for chunk, _ in ranked:
+        if len(chosen) == limit:
+            break
+        start, end = _quotable(spans, chunk)
+        for lo, hi in (part for _, part in chosen):  # neighbours already quoted: their tokens once
+            start = hi if lo <= start < hi else start
+            end = lo if lo < end <= hi else end
+        if end <= start:
+            continue
+        if end - start <= left:
+            part = (start, end)
+        elif left >= smallest:
+            part = _densest_part(start, end, attention, lexical_hits(start, end), left)
+        else:
+            break
+        chosen.append((chunk, part))
+        left -= part[1] - part[0]
+    return chosen
+
+
+def _quotable(spans: SpanIndex, chunk: Span) -> tuple[int, int]:
+    """The chunk's tokens and its last word, which was fed with the next chunk (CARRIED_TOKENS)."""
+    following = spans.at(chunk.end)
+    if following is not None and following.kind == SpanKind.DOCUMENT:
+        return chunk.start, min(following.end, chunk.end + CARRIED_TOKENS)
+    return chunk.start, chunk.end
 
 
 def _top(scores: Mapping[Provenance, float], count: int = 10) -> tuple[Provenance, ...]:
     return tuple(sorted((p for p, s in scores.items() if s > 0), key=lambda p: -scores[p])[:count])
 
 
-def _quote_span(spans: SpanIndex, key: Provenance, attention: Mapping[int, float], lexical: Mapping[int, float],
-                size: int) -> tuple[int, int] | None:
-    """The ``size`` tokens of passage ``key`` that hold the most relevance: its recall relevance and the positions
-    of the question's words, each normalised over the passage so that neither drowns the other."""
-    indices = [i for i, s in enumerate(spans) if s.where is not None and s.kind == SpanKind.DOCUMENT
-               and s.where.page_only() == key]
-    if not indices:
-        return None
-    start, end = spans[indices[0]].start, spans[indices[-1]].end
-    following = spans[indices[-1] + 1] if indices[-1] + 1 < len(spans) else None
-    if following is not None and following.kind == SpanKind.DOCUMENT:  # the passage's last word, fed with the next
-        end = min(following.end, end + CARRIED_TOKENS)
+def _densest_part(start: int, end: int, attention: Mapping[int, float], lexical: Mapping[int, float],
+                  size: int) -> tuple[int, int]:
+    """The ``size`` tokens of ``[start, end)`` that hold the most relevance: its recall relevance and the positions
+    of the question's words, each normalised over the range so that neither drowns the other."""
     combined: dict[int, float] = {}
     for part in (attention, lexical):
         inside = {p: v for p, v in part.items() if start <= p < end and v > 0}

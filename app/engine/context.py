@@ -23,12 +23,13 @@ from ingest.documents import without_page_markers
 
 from .chat_format import Carry, ChatFormat, TurnState
 from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, Ranking, cite
+from .document_choice import covers
 from .generation import GenerationSettings, LoopGuard, next_token, whole_sentences
 from .history import DocumentsFed, Exchange
-from .lexical import PassageIndex, token_matches
+from .lexical import ChunkIndex, token_matches
 from .metrics import LiveStats, RateMeter
 from .native_memory import trim_heap
-from .quoting import QUOTED_PASSAGES, quote_size, quoted_question
+from .quoting import QUOTED_CHUNKS, quote_budget, quoted_question
 from .reader import AnswerReader
 from .runtime import ModelRuntime, is_out_of_memory
 from .spans import Span, SpanIndex, SpanKind
@@ -169,7 +170,7 @@ class ContextEngine:
         self.turns: list[Turn] = []
         self.history: list = []  # what the context was built from (history.py): replayed to remove a part
         self.tokens_fed = 0  # every token ever passed to the model by this engine, rolled back or not
-        self.passages = PassageIndex()  # BM25 over the documents' passages, for ranking sources (lexical.py)
+        self.chunk_index = ChunkIndex()  # BM25 over the documents' chunks, for ranking sources (lexical.py)
         self.ranking = Ranking.HYBRID
         self._open: tuple[object, Saved] | None = None
         self._logits = None
@@ -433,10 +434,13 @@ class ContextEngine:
         return ("…" if lo > span.start else "") + text + ("…" if hi < span.end else "")
 
     def ask(self, question: str, settings: GenerationSettings, cancel=None,
-            started: float | None = None) -> Iterator[object]:
+            started: float | None = None, switched_off: frozenset[str] = frozenset()) -> Iterator[object]:
         """Prefill the question (with recall if on), then stream the answer; the last item is an AnswerResult.
 
         ``started`` (a ``time.perf_counter`` time) is when the user asked: time to first token includes the wait.
+        ``switched_off``: documents (a file, or an archive's prefix "repo.zip/": document_choice.covers) that stay in
+        the context but are neither cited nor quoted; with quoting on, the answer is drawn in the reader from the
+        others' quotes alone, or from the question alone when none has any.
         """
         self._settle()
         started = time.perf_counter() if started is None else started
@@ -447,10 +451,11 @@ class ContextEngine:
         result = None
         with self._answering(), self._operation() as before:
             citations, seconds = yield from self._read_question(question, pieces, baseline, settings.answer_topk,
-                                                                cancel, before, self._quote_tokens(settings))
+                                                                cancel, before, self._quote_budget(settings),
+                                                                switched_off)
             prefill_tps = planned / max(seconds, 1e-9)
             quoted, reader = "", None
-            if citations.quote_spans:
+            if citations.quote_spans or (switched_off and settings.quote):
                 quoted = self._quoted_turn(question, citations)
                 self._restore(before)  # the question is read again after the answer, with it (_decode)
                 reader = yield from self._read_in_reader(quoted, cancel)
@@ -475,11 +480,12 @@ class ContextEngine:
                 self.turns[index] = replace(turn, before=turn.before if index == 0 else None, after_question=None)
 
     def _read_question(self, question: str, pieces: list[Piece], baseline: list[Piece], topk: int, cancel,
-                       before: Saved, quote_tokens: int) -> Generator[LiveStats, None, tuple[CitationReport, float]]:
+                       before: Saved, quote_budget: int, switched_off: frozenset[str] = frozenset()
+                       ) -> Generator[LiveStats, None, tuple[CitationReport, float]]:
         """Feed the question with recall ``topk``; return its sources and the seconds the question's own prefill
         took. Sources: the passages the question's recall went to beyond what ``baseline`` (the neutral question,
-        read first and undone back to ``before``) recalls here, fused with BM25 over the passages
-        (citations.py says why), with the ``quote_tokens`` to quote of the first ones."""
+        read first and undone back to ``before``) recalls here, fused with BM25 over the chunks
+        (citations.py says why), with ``quote_budget`` tokens of the best chunks to quote."""
         neutral = RecallTally() if baseline and topk else None
         if neutral is not None:
             with self.runtime.observe_recall(neutral):
@@ -493,30 +499,28 @@ class ContextEngine:
         else:
             yield from self._prefill(pieces, cancel, topk=0, phase="question")
         seconds = time.perf_counter() - started
-        self.passages.refresh(self.spans, self._span_text)
-        lexical = self.passages.scores(question)
+        self.chunk_index.refresh(self.spans, self._span_text)
+        lexical = self.chunk_index.scores(question)
         if not topk and not lexical:
             return CitationReport.recall_off(), seconds
         report = cite(recalled, self.spans, baseline=neutral, snippet=self._snippet, counts=self._is_content,
-                      quote_tokens=quote_tokens, quotes=QUOTED_PASSAGES, lexical=lexical,
-                      lexical_hits=lambda where: self._question_words_in(where, question), ranking=self.ranking)
+                      quote_budget=quote_budget, quotes=QUOTED_CHUNKS, lexical=lexical,
+                      lexical_hits=lambda start, end: self._question_words_in(start, end, question),
+                      ranking=self.ranking,
+                      may_cite=lambda where: not any(covers(off, where.source) for off in switched_off))
         return (report if topk else replace(report, recall_on=False)), seconds
 
     def _span_text(self, span: Span) -> str:
         return self.format.tokenizer.decode(self.token_ids[span.start:span.end], skip_special_tokens=True)
 
-    def _question_words_in(self, where: Provenance, question: str) -> dict[int, float]:
-        """Context positions of passage ``where`` whose word is one of the question's (lexical.token_matches)."""
-        passage = self.passages.passage(where)
-        if passage is None:
-            return {}
-        start, end = passage.spans[0].start, passage.spans[-1].end
+    def _question_words_in(self, start: int, end: int, question: str) -> dict[int, float]:
+        """Context positions in ``[start, end)`` whose word is one of the question's (lexical.token_matches)."""
         pieces = [self.format.tokenizer.decode([t]) for t in self.token_ids[start:end]]
         return {start + i: 1.0 for i, hit in enumerate(token_matches(pieces, question)) if hit}
 
-    def _quote_tokens(self, settings: GenerationSettings) -> int:
-        """How much of each quoted source to quote: none unless asked."""
-        return quote_size(self.runtime.window) if settings.quote else 0
+    def _quote_budget(self, settings: GenerationSettings) -> int:
+        """How many tokens of the best chunks to quote in all: none unless asked."""
+        return quote_budget(self.runtime.window) if settings.quote else 0
 
     def _quoted_turn(self, question: str, citations: CitationReport) -> str:
         """The user turn the answer is drawn from: the first sources' quoted parts, then the question."""

@@ -1,5 +1,5 @@
-"""Keyword ranking of the context's passages: BM25 (the ``bm25s`` package) over a PDF's pages and a text or code
-file's chunks, the passages citations name.
+"""Keyword ranking of the context's passages: BM25 (the ``bm25s`` package) over the documents' chunks, which
+citations group into the passages they name (a PDF's pages, a text or code file's chunks).
 
 Why beside the model's own attention: on the first development set, BM25 put the passage holding the answer
 first for 31 of 36 questions where the question's recall did for 26 (issue "Right answers"); each misses
@@ -11,10 +11,7 @@ the two rankings (citations.py). Words are matched in lower case, identifiers al
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Callable, Sequence
-
-from ingest import Provenance
 
 from .spans import Span, SpanKind
 
@@ -41,55 +38,38 @@ def terms(text: str) -> list[str]:
     return found
 
 
-@dataclass(frozen=True)
-class Passage:
-    where: Provenance  # a PDF page (``page_only``) or a text chunk
-    spans: tuple[Span, ...]  # its document spans, in context order
-
-
-def passages_of(spans: Sequence[Span]) -> list[Passage]:
-    """The context's document spans grouped into passages, in context order (a PDF page's chunks are one)."""
-    grouped: dict[Provenance, list[Span]] = {}
-    for span in spans:
-        if span.kind == SpanKind.DOCUMENT and span.where is not None:
-            grouped.setdefault(span.where.page_only(), []).append(span)
-    return [Passage(where, tuple(group)) for where, group in grouped.items()]
-
-
-class PassageIndex:
-    """BM25 over the context's passages, built again only when its documents changed (``refresh``)."""
+class ChunkIndex:
+    """BM25 over the context's document chunks (one span each, as ingest cut them), built again only when its
+    documents changed (``refresh``). Chunks, not pages: a PDF page often holds more than one quote's worth, and
+    the chunk that states the answer is what a quote needs (quoting.py)."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
-        self.passages: list[Passage] = []
+        self.chunks: list[Span] = []
         self._retriever = None
 
     def refresh(self, spans: Sequence[Span], text_of: Callable[[Span], str]) -> None:
-        documents = [s for s in spans if s.kind == SpanKind.DOCUMENT]
+        documents = [s for s in spans if s.kind == SpanKind.DOCUMENT and s.where is not None]
         key = (len(documents), documents[-1].end if documents else 0, documents[0].start if documents else 0)
         if key == self._key:
             return
         import bm25s
 
-        self.passages = passages_of(documents)
-        corpus = [terms(" ".join(text_of(span) for span in p.spans)) or ["\u2205"] for p in self.passages]
+        self.chunks = documents
         self._retriever = None
-        if self.passages:
+        if documents:
             retriever = bm25s.BM25()
-            retriever.index(corpus, show_progress=False)
+            retriever.index([terms(text_of(span)) or ["\u2205"] for span in documents], show_progress=False)
             self._retriever = retriever
         self._key = key
 
-    def scores(self, question: str) -> dict[Provenance, float]:
-        """Each passage's BM25 score for ``question`` (those above 0)."""
+    def scores(self, question: str) -> dict[Span, float]:
+        """Each chunk's BM25 score for ``question`` (those above 0)."""
         query = terms(question)
         if self._retriever is None or not query:
             return {}
         values = self._retriever.get_scores(query)
-        return {p.where: float(v) for p, v in zip(self.passages, values) if v > 0}
-
-    def passage(self, where: Provenance) -> Passage | None:
-        return next((p for p in self.passages if p.where == where), None)
+        return {span: float(v) for span, v in zip(self.chunks, values) if v > 0}
 
 
 def token_matches(pieces: Sequence[str], question: str) -> list[bool]:

@@ -7,7 +7,7 @@ it answered 6 right (docs/smollm2.md). Given the cited page with recall off, and
 answers 20; with recall still on, the middle tokens recall pulls in distract it from the quote.
 
 So an answer is drawn as follows (``ContextEngine.ask``): the question is read with recall, which with BM25 ranks
-the sources (citations.py); the context goes back before it; the first sources' densest parts and the question are
+the documents' chunks (citations.py); the context goes back before it; the best chunks and the question are
 read in a reader of their own (reader.py), without recall, and the answer is sampled there; then the context reads
 the question and the answer. The quote helps one answer and leaves nothing behind, so a conversation's history
 stays its questions and answers (history.py), and a context rebuilt from it is the same.
@@ -17,20 +17,25 @@ from __future__ import annotations
 
 from typing import Mapping
 
-# How many of the first sources are quoted, and how much of each. Qwen2.5-Coder-0.5B (window 2,048) on the
-# development set's tune and confirm splits (106 questions, benchmarks/answers.py, docs/answers.md): one passage of
-# 768 tokens answered 70, two of 768 answered 73, three of 512 answered 75, four of 512 in the retrieval
-# baseline's wording 72; retrieval with the same model answers 75. One passage did best on the tune split alone
-# (48 of 58) and worst on the confirm split (22 of 48): the first source is right for nine questions in ten on
-# the first, two in three on the second, where the second and third sources hold what the first misses.
-QUOTE_TOKENS = 512
-QUOTED_PASSAGES = 3
+# How much is quoted: the best chunks (ranked as citations.rank_chunks says), whole, as many as fit in the budget and
+# at most QUOTED_CHUNKS; the one that does not fit is cut to its densest part when at least MIN_QUOTE_TOKENS remain.
+# Before, the first three *pages* were quoted, 512 tokens of each: a page of a PDF manual often holds more than
+# that (49 of icccm's 75 pages), and the part chosen could miss the answer the page held. With Qwen2.5-Coder-1.5B
+# on the confirm and holdout splits (80 questions), the best four chunks by the same fusion hold the answer for 75,
+# the first three pages for 72, the retrieval baseline's four BM25 chunks for 69 (docs/answers.md).
+QUOTED_CHUNKS = 4
+MIN_QUOTE_TOKENS = 128
 
 
-def quote_size(window: int) -> int:
-    """Tokens to quote of each quoted source: the quotes together take at most three quarters of the window,
-    leaving the question and the answer's start beside them."""
-    return min(QUOTE_TOKENS, window * 3 // (4 * QUOTED_PASSAGES))
+def quote_budget(window: int) -> int:
+    """Tokens to quote in all: three quarters of the window, leaving the question and the answer's start beside
+    them, all in the reader's window (reader.py)."""
+    return window * 3 // 4
+
+
+def smallest_quote(budget: int) -> int:
+    """A chunk cut shorter than this is not quoted: too little to hold an answer's context."""
+    return min(MIN_QUOTE_TOKENS, budget // 4)
 
 
 def densest_window(relevance: Mapping[int, float], start: int, end: int, size: int) -> tuple[int, int]:
@@ -62,7 +67,10 @@ def quoted_question(excerpts: list[tuple[str, str]], question: str) -> str:
 
     The quotes are called parts of the user's documents, which is what they are to the user: called "excerpts",
     one answer in five began "According to the excerpts" or "The above excerpt describes", about excerpts the user
-    never gave (docs/answers.md measures both wordings)."""
+    never gave (docs/answers.md measures both wordings). With nothing to quote (every document switched off),
+    the question alone."""
+    if not excerpts:
+        return question
     if len(excerpts) == 1:
         label, text = excerpts[0]
         return (f'Here is a part of {label}:\n"""\n{text.strip()}\n"""\n\n'

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from .context import ContextEngine
+from .document_choice import covers
 from .history import DocumentsFed, Exchange
 from .metrics import LiveStats
 from .spans import SpanKind
@@ -36,15 +37,9 @@ class Keep:
         return kept
 
 
-def removed_by(choice: str, path: str) -> bool:
-    """Whether removing ``choice`` removes the file ``path``: the file itself, or, for an archive's prefix
-    ("repo.zip/"), every file read from that archive."""
-    return path == choice or (choice.endswith("/") and path.startswith(choice))
-
-
 def without_source(source: str) -> Keep:
-    """Everything but one file's chunks (or an archive's files: ``removed_by``)."""
-    return Keep(chunk=lambda chunk: not removed_by(source, chunk.where.source))
+    """Everything but one file's chunks (or an archive's files: document_choice.covers)."""
+    return Keep(chunk=lambda chunk: not covers(source, chunk.where.source))
 
 
 DOCUMENTS_ONLY = Keep(conversation=False)

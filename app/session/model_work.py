@@ -16,7 +16,8 @@ from ingest.units import human_bytes
 
 from ..engine.budget import Budget
 from ..engine.context import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
-from ..engine.replay import DOCUMENTS_ONLY, removed_by, replay, replay_cost, without_source
+from ..engine.document_choice import covers
+from ..engine.replay import DOCUMENTS_ONLY, replay, replay_cost, without_source
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import LiveStats, human_seconds
 from ..engine.runtime import ModelRuntime, is_out_of_memory
@@ -265,7 +266,8 @@ class ModelWork:
         except GeneratorExit:  # ended before the question reached the model
             self._mark_stopped(item, work.question_item)
             raise
-        events = engine.ask(work.question, settings, work.cancel, started=work.created)
+        events = engine.ask(work.question, settings, work.cancel, started=work.created,
+                            switched_off=session.answering_off())
         yield from self._stream_answer(session, item, events, work.question_item)
 
     def _regenerate(self, session: Session, work: Work, engine: ContextEngine, settings: GenerationSettings):
@@ -320,8 +322,8 @@ class ModelWork:
             f"Removing {name}", f"Removed {name}", f"⚠ {name} was not removed; the context is unchanged"))
         if rebuilt:
             session.documents[:] = [r for r in session.documents
-                                    if not (removed_by(source, r.path) and r.status.in_context)]
-            session.fed_digests = {d: path for d, path in session.fed_digests.items() if not removed_by(source, path)}
+                                    if not (covers(source, r.path) and r.status.in_context)]
+            session.fed_digests = {d: path for d, path in session.fed_digests.items() if not covers(source, path)}
 
     def _rebuild(self, session: Session, work: Work, keep, titles: tuple[str, str, str]):
         """Replay the history as ``keep`` says into a new engine, then swap; on Stop or failure the old engine
@@ -391,3 +393,5 @@ class ModelWork:
         item.stats = {"ttft_s": round(result.ttft_s, 4), "decode_tps": round(result.decode_tps, 2),
                       "prefill_tps": round(result.prefill_tps, 2), "tokens": result.tokens, "finish": result.finish,
                       "question_tokens": result.question_tokens, "quoted": result.quoted}
+        if result.quoted:  # the first sources cited are those quoted to the model
+            item.stats["quoted_sources"] = report.quoted_passages

@@ -1,7 +1,7 @@
 """What Remove offers: each file in the context, and each archive read into it as one choice.
 
 A zipped repository is one upload but many rows (one per file); removing it file by file took as many
-re-reads. An archive's choice is its display prefix ("repo.zip/"), which ``replay.removed_by`` matches against
+re-reads. An archive's choice is its display prefix ("repo.zip/"), which ``document_choice.covers`` matches against
 every file read from it.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ingest.archive import archive_type
 
-from ..engine.replay import removed_by
+from ..engine.document_choice import covers
 from .documents import DocumentRow
 
 
@@ -41,5 +41,5 @@ def removal_label(choice: str, rows: list[DocumentRow]) -> str:
     """How a removal is named in messages: the file, or the archive and how many of its files go."""
     if not choice.endswith("/"):
         return choice
-    count = sum(removed_by(choice, path) for path in in_context(rows))
+    count = sum(covers(choice, path) for path in in_context(rows))
     return f"{choice[:-1]} ({count} files)"

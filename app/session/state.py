@@ -22,6 +22,7 @@ from ..engine.citations import Citation
 from ..engine.context import ContextEngine
 from ..engine.metrics import LiveStats, SessionSeries
 from ..engine.runtime import ModelRuntime, release_memory
+from .answer_from import answer_choices, still_off
 from .documents import DocumentRow, RowStatus, plural
 from .temp_folders import session_temp_folder
 
@@ -119,6 +120,7 @@ class Session:
         self.chat: list[ChatItem] = []
         self.documents: list[DocumentRow] = []
         self.fed_digests: dict[str, str] = {}  # content digest -> the file that brought it (duplicates are skipped)
+        self.switched_off: set[str] = set()  # documents not cited nor quoted (answer_from.py); switch_documents
         self.pending: deque[Work] = deque()
         self.engine: ContextEngine | None = None
         self.system_prompt: str | None = None
@@ -180,6 +182,20 @@ class Session:
             self.pending.append(work)
             self.chat.extend(work.items)
         return work
+
+    def switch_documents(self, on: list[str]) -> None:
+        """The user's "Answer from" list: the documents in the context not in ``on`` are switched off. Nothing is
+        read again, so it takes effect at the next question; saved with the workspace."""
+        with self.lock:
+            switched_off = {value for _, value in answer_choices(self.documents) if value not in set(on)}
+            if switched_off != self.switched_off:
+                self.switched_off = switched_off
+                self.changes += 1
+
+    def answering_off(self) -> frozenset[str]:
+        """The documents answers are not drawn from now."""
+        with self.lock:
+            return still_off(self.switched_off, self.documents)
 
     def confirmed(self, action: tuple, within_s: float) -> bool:
         """The second request for the same costly ``action`` within ``within_s``: go ahead. The first arms it."""

@@ -74,6 +74,7 @@ def session_record(session: Session) -> dict:
         "chat": [_chat_item(c) for c in session.chat if id(c) not in waiting],
         "documents": [asdict(r) for r in session.documents if r.status not in (RowStatus.READING, RowStatus.QUEUED)],
         "fed_digests": session.fed_digests,
+        "switched_off": sorted(session.switched_off),
     }
 
 
@@ -158,6 +159,7 @@ def read_workspace(path: Path, session: Session) -> None:
         chat = [_chat_item_from(dict(c)) for c in record["session"]["chat"]]
         rows = [DocumentRow(**r) for r in record["session"]["documents"]]
         digests = dict(record["session"]["fed_digests"])
+        switched_off = set(record["session"].get("switched_off", ()))  # older files have none
         engine = None
         if record["context"] is not None:
             with TensorFile(path) as tensors:  # one tensor at a time: never the file's tensors and the cache at once
@@ -173,6 +175,7 @@ def read_workspace(path: Path, session: Session) -> None:
         raise WorkspaceFileError(f"{Path(path).name} cannot be opened here: {exc}") from exc
     session.chat[:], session.documents[:] = chat, rows
     session.fed_digests.update(digests)
+    session.switched_off = switched_off
     session.engine = engine
     session.system_prompt = record["context"]["system_prompt"] if engine is not None else None
 

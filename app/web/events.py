@@ -60,6 +60,7 @@ def wire(demo, c: Components, h: Handlers) -> None:
     c.remove_choice.focus(h.removable, c.remove_choice, c.remove_choice, api_name=False, **FAST)
     removed = then_model(c.remove.click(h.queue_remove, c.remove_choice, view, api_name="remove", **FAST), api_name=False)
     removed.then(h.removable, c.remove_choice, c.remove_choice, api_name=False, **FAST)
+    c.answer_from.input(h.switch_documents, c.answer_from, None, api_name="answer_from", **FAST)
     then_model(c.regenerate.click(h.queue_regenerate, None, view, api_name="regenerate", **FAST), api_name=False)
     then_model(c.clear.click(h.queue_forget, None, view, api_name="clear", **FAST), api_name=False)
     # The chat's own trash icon empties only the browser's copy: it clears the chat as the button does.

@@ -29,6 +29,7 @@ from ..session.exporting import export_data, write_exports
 from ..session.model_work import ModelWork
 from ..session.question_limit import QuestionLimit
 from ..session.reading import Reader
+from ..session.answer_from import answer_choices
 from ..session.removal import removal_choices, removal_label
 from ..session.registry import SessionDenied, SessionExpired, SessionRegistry
 from ..session.state import ChatItem, ItemKind, Session, Stage, Work, WorkKind
@@ -105,7 +106,18 @@ class Handlers(WorkspaceEvents):
             export = gr.update(value=None, visible=False)
         note, busy = self._controls_state(session)
         return (chat, shown_rows, context, activity, note, export, gr.update(interactive=busy),
-                gr.update(interactive=busy))
+                gr.update(interactive=busy), self._answer_from(session) if full else gr.skip())
+
+    @staticmethod
+    def _answer_from(session: Session):
+        """The "Answer from" list: every document in the context, checked unless switched off."""
+        choices = answer_choices(session.documents)
+        off = session.answering_off()
+        return gr.update(choices=choices, value=[value for _, value in choices if value not in off])
+
+    def switch_documents(self, on: list[str], request: gr.Request):
+        """The user checked or unchecked a document in "Answer from": it takes effect at the next question."""
+        self._session(request).switch_documents(list(on or []))
 
     @staticmethod
     def _controls_state(session: Session) -> tuple[str, bool]:

@@ -12,6 +12,8 @@ from .views import DOCUMENT_COLUMN_WIDTHS, DOCUMENT_HEADERS
 from .workspace_views import WORKSPACE_COLUMN_WIDTHS, WORKSPACE_HEADERS
 
 STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
+# The outputs of every work event (Handlers.view returns their values in this order).
+VIEW = ("chatbot", "documents", "context", "activity", "stop_note", "export_files", "stop", "cancel", "answer_from")
 ACCEPTED_TYPES = [  # a hint for the file picker: ingest decides what it reads, and says why it skips the rest
     ".pdf", ".zip", ".tar", ".tgz", ".gz", ".bz2", ".xz", ".tbz2", ".txz", ".txt", ".md", ".rst", ".ipynb", ".html",
     ".htm", ".xhtml", ".xml", ".json", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".conf", ".csv", ".py", ".js",
@@ -62,6 +64,7 @@ class Components:
     documents: gr.Dataframe
     remove_choice: gr.Dropdown
     remove: gr.Button
+    answer_from: gr.CheckboxGroup
     context: gr.HTML
     panel: gr.HTML
     panel_data: gr.JSON
@@ -99,8 +102,7 @@ class Components:
     @property
     def view(self) -> list:
         """Outputs of every work event, in Handlers.view's order."""
-        return [self.chatbot, self.documents, self.context, self.activity, self.stop_note, self.export_files,
-                self.stop, self.cancel]
+        return [getattr(self, name) for name in VIEW]
 
     @property
     def workspace_view(self) -> list:
@@ -187,6 +189,10 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                                                     elem_id="remove-choice",
                                                     info="The rest of the context is read again without it.")
                         remove = gr.Button("Remove", size="sm", scale=1, min_width=90, elem_id="remove-button")
+                    answer_from = gr.CheckboxGroup(
+                        label="Answer from", choices=[], value=[], elem_id="answer-from",
+                        info="Switched off, a document stays in the context but is neither cited nor quoted to the "
+                             "model: answers come from the others. Nothing is read again.")
                 with gr.Tab("Live charts", elem_id="live-tab"):
                     memory_plot = gr.LinePlot(x="seconds", y="value", color="series", title="Memory (MB)",
                                               x_title="seconds", y_title="MB", height=200)
@@ -250,7 +256,7 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
         chatbot=chatbot, chat_input=chat_input, stop=stop, regenerate=regenerate, clear=clear,
         new_context=new_context, export=export, export_files=export_files, stop_note=stop_note, upload=upload,
         server_path=server_path, add_path=add_path, activity=activity, cancel=cancel, documents=documents,
-        remove_choice=remove_choice, remove=remove,
+        remove_choice=remove_choice, remove=remove, answer_from=answer_from,
         context=context, panel=panel, panel_data=panel_data, memory_plot=memory_plot, throughput_plot=throughput_plot,
         decode_plot=decode_plot,
         system_prompt=system_prompt, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,

@@ -12,7 +12,6 @@ import pandas as pd
 from ingest.units import human_bytes
 
 from ..engine.budget import Budget
-from ..engine.quoting import QUOTED_PASSAGES
 from ..engine.metrics import DeviceMemory, LiveStats, Sample, human_seconds
 from ..session.documents import STATUS_LABELS, DocumentRow, plural
 from ..session.state import ChatItem, ItemKind, Session
@@ -49,7 +48,7 @@ def answer_markdown(item: ChatItem) -> str:
         lines = [f"- `{c.where.label()}` · {c.share:.0%}" + (f" · “{c.snippet}”" if c.snippet else "")
                  for c in item.citations]
         if item.stats.get("quoted"):  # the answer was drawn with the first passages quoted before the question
-            for index in range(min(QUOTED_PASSAGES, len(lines))):
+            for index in range(min(item.stats.get("quoted_sources", 1), len(lines))):
                 lines[index] += " · *quoted to the model*"
         parts.append(f"{SOURCES_HEADING}\n" + "\n".join(lines))
     elif item.recall_note:

@@ -16,6 +16,7 @@ from ..session.workspace_file import WorkspaceFileError, check_compatible
 from ..session.workspace_quota import QuotaExceeded, check_quota
 from ..session.workspace_store import MAX_NAME_CHARS, cut_name, is_workspace_id
 from . import messages, views
+from .ui import VIEW
 from .workspace_views import reopening_chat, workspace_choices, workspace_note, workspace_rows
 
 
@@ -63,9 +64,10 @@ class WorkspaceEvents:
         if saved is None:
             return None
         skip = gr.skip()
-        return (skip, reopening_chat(saved), skip, skip, views.reopening_activity(saved.name), skip, skip, skip, skip,
-                saved.name, f"Reopening “{saved.name}”: reading {human_bytes(saved.size)} back into memory…",
-                skip, skip)
+        view = [skip] * len(VIEW)  # Handlers.view's outputs: the chat (first) and the activity (fourth) change
+        view[0], view[3] = reopening_chat(saved), views.reopening_activity(saved.name)
+        return (skip, *view, saved.name,
+                f"Reopening “{saved.name}”: reading {human_bytes(saved.size)} back into memory…", skip, skip)
 
     def _refused(self, why: str, request: gr.Request) -> tuple:
         """A switch that cannot be made: say why and show the tab's workspace as it was (a gr.Error would mark
