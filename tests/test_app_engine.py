@@ -24,6 +24,7 @@ from app.engine.generation import GenerationSettings
 from app.engine.history import Exchange
 from app.engine.reader import AnswerReader
 from app.engine.quoting import QUOTED_CHUNKS, quoted_question
+from ingest.documents import without_page_markers
 from app.engine.model_loading import ModelChoice, load_runtime
 from ingest import Provenance
 from app_fixtures import FILLER, model_dir
@@ -523,9 +524,10 @@ def test_a_quoted_answer_comes_from_the_quote_and_leaves_only_its_question_and_a
     pages = list(dict.fromkeys(w.page_only() for w in quoted.quote_sources))
     assert [c.where for c in quoted.citations[:len(pages)]] == pages == pages[:quoted.quoted_passages]
     text = engine.turns[-1].quoted
-    assert text == quoted_question([(where.label(), runtime.tokenizer.decode(engine.token_ids[a:b],
-                                                                            skip_special_tokens=True))
-                                    for (a, b), where in zip(quoted.quote_spans, quoted.quote_sources)], question)
+    assert text == quoted_question([(where.label(), without_page_markers(
+        runtime.tokenizer.decode(engine.token_ids[a:b], skip_special_tokens=True)))
+        for (a, b), where in zip(quoted.quote_spans, quoted.quote_sources)], question)
+    assert "--- page" not in text and "--- page" in runtime.tokenizer.decode(engine.token_ids[:before])
     # The answer is the one that user turn gets in a context holding nothing else (the reader: no documents, no
     # earlier answers to copy), read and answered without recall...
     plain = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=False, quote=False)

@@ -523,11 +523,13 @@ class ContextEngine:
         return quote_budget(self.runtime.window) if settings.quote else 0
 
     def _quoted_turn(self, question: str, citations: CitationReport) -> str:
-        """The user turn the answer is drawn from: the first sources' quoted parts, then the question."""
+        """The user turn the answer is drawn from: the best chunks' quoted parts, then the question. Without the
+        page markers the context holds: each quote is labelled with its page, and a marker quoted was answered
+        back ("--- page 34 (30) ---" in an answer about counting dashes)."""
         excerpts = []
         for (lo, hi), where in zip(citations.quote_spans, citations.quote_sources):
             text = self.format.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True)
-            excerpts.append((where.label(), text))
+            excerpts.append((where.label(), without_page_markers(text)))
         return quoted_question(excerpts, question)
 
     def _read_in_reader(self, text: str, cancel) -> Generator[LiveStats, None, "AnswerReader"]:
