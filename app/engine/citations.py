@@ -78,11 +78,16 @@ class CitationReport:
     @property
     def quoted_passages(self) -> int:
         """How many passages the quotes come from: the first that many citations."""
-        return len(dict.fromkeys(where.page_only() for where in self.quote_sources))
+        return passage_count(self.quote_sources)
 
     @classmethod
     def recall_off(cls) -> "CitationReport":
         return cls((), 0.0, recalled=False, recall_on=False)
+
+
+def passage_count(places) -> int:
+    """How many passages (PDF pages, text chunks) these chunks' places lie in."""
+    return len({where.page_only() for where in places})
 
 
 class RecallTally:
@@ -242,7 +247,7 @@ def cite(question: RecallTally, spans: SpanIndex, *, baseline: RecallTally | Non
         return (first, spans.at(first)) if first is not None else None
 
     citations = []
-    always = max(1, len(dict.fromkeys(chunk.where.page_only() for chunk, _ in quoted)))  # quoted: always cited
+    always = max(1, passage_count(chunk.where for chunk, _ in quoted))  # the passages quoted are always cited
     for rank, (key, (_, score)) in enumerate(list(best_chunk.items())[:max(limit, always)]):
         if rank >= always and score / mass < min_share:  # the others above min_share
             continue

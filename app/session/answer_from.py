@@ -9,23 +9,16 @@ of the documents switched on (quoting.py), so it answers from those alone.
 from __future__ import annotations
 
 from .documents import DocumentRow
-from .removal import archive_prefix, in_context
+from .removal import archive_counts, archive_prefix, in_context
 
 
 def answer_choices(rows: list[DocumentRow]) -> list[tuple[str, str]]:
     """(label, value) for the "Answer from" list: each archive as one choice ("repo.zip/",
     document_choice.covers), then each file read on its own."""
-    archives: dict[str, int] = {}
-    files = []
-    for path in in_context(rows):
-        prefix = archive_prefix(path)
-        if prefix is None:
-            files.append((path, path))
-        else:
-            archives[prefix] = archives.get(prefix, 0) + 1
+    paths = in_context(rows)
     whole = [(f"{prefix[:-1]} ({count} file{'s' if count != 1 else ''})", prefix)
-             for prefix, count in archives.items()]
-    return whole + files
+             for prefix, count in archive_counts(paths).items()]
+    return whole + [(path, path) for path in paths if archive_prefix(path) is None]
 
 
 def still_off(switched_off: set[str], rows: list[DocumentRow]) -> frozenset[str]:

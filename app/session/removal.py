@@ -23,15 +23,21 @@ def in_context(rows: list[DocumentRow]) -> list[str]:
     return list(dict.fromkeys(r.path for r in rows if r.status.in_context))
 
 
-def removal_choices(rows: list[DocumentRow]) -> list[tuple[str, str]]:
-    """(label, value) for the Remove list: archives with more than one file in the context first, whole, then
-    every file."""
-    paths = in_context(rows)
+def archive_counts(paths: list[str]) -> dict[str, int]:
+    """Each archive's prefix ("repo.zip/") among ``paths``, and how many of them were read from it."""
     archives: dict[str, int] = {}
     for path in paths:
         prefix = archive_prefix(path)
         if prefix is not None:
             archives[prefix] = archives.get(prefix, 0) + 1
+    return archives
+
+
+def removal_choices(rows: list[DocumentRow]) -> list[tuple[str, str]]:
+    """(label, value) for the Remove list: archives with more than one file in the context first, whole, then
+    every file."""
+    paths = in_context(rows)
+    archives = archive_counts(paths)
     whole = [(f"{prefix[:-1]} (the whole archive, {count} files)", prefix)
              for prefix, count in archives.items() if count > 1]
     return whole + [(path, path) for path in paths]
