@@ -74,6 +74,10 @@ class AppConfig:
                       choices=["auto", "float32", "bfloat16", "float16"])
     cpu_threads: int | None = flag(None, "torch CPU threads (default: torch's choice)", group=MODEL, type=int,
                                    at_least=1)
+    decode_weights: str = flag("auto", "auto: on the CPU, a model converted from a GGUF file decodes answers through "
+                               "integer copies of its weights (4 bits where the GGUF's grid allows, else 8; about twice "
+                               "the tokens per second, reading the same weights), made once and cached beside it; "
+                               "dense: the model's own weights only", group=MODEL, choices=["auto", "dense"])
     cuda_graphs: bool = flag(True, group=MODEL, switches={
         "--no-cuda-graphs": (False, "on CUDA, decode answers without recall through the model's own forward "
                                     "rather than a recorded CUDA graph (lminfinite.GraphedDecoder)"),

@@ -3,8 +3,10 @@
     python scripts/screenshot.py [--pdf PATH] [--question TEXT] [--out docs/screenshot.png]
 
 Starts ``python app.py`` as a user would (no flags), drops the PDF into the chat box in headless Chromium,
-asks, waits for the answer and its sources, and saves a full-page screenshot. Prints the answer and the
-cited sources so whoever refreshes the picture can check them before committing it.
+asks, waits for the answer and its sources, and saves a full-page screenshot; then opens the first cited source
+as a click on it does (the PDF at the cited page: ``…-source.png``) and shows the same workspace on a phone's
+screen (390 × 844: ``…-phone.png``). Prints the answer and the cited sources so whoever refreshes the pictures
+can check them before committing them.
 """
 
 from __future__ import annotations
@@ -52,6 +54,23 @@ def main(argv=None) -> None:
             answer = page.inner_text("#chat")
             args.out.parent.mkdir(exist_ok=True)
             page.screenshot(path=str(args.out), full_page=True)
+            link = page.locator("#chat a[href*='#page=']").first
+            href = page.evaluate("(href) => new URL(href, document.baseURI).href", link.get_attribute("href"))
+            print(f"first source opens {href}")
+            opened = page.context.new_page()
+            opened.set_viewport_size({"width": 1100, "height": 1100})
+            opened.goto(href)
+            opened.wait_for_timeout(4000)  # the PDF viewer draws the page
+            opened.screenshot(path=str(args.out.with_name(args.out.stem + "-source.png")))
+            phone = page.context.new_page()
+            phone.set_viewport_size({"width": 390, "height": 844})
+            phone.goto(server.url)  # the same browser: the same workspace, reopened
+            phone.wait_for_function(
+                "() => [...document.querySelectorAll('#chat .message')].some(m => m.innerText.includes('Sources'))",
+                timeout=300_000)
+            phone.wait_for_timeout(2500)
+            phone.evaluate(FRAME_THE_QUESTION)
+            phone.screenshot(path=str(args.out.with_name(args.out.stem + "-phone.png")))
             browser.close()
         print(answer[-1500:])
         print(f"saved {args.out}")

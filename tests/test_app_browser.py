@@ -90,6 +90,15 @@ def test_drop_ask_answer_and_screenshot(tmp_path):
         assert "tok/s" in panel and "kv cache" in panel and "decode\n–" not in panel
 
         page.screenshot(path=str(tmp_path / "screenshot.png"), full_page=True)
+
+        # A cited page opens the PDF, as uploaded, at that page (source_files.py).
+        link = page.locator("#chat a[href*='#page=']").first
+        href = link.get_attribute("href")
+        cited_page = int(re.search(r"#page=(\d+)$", href).group(1))
+        assert f"annual_report.pdf p. {cited_page}" in link.inner_text()
+        opened = page.request.get(page.evaluate("(href) => new URL(href, document.baseURI).href", href))
+        assert opened.status == 200 and opened.headers["content-type"] == "application/pdf"
+        assert opened.body() == pdf.read_bytes()
     assert (tmp_path / "screenshot.png").stat().st_size > 20_000
 
 

@@ -19,7 +19,7 @@ import lminfinite
 from lminfinite.patch import trained_span
 
 from ..cli import DEMO_MODEL_DIR, LLAMA2_CHAT, AppConfig
-from . import bundled_model
+from . import bundled_model, decode_weights
 from .cpu_dtype import default_cpu_dtype
 from .native_memory import bound_kernel_caches
 from .runtime import ExclusiveCudaGraph, ModelRuntime
@@ -158,6 +158,7 @@ def load_runtime(config: AppConfig, choice: ModelChoice | None = None) -> ModelR
         n_starting=config.n_starting, window=window, topk=0,
         topk_from_layer=topk_from_layer_for(config, num_layers), offload_middle=config.offload_middle,
     )
+    decode_note = use_decode_weights(model, config, choice, on_cuda or quant != "none")
     lminfinite.enable(model, lm_config)
     resolved = lminfinite.get_state(model).config
     name = choice.name_or_path.rstrip("/")
@@ -165,10 +166,22 @@ def load_runtime(config: AppConfig, choice: ModelChoice | None = None) -> ModelR
     return ModelRuntime(
         model=model, tokenizer=tokenizer, ingest_tokenizer=ingest_tokenizer, name=short,
         notice=(f"Model: {short} ({choice.reason}); {quant_label(quant)}, {str(dtype).removeprefix('torch.')}"
-                + (f" ({why_dtype})" if why_dtype else "") + f"; {window_note}" + other_models(short)),
+                + (f" ({why_dtype})" if why_dtype else "") + f"; {window_note}{decode_note}" + other_models(short)),
         lm_config=resolved, prefill_chunk=config.prefill_chunk, offload_middle=config.offload_middle,
         quantization=quant, dtype=dtype, graph_recorder=ExclusiveCudaGraph if on_cuda and config.cuda_graphs else None,
     )
+
+
+def use_decode_weights(model, config: AppConfig, choice: ModelChoice, elsewhere: bool) -> str:
+    """On the CPU, answers decode through integer copies of a GGUF-converted model's weights (decode_weights.py);
+    the header's words on it, or "" where the model keeps its own weights only."""
+    folder = Path(choice.name_or_path)
+    if config.decode_weights != "auto" or elsewhere or not folder.is_relative_to(bundled_model.cache_root()):
+        return ""
+    log.info("integer copies of the weights for decoding (made once, then cached in %s)", folder)
+    kinds = decode_weights.use_for_decoding(model, folder)
+    return (f"; answers decoded from {kinds[decode_weights.CopyKind.INT4]} layers in 4 bits, "
+            f"{kinds[decode_weights.CopyKind.INT8]} in 8")
 
 
 UNMEASURED_WINDOW = 4096  # the window of a model nobody measured one for: Llama-2's L, where the paper's settings hold

@@ -24,16 +24,19 @@ class Keep:
 
     chunk: Callable[[object], bool] = lambda chunk: True  # document chunks, by their provenance
     conversation: bool = True
+    exchanges: int | None = None  # the conversation's first exchanges kept (None: all of them)
 
     def entries(self, history: list) -> list:
-        kept = []
+        kept, asked = [], 0
         for entry in history:
             if isinstance(entry, DocumentsFed):
                 chunks = tuple(c for c in entry.chunks if self.chunk(c))
                 if chunks:
                     kept.append(DocumentsFed(chunks))
             elif self.conversation:
-                kept.append(entry)
+                asked += isinstance(entry, Exchange)
+                if self.exchanges is None or not isinstance(entry, Exchange) or asked <= self.exchanges:
+                    kept.append(entry)
         return kept
 
 
@@ -45,14 +48,22 @@ def without_source(source: str) -> Keep:
 DOCUMENTS_ONLY = Keep(conversation=False)
 
 
+def before_exchange(count: int) -> Keep:
+    """The documents and the conversation's first ``count`` exchanges: the context an earlier question was asked
+    in, for asking it anew (documents read after it stay, read after those exchanges)."""
+    return Keep(exchanges=count)
+
+
 def replay_cost(engine: ContextEngine, keep: Keep) -> int:
     """About the tokens a rebuild reads: the kept document spans (a span has a chunk's ``where``), the system
     prompt, and the conversation when it is kept."""
-    total = 0
+    total, asked = 0, 0
     for span in engine.spans:
+        asked += span.kind == SpanKind.QUESTION
         if span.kind == SpanKind.DOCUMENT:
             total += span.length if keep.chunk(span) else 0
-        elif keep.conversation or span.kind == SpanKind.SYSTEM:
+        elif span.kind == SpanKind.SYSTEM or (keep.conversation and (keep.exchanges is None
+                                                                     or asked <= keep.exchanges)):
             total += span.length
     return total
 

@@ -17,7 +17,7 @@ from ingest.units import human_bytes
 from ..engine.budget import Budget
 from ..engine.context import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
 from ..engine.document_choice import covers
-from ..engine.replay import DOCUMENTS_ONLY, replay, replay_cost, without_source
+from ..engine.replay import DOCUMENTS_ONLY, before_exchange, replay, replay_cost, without_source
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import LiveStats, human_seconds
 from ..engine.runtime import ModelRuntime, is_out_of_memory
@@ -105,6 +105,10 @@ class ModelWork:
         if work.kind == WorkKind.REMOVE:
             if session.engine is not None:
                 yield from self._remove(session, work)
+            return
+        if work.kind == WorkKind.EDIT:
+            if session.engine is not None:
+                yield from self._edit(session, work, settings)
             return
         engine = session.ensure_engine(system_prompt)
         if work.kind == WorkKind.REGENERATE:
@@ -324,6 +328,27 @@ class ModelWork:
             session.documents[:] = [r for r in session.documents
                                     if not (covers(source, r.path) and r.status.in_context)]
             session.fed_digests = {d: path for d, path in session.fed_digests.items() if not covers(source, path)}
+
+    def _edit(self, session: Session, work: Work, settings: GenerationSettings):
+        """Ask an earlier question in new words: the context is built again with the exchanges before it, the
+        question and what followed it leave the chat (notes stay), and the new words are asked there."""
+        edited = work.edited
+        if edited not in session.chat or not edited.in_context:  # a Clear or an edit before it took it away
+            work.question_item.in_context = False
+            return
+        kept = session.exchanges_before(edited)
+        rebuilt = yield from self._rebuild(session, work, before_exchange(kept), (
+            "Going back to the edited question", "Went back to the edited question",
+            "⚠ Not edited; the context is unchanged"))
+        if not rebuilt:
+            work.question_item.in_context = False
+            return
+        with session.lock:
+            start, later = session.chat.index(edited), session.queued_items(after=work)
+            dropped = {id(c) for c in session.chat[start:] if c.kind != ItemKind.STATUS and id(c) not in later
+                       and c is not work.question_item}
+            session.chat[:] = [c for c in session.chat if id(c) not in dropped]
+        yield from self._answer(session, work, session.engine, settings)
 
     def _rebuild(self, session: Session, work: Work, keep, titles: tuple[str, str, str]):
         """Replay the history as ``keep`` says into a new engine, then swap; on Stop or failure the old engine

@@ -19,6 +19,7 @@ from ..cli import AppConfig
 from ..engine.runtime import ModelRuntime
 from .documents import (DocumentRow, RowStatus, limits_for, plural, progress_line, read_sources,
                         replace_rows, row_from_report, rows_summary)
+from .source_files import keep_uploads
 from .state import Session, Stage, Work
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,7 @@ class Reader:
         read_names = [n for n in names if n not in {r.path for r in refused}]
         if "corpus" in outcome:
             work.corpus = outcome["corpus"]
+            keep_uploads(session.sources, work.sources, work.corpus.reports)
         rows = refused + rows_after_reading(outcome, read_names)
         replace_rows(session.documents, placeholders, rows)
         work.rows = rows

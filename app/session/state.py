@@ -24,6 +24,7 @@ from ..engine.metrics import LiveStats, SessionSeries
 from ..engine.runtime import ModelRuntime, release_memory
 from .answer_from import answer_choices, still_off
 from .documents import DocumentRow, RowStatus, plural
+from .source_files import SourceFiles
 from .temp_folders import session_temp_folder
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class WorkKind(StrEnum):
     RESET = "reset"  # new context
     SAVE = "save"  # write the workspace to disk, after the actions before it
     REMOVE = "remove"  # take one document out of the context (its path is the Work's question)
+    EDIT = "edit"  # ask an earlier question in new words (the Work's question); what followed it goes
 
 
 class Stage(StrEnum):
@@ -90,6 +92,7 @@ class Work:
     rows: list[DocumentRow] = field(default_factory=list)
     status_item: ChatItem | None = None
     question_item: ChatItem | None = None
+    edited: ChatItem | None = None  # EDIT: the question asked anew; the exchanges before it stay
     created: float = field(default_factory=time.perf_counter)  # when the user acted: time to first token starts here
 
     @property
@@ -121,6 +124,7 @@ class Session:
         self.documents: list[DocumentRow] = []
         self.fed_digests: dict[str, str] = {}  # content digest -> the file that brought it (duplicates are skipped)
         self.switched_off: set[str] = set()  # documents not cited nor quoted (answer_from.py); switch_documents
+        self.sources = SourceFiles()  # the uploads its citations open (source_files.py)
         self.pending: deque[Work] = deque()
         self.engine: ContextEngine | None = None
         self.system_prompt: str | None = None
@@ -164,7 +168,7 @@ class Session:
     # -- work ----------------------------------------------------------------------------------
     def new_work(self, kind: str, question: str | None = None, sources: list[str] | None = None, *,
                  question_item: ChatItem | None = None, status_item: ChatItem | None = None,
-                 refused: list[DocumentRow] = ()) -> Work:
+                 refused: list[DocumentRow] = (), edited: ChatItem | None = None) -> Work:
         """Queue an action; one without files to read is ready for the model at once.
 
         Its chat items (and the rows of files refused at the door) join the chat and the table under the same
@@ -172,7 +176,7 @@ class Session:
         rows an earlier action's Stop cancelled stay in the table until now, so the user saw them.
         """
         work = Work(next(self._ids), kind, question, list(sources or []), question_item=question_item,
-                    status_item=status_item)
+                    status_item=status_item, edited=edited)
         if not work.sources:
             work.stage = Stage.READ
         with self.lock:
@@ -214,6 +218,12 @@ class Session:
         """Work queued for the reading or model queue (not abandoned for a day): the session is in use."""
         with self.lock:
             return any(time.perf_counter() - w.created < STALE_WORK_S for w in self.pending)
+
+    def exchanges_before(self, question: ChatItem) -> int:
+        """How many exchanges the context holds before ``question``: the answers kept in it above it."""
+        with self.lock:
+            above = self.chat[:self.chat.index(question)] if question in self.chat else []
+        return sum(1 for c in above if c.kind == ItemKind.ANSWER and c.in_context)
 
     def queued_items(self, after: Work | None = None) -> set[int]:
         """Ids of the chat items of actions still waiting (queued after ``after``, when given): they are not in
@@ -314,6 +324,7 @@ class Session:
             self.chat.clear()
             self.documents.clear()
             self.fed_digests.clear()
+            self.sources.release()
         self.drop_engine()
 
     @contextmanager

@@ -63,6 +63,8 @@ def wire(demo, c: Components, h: Handlers) -> None:
     c.answer_from.input(h.switch_documents, c.answer_from, None, api_name="answer_from", **FAST)
     then_model(c.regenerate.click(h.queue_regenerate, None, view, api_name="regenerate", **FAST), api_name=False)
     then_model(c.clear.click(h.queue_forget, None, view, api_name="clear", **FAST), api_name=False)
+    # A question edited in the chat (its pencil) is asked again in the new words where it was asked.
+    then_model(c.chatbot.edit(h.edit_question, None, view, api_name=False, **FAST), api_name=False)
     # The chat's own trash icon empties only the browser's copy: it clears the chat as the button does.
     then_model(c.chatbot.clear(h.queue_forget, None, view, api_name=False, **FAST), api_name=False)
     # New context in a browser is a new workspace, the one left saved (wire_workspaces); an API client's session,

@@ -22,7 +22,7 @@ from ..cli import AppConfig
 from ..engine.budget import Budget
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import device_memory, stats_dict
-from ..engine.replay import DOCUMENTS_ONLY, replay_cost, without_source
+from ..engine.replay import DOCUMENTS_ONLY, before_exchange, replay_cost, without_source
 from ..engine.runtime import ModelRuntime
 from ..session.documents import plural, screen_uploads, upload_paths
 from ..session.exporting import export_data, write_exports
@@ -216,14 +216,41 @@ class Handlers(WorkspaceEvents):
                              "make it permanent).")
         return self.view(session)
 
-    def _confirm_cost(self, session: Session, action: tuple, cost: int, what: str) -> bool:
+    def edit_question(self, edit: gr.EditData, request: gr.Request):
+        """The user edited one of their questions in the chat: ask it in the new words where it was asked. The
+        context is read again with the exchanges before it (the cost is said first, as for Remove: the same edit
+        again goes ahead), and the question's answer and the exchanges after it leave the chat."""
+        session = self._session(request)
+        index = edit.index if isinstance(edit.index, int) else None
+        with session.lock:
+            item = session.chat[index] if index is not None and 0 <= index < len(session.chat) else None
+        text = clean_text(views.typed_text(edit.value)).strip()
+        if item is None or item.kind != ItemKind.QUESTION or not item.in_context or not item.text \
+                or session.engine is None or session.answer_to(item) is None:
+            messages.warning("Only a question that was answered and is still in the context can be edited.")
+            return self.view(session)
+        if not text or text == item.text:
+            return self.view(session)  # the chat shows the question as it was
+        self._check_question(text)
+        kept = session.exchanges_before(item)
+        later = sum(1 for c in session.chat[session.chat.index(item):] if c.kind == ItemKind.ANSWER and c.in_context)
+        cost = replay_cost(session.engine, before_exchange(kept))
+        what = (f"Asking this question in new words reads the context again up to it (the "
+                f"{plural(later, 'exchange')} from it on leave the chat)")
+        if self._confirm_cost(session, ("edit", index, text), max(cost, 1), what,
+                              "Make the same edit again to go ahead."):
+            session.new_work(WorkKind.EDIT, text, question_item=ChatItem("user", ItemKind.QUESTION, text), edited=item)
+        return self.view(session)
+
+    def _confirm_cost(self, session: Session, action: tuple, cost: int, what: str,
+                      again: str = "Click again to go ahead.") -> bool:
         """A rebuild costs a re-read: the first request says how much (tokens, and time at the measured prefill
         rate), the same request again within CONFIRM_S goes ahead."""
         if not cost or session.confirmed(action, CONFIRM_S):
             return True
         rate = session.stats.prefill_tps or session.last_prefill_rate()  # after a reopen: the answers' own
         took = f", about {views.fmt_seconds(cost / rate)} at {rate:,.0f} tokens/s" if rate else ""
-        session.stop_note = f"{what}: {cost:,} tokens{took}. Click again to go ahead."
+        session.stop_note = f"{what}: {cost:,} tokens{took}. {again}"
         messages.info(session.stop_note)  # also where the eye is: the note is under the chat, the button may not be
         return False
 

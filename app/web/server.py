@@ -17,7 +17,7 @@ from ingest.units import human_bytes  # noqa: E402
 from ..cli import AppConfig
 from ..engine.budget import Budget, context_budget
 from ..engine.runtime import ModelRuntime
-from ..session import temp_folders
+from ..session import source_files, temp_folders
 from ..session.registry import SessionRegistry
 from ..session.workspace_store import WorkspaceStore
 from .events import input_names, wire
@@ -54,8 +54,9 @@ def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = 
     temp_folders.remove_stale()  # session folders of servers stopped or killed before
     store.downloads.clear()  # links a server stopped before left
     # Served as they are, not copied into Gradio's cache: downloads (downloads.py), and the icons and avatars,
-    # whose cached copies the hourly clean-up (delete_cache) removed: every icon answered 403 after an hour.
-    gr.set_static_paths([store.downloads.root, STATIC_DIR])
+    # whose cached copies the hourly clean-up (delete_cache) removed: every icon answered 403 after an hour; and
+    # the uploads citations open (source_files.py).
+    gr.set_static_paths([store.downloads.root, STATIC_DIR, source_files.served_root()])
     info = LayoutInfo(
         notice=runtime.notice, share_warning=config.share_without_auth, allow_local_paths=config.local_paths_enabled,
         budget_tokens=budget.tokens, max_file_size=human_bytes(config.max_file_size),

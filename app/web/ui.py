@@ -148,7 +148,7 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                     avatar_images=(str(STATIC_DIR / "user.svg"), str(STATIC_DIR / "assistant.svg")),
                     placeholder="Drop PDFs, code files or a zipped repository here or in the box below, "
                                 "then ask about them. Answers cite the pages each question drew the model's recall to.",
-                    feedback_options=None,
+                    feedback_options=None, editable="user",
                 )
                 chat_input = gr.MultimodalTextbox(
                     elem_id="chat-input", file_count="multiple", sources=["upload"], file_types=ACCEPTED_TYPES,

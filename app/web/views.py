@@ -6,9 +6,12 @@ Pure formatting: plain Python in, plain Python (and pandas for the plots) out.
 from __future__ import annotations
 
 import html
+import re
+from collections.abc import Callable
 
 import pandas as pd
 
+from ingest.results import Provenance
 from ingest.units import human_bytes
 
 from ..engine.budget import Budget
@@ -25,6 +28,7 @@ PHASE_LABELS = {"idle": "Idle", "reading": "Reading documents", "prefill": "Feed
                 "decode": "Answering", "waiting": "Waiting for the model", "saving": "Saving the workspace"}
 
 
+Opens = Callable[[Provenance], "str | None"]  # a citation's link, or None (source_files.SourceFiles.url)
 FINISH_NOTES = {"length": " · stopped at max tokens", "repetition": " · cut where the answer began to repeat itself"}
 
 
@@ -42,10 +46,17 @@ def _fmt_rate(rate: float) -> str:
 SOURCES_HEADING = "**Sources**, best first (by the question's words and the attention it drew; % of that score):"
 
 
-def answer_markdown(item: ChatItem) -> str:
+def cited(where: Provenance, opens: Opens | None) -> str:
+    """A citation's label, a link that opens its PDF at the page (or its file) where the file was kept."""
+    url = opens(where) if opens is not None else None
+    return f"[`{where.label()}`]({url})" if url else f"`{where.label()}`"
+
+
+def answer_markdown(item: ChatItem, opens: Opens | None = None) -> str:
+    """An answer, its sources (each a link where ``opens`` gives one: source_files.py) and its numbers."""
     parts = [item.text or ("…" if item.pending else "(empty answer)")]
     if item.citations:
-        lines = [f"- `{c.where.label()}` · {c.share:.0%}" + (f" · “{c.snippet}”" if c.snippet else "")
+        lines = [f"- {cited(c.where, opens)} · {c.share:.0%}" + (f" · “{c.snippet}”" if c.snippet else "")
                  for c in item.citations]
         if item.stats.get("quoted"):  # the answer was drawn with the first passages quoted before the question
             for index in range(min(item.stats.get("quoted_sources", 1), len(lines))):
@@ -70,8 +81,21 @@ def user_text(text: str) -> str:
     return markdown_text(text).replace("\n", "  \n")
 
 
-def chat_messages(items: list[ChatItem]) -> list[dict]:
-    """Messages for gr.Chatbot; status and notices render as titled, collapsible blocks."""
+ATTACHED = re.compile(r"\A\*Attached: .*?\*(\n\n|\Z)", re.S)
+NOT_IN_CONTEXT = "\n\n<sub>not in the context</sub>"
+_ESCAPED = re.compile(r"\\([\\`*_\[\]()!#|~{}+\-])")
+
+
+def typed_text(content: str) -> str:
+    """The words of a question as the user typed them, from its chat message (user_text's Markdown, with what
+    chat_messages adds around it), as the Chatbot's edit box gives it back."""
+    content = ATTACHED.sub("", str(content)).removesuffix(NOT_IN_CONTEXT).replace("  \n", "\n")
+    return _ESCAPED.sub(r"\1", html.unescape(content))
+
+
+def chat_messages(items: list[ChatItem], opens: Opens | None = None) -> list[dict]:
+    """Messages for gr.Chatbot; status and notices render as titled, collapsible blocks. ``opens``: where a
+    citation links to (none in an export: its links would lead nowhere outside this server)."""
     messages = []
     for item in items:
         if item.kind == ItemKind.QUESTION:
@@ -79,10 +103,10 @@ def chat_messages(items: list[ChatItem]) -> list[dict]:
             if item.files:
                 text = "*Attached: " + ", ".join(item.files) + "*" + ("\n\n" + text if text else "")
             if not item.in_context and item.text:
-                text += "\n\n<sub>not in the context</sub>"
+                text += NOT_IN_CONTEXT
             messages.append({"role": "user", "content": text})
         elif item.kind == ItemKind.ANSWER:
-            messages.append({"role": "assistant", "content": answer_markdown(item)})
+            messages.append({"role": "assistant", "content": answer_markdown(item, opens)})
         else:
             metadata = {"title": item.title or ""}
             metadata["status"] = "pending" if item.pending else "done"
@@ -97,7 +121,7 @@ def session_view(session: Session, budget: Budget) -> tuple:
     # Counted from the context, as its tokens are: the table's rows say "reading" while their tokens go in
     # (it showed "5,049 from 0 documents").
     return (
-        chat_messages(session.chat),
+        chat_messages(session.chat, session.sources.url),
         document_rows(session.documents),
         context_html(session.context_tokens, engine.document_tokens if engine else 0, budget.tokens, budget.why,
                      engine.document_sources if engine else 0),
