@@ -44,7 +44,8 @@ def main(argv=None) -> None:
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1440, "height": 1100})
+            context = browser.new_context(viewport={"width": 1440, "height": 1100})  # one browser: one workspace
+            page = context.new_page()
             drop_pdf_and_ask(page, server.url, pdf, args.question)
             page.wait_for_function(
                 "() => [...document.querySelectorAll('#chat .message')].some(m => m.innerText.includes('Sources'))",
@@ -57,12 +58,12 @@ def main(argv=None) -> None:
             link = page.locator("#chat a[href*='#page=']").first
             href = page.evaluate("(href) => new URL(href, document.baseURI).href", link.get_attribute("href"))
             print(f"first source opens {href}")
-            opened = page.context.new_page()
+            opened = context.new_page()
             opened.set_viewport_size({"width": 1100, "height": 1100})
             opened.goto(href)
             opened.wait_for_timeout(4000)  # the PDF viewer draws the page
             opened.screenshot(path=str(args.out.with_name(args.out.stem + "-source.png")))
-            phone = page.context.new_page()
+            phone = context.new_page()
             phone.set_viewport_size({"width": 390, "height": 844})
             phone.goto(server.url)  # the same browser: the same workspace, reopened
             phone.wait_for_function(

@@ -139,6 +139,11 @@ def _number(cell):
     return cell
 
 
+SOURCE_LINK = re.compile(r"\]\(gradio_api/file=[^)#]*(#page=\d+)?\)")
+
+
 def answer_body(markdown: str) -> str:
-    """The answer and its sources, without the timing footer (timings differ between runs)."""
-    return markdown.split("\n\n<sub>first token")[0]
+    """The answer and its sources, without the timing footer (timings differ between runs), each source's link
+    kept as the page it opens (its folder is the session's own: source_files.py)."""
+    body = markdown.split("\n\n<sub>first token")[0]
+    return SOURCE_LINK.sub(lambda m: f"](opens{m.group(1) or ''})", body)

@@ -16,6 +16,7 @@ from app.engine import context as context_module, native_memory
 from app.engine.budget import Budget
 from app.engine.chat_format import TurnState
 from app.session.documents import DocumentRow, RowStatus
+from app.session.source_files import SourceFiles
 from app.web import views
 from app.cli import AppConfig
 from app.engine.context import AnswerDelta, AnswerResult, ContextEngine, ContextFull, ContextOutOfMemory, EngineError, Stopped
@@ -631,7 +632,7 @@ def test_the_documents_counted_are_those_with_tokens_in_the_context_while_they_a
     assert engine.document_sources == 1  # report.pdf's first page; src/funcs.py is still to come
     reading = [DocumentRow(name, RowStatus.READING) for name in ("report.pdf", "src/funcs.py")]
     shown = SimpleNamespace(engine=engine, chat=[], documents=reading, context_tokens=engine.length,
-                            stats=engine.stats, pending=[])
+                            stats=engine.stats, pending=[], sources=SourceFiles())
     summary = views.session_view(shown, Budget(tokens=1_000_000, why="test", middle_bytes_per_token=1))[2]
     assert f"{engine.document_tokens:,} from 1 document<" in summary
     run(feeding)

@@ -88,6 +88,17 @@ def test_a_document_inside_the_window_still_gets_sources_and_a_quote(qwen_dir):
     assert result.quoted and "4471" in engine.turns[-1].quoted
 
 
+def test_a_snippet_shows_the_documents_words_not_the_chat_format_or_the_file_header(qwen_dir):
+    runtime = runtime_of(qwen_dir)
+    engine = ContextEngine(runtime, system_prompt="Answer questions about the document.")
+    chunk = Chunk("### notes.txt\nThe magnetron calibration constant is 4471 units.", "notes.txt", 1)
+    for _ in engine.feed_documents([chunk]):
+        pass
+    assert "user" in engine.format.tokenizer.decode(engine.token_ids[engine.spans[1].start:engine.spans[1].end])
+    snippet = ask(engine, "What is the magnetron calibration constant?").citations.citations[0].snippet
+    assert snippet.startswith("The magnetron") and "###" not in snippet and "user" not in snippet
+
+
 def test_a_document_far_beyond_the_window_gets_recalled_sources_fused_with_its_words(qwen_dir):
     runtime = runtime_of(qwen_dir, window=128)
     engine = ContextEngine(runtime, system_prompt="Answer from the document.")

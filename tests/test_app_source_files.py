@@ -67,6 +67,6 @@ def test_the_chat_links_a_kept_source_and_an_export_does_not():
     where = Provenance("manual.pdf", page=3)
     item = ChatItem("assistant", ItemKind.ANSWER, "It is 42.", citations=[Citation(where, 0.8, "snippet")])
     linked = views.answer_markdown(item, lambda w: f"{FILE_ROUTE}/x/manual.pdf#page={w.page}")
-    assert f"[`manual.pdf p. 3`]({FILE_ROUTE}/x/manual.pdf#page=3)" in linked
+    assert f"[manual.pdf p. 3]({FILE_ROUTE}/x/manual.pdf#page=3)" in linked
     plain = views.chat_messages([item])[0]["content"]
     assert "`manual.pdf p. 3`" in plain and FILE_ROUTE not in plain

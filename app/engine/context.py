@@ -11,6 +11,7 @@ one chunk), decode feeds one sampled token per forward (Stop halts within one to
 
 from __future__ import annotations
 
+import re
 import time
 from array import array
 from contextlib import contextmanager
@@ -36,6 +37,20 @@ from .spans import Span, SpanIndex, SpanKind
 
 # Shorter prefills (a question) measure latency, not throughput: they do not overwrite the panel's rate.
 MEASURED_PREFILL = 128
+FILE_HEADER = re.compile(r"(?:\A|\n)### [^\n]*\n")  # ingest's "### name" before a file's first chunk
+HEADER_TOKENS = 128  # tokens from a span's start within which its file's header ends
+CARRY_CHARS = 120  # at most this much text before a header: what the chat format carried (a "### " further on is
+# the document's own Markdown)
+
+
+def words_after_header(text: str) -> str:
+    """A span's text from its document's own words. A file's first chunk starts with its header ("### name"), and
+    the first chunk fed in a turn with the chat format's last tokens too (the carry: "document.\nuser\n" after a
+    Qwen system prompt), both the context's, not the document's: a snippet showed "document. user ### spec.pdf"."""
+    match = FILE_HEADER.search(text)
+    return text[match.end():] if match and match.start() <= CARRY_CHARS else text
+
+
 SNIPPET_BEFORE, SNIPPET_AFTER = 16, 24  # tokens of context shown around a cited passage's most relevant token
 
 
@@ -427,11 +442,26 @@ class ContextEngine:
         return self.token_ids[position] in self.runtime.content_ids
 
     def _snippet(self, position: int, span: Span) -> str:
-        """The passage's text around ``position``, as the model read it (decoded from the context's tokens)."""
-        lo, hi = max(span.start, position - SNIPPET_BEFORE), min(span.end, position + SNIPPET_AFTER)
+        """The passage's text around ``position``, as the model read it (decoded from the context's tokens), from
+        its document's own words on (words_start)."""
+        first = self._words_start(span)
+        lo = max(first, position - SNIPPET_BEFORE)
+        hi = min(span.end, max(position, first) + SNIPPET_AFTER)
         text = self.format.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True)
         text = " ".join(without_page_markers(text).split())  # the citation's label names the page
-        return ("…" if lo > span.start else "") + text + ("…" if hi < span.end else "")
+        return ("…" if lo > first else "") + text + ("…" if hi < span.end else "")
+
+    def _words_start(self, span: Span) -> int:
+        """The first token of ``span`` after its file's header and what the chat format carried before it
+        (words_after_header), or its start where it has neither."""
+        decode = self.format.tokenizer.decode
+        reach = min(span.end, span.start + HEADER_TOKENS)
+        head = decode(self.token_ids[span.start:reach], skip_special_tokens=True)
+        header_end = len(head) - len(words_after_header(head))
+        if not header_end:
+            return span.start
+        return next((t for t in range(span.start + 1, reach)
+                     if len(decode(self.token_ids[span.start:t], skip_special_tokens=True)) >= header_end), reach)
 
     def ask(self, question: str, settings: GenerationSettings, cancel=None,
             started: float | None = None, switched_off: frozenset[str] = frozenset()) -> Iterator[object]:

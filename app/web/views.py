@@ -49,7 +49,7 @@ SOURCES_HEADING = "**Sources**, best first (by the question's words and the atte
 def cited(where: Provenance, opens: Opens | None) -> str:
     """A citation's label, a link that opens its PDF at the page (or its file) where the file was kept."""
     url = opens(where) if opens is not None else None
-    return f"[`{where.label()}`]({url})" if url else f"`{where.label()}`"
+    return f"[{markdown_text(where.label())}]({url})" if url else f"`{where.label()}`"
 
 
 def answer_markdown(item: ChatItem, opens: Opens | None = None) -> str:
