@@ -42,7 +42,7 @@ def test_weights_on_no_grid_are_kept_in_8_bits():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("grid", [True, False])
-def test_few_rows_use_the_copy_and_many_rows_the_dense_layer(dtype, grid):
+def test_one_row_uses_the_copy_and_more_rows_the_dense_layer(dtype, grid):
     dense = nn.Linear(128, 64, bias=True).to(dtype)
     with torch.no_grad():
         dense.weight.copy_(on_q4_grid(64, 128) if grid else torch.randn(64, 128))
@@ -50,10 +50,10 @@ def test_few_rows_use_the_copy_and_many_rows_the_dense_layer(dtype, grid):
     copy = dw.fit(dense.weight)
     layer = dw.DecodeLinear(dense, copy, dtype)
     assert layer.kind == ("int4" if grid else "int8")
-    x = torch.randn(1, 2, 128, dtype=dtype)
+    x = torch.randn(1, dw.DECODE_ROWS, 128, dtype=dtype)
     reference = x.double() @ copy.dequantize().double().T + dense.bias.double()
     got = layer(x)
-    assert got.shape == (1, 2, 64) and got.dtype == dtype
+    assert got.shape == (1, dw.DECODE_ROWS, 64) and got.dtype == dtype
     tolerance = 0.02 if dtype == torch.bfloat16 else 1e-3
     assert (got.double() - reference).abs().max() / reference.abs().max() < tolerance
     many = torch.randn(1, dw.DECODE_ROWS + 1, 128, dtype=dtype)

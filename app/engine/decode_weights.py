@@ -30,7 +30,8 @@ from lminfinite.tensor_file import TensorFile
 log = logging.getLogger(__name__)
 
 GROUP = 32  # weights per 4-bit group: Q4_K's sub-block, and a group size PyTorch's int4 CPU kernel takes
-DECODE_ROWS = 4  # a forward of at most this many tokens uses the integer copy (an answer's tokens: one at a time)
+DECODE_ROWS = 1  # a forward of one token uses the integer copy (an answer: one token at a time); the int8 kernel
+# crashed the process on a 4-row forward inside Qwen2.5-Coder-1.5B (torch 2.13), so more rows go to the dense layer
 ON_GRID = 0.1  # a weight is on its group's grid when it lies within this fraction of a step of a grid point
 INT4_GROUPS = 0.99  # a weight matrix is kept in 4 bits when at least this share of its groups lie on a grid
 SIDECAR = "decode-weights.safetensors"
@@ -159,7 +160,7 @@ class DecodeLinear(nn.Module):
         rows = x.numel() // x.shape[-1]
         if rows > DECODE_ROWS or x.dtype != self.dense.weight.dtype:
             return self.dense(x)
-        flat = x.reshape(rows, x.shape[-1])
+        flat = x.reshape(rows, x.shape[-1]).contiguous()  # the kernels read it as one block
         if self.kind is CopyKind.INT4:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
         else:
