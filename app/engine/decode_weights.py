@@ -52,8 +52,12 @@ class Int4Grid:
     offsets: torch.Tensor  # float32 [out, in / GROUP]
     exact_share: float  # groups whose weights all lay on their grid
 
+    def unpacked(self) -> torch.Tensor:
+        """The codes one to an element, [out, in]."""
+        return torch.stack([self.codes & 0xF, self.codes >> 4], dim=-1).reshape(self.codes.shape[0], -1)
+
     def dequantize(self) -> torch.Tensor:
-        codes = torch.stack([self.codes & 0xF, self.codes >> 4], dim=-1).reshape(self.codes.shape[0], -1).float()
+        codes = self.unpacked().float()
         grouped = codes.reshape(codes.shape[0], -1, GROUP)
         return (grouped * self.steps[..., None] + self.offsets[..., None]).reshape(codes.shape)
 
@@ -141,9 +145,9 @@ class DecodeLinear(nn.Module):
         self.dense = dense
         self.kind = CopyKind.INT4 if isinstance(copy, Int4Grid) else CopyKind.INT8
         if isinstance(copy, Int4Grid):
-            codes = torch.stack([copy.codes & 0xF, copy.codes >> 4], dim=-1).reshape(copy.codes.shape[0], -1)
-            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32),
-                                                                                              2), persistent=False)
+            codes = copy.unpacked().to(torch.int32)
+            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2),
+                                 persistent=False)
             # the kernel's weight is (code - 8) * scale + zero, per group; [in / GROUP, out, 2]
             zeros = copy.offsets + 8 * copy.steps
             self.register_buffer("scales_zeros", torch.stack([copy.steps, zeros], -1).transpose(0, 1).contiguous()
