@@ -10,6 +10,8 @@ document's questions one after another, as a user does:
 - ``retrieval``: what PrivateGPT or AnythingLLM users get, the peer to beat: the document's chunks (the same
   ingest chunks), the ``RETRIEVED`` best by BM25 (bm25s) pasted into one prompt with the question, answered by
   the same model without LM-Infinite, each question on its own.
+- ``retrieval-chat``: the same, with the previous question and the answer it got before the prompt as chat turns
+  (as AnythingLLM sends the chat's history), the chunks still retrieved by the question alone.
 - ``truncate``: the same model without LM-Infinite given the document's last ``window`` tokens and the question.
 
 Scored per question: right (any of its patterns in the answer), the first source holds the answer (app: the
@@ -34,7 +36,7 @@ import torch
 from benchmarks import devset
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("app", "retrieval", "truncate")
+METHODS = ("app", "retrieval", "retrieval-chat", "truncate")
 RETRIEVED = 4  # chunks the retrieval baseline pastes (a typical RAG default)
 MAX_NEW_TOKENS = 128  # Qwen restates the question first: 64 cut some answers before their point
 SYSTEM_PROMPT = "You are a helpful assistant. Answer questions about the document."  # the app's default
@@ -82,6 +84,7 @@ class Row:
     lexical_ranking: list = field(default_factory=list)
     attention_scores: list = field(default_factory=list)
     lexical_scores: list = field(default_factory=list)
+    followup: bool = False
 
 
 def parse_args(argv=None):
@@ -188,11 +191,12 @@ def answer_with_app(runtime, document, path: Path, args):
                   result.decode_tps, [w.as_dict() for w in sources],
                   [w.as_dict() for w in result.citations.attention_ranking],
                   [w.as_dict() for w in result.citations.lexical_ranking],
-                  list(result.citations.attention_scores), list(result.citations.lexical_scores))
+                  list(result.citations.attention_scores), list(result.citations.lexical_scores),
+                  followup=question.followup)
 
 
 # -- retrieval with the same model, no LM-Infinite ----------------------------------------------------------
-def answer_with_retrieval(runtime, document, path: Path, args):
+def answer_with_retrieval(runtime, document, path: Path, args, *, chat: bool = False):
     import bm25s
 
     from app.engine.lexical import terms
@@ -202,16 +206,23 @@ def answer_with_retrieval(runtime, document, path: Path, args):
     chunks = corpus.chunks
     retriever = bm25s.BM25()
     retriever.index([terms(c.text) or ["\u2205"] for c in chunks], show_progress=False)
+    earlier = None
     for index, question in enumerate(document.questions):
         scores = retriever.get_scores(terms(question.question) or ["\u2205"])
         best = sorted(range(len(chunks)), key=lambda i: -scores[i])[:RETRIEVED]
         context = "\n\n".join(chunks[i].text for i in best)
         prompt = RAG_PROMPT.format(context=context, question=question.question)
-        text, ttft, prefill_tps, decode_tps = _plain_answer(runtime, prompt)
+        text, ttft, prefill_tps, decode_tps = _plain_answer(runtime, prompt, earlier if chat else None)
+        earlier = (question.question, text)
         first = chunks[best[0]].where if best else None
-        yield Row("retrieval", document.name, devset.split(document.name), index, question.question, text,
-                  question.is_right(text), first is not None and question.holds(first), question.paraphrased,
-                  ttft, prefill_tps, decode_tps, [chunks[i].where.as_dict() for i in best])
+        yield Row("retrieval-chat" if chat else "retrieval", document.name, devset.split(document.name), index,
+                  question.question, text, question.is_right(text), first is not None and question.holds(first),
+                  question.paraphrased, ttft, prefill_tps, decode_tps, [chunks[i].where.as_dict() for i in best],
+                  followup=question.followup)
+
+
+def answer_with_retrieval_chat(runtime, document, path: Path, args):
+    return answer_with_retrieval(runtime, document, path, args, chat=True)
 
 
 def answer_with_truncation(runtime, document, path: Path, args):
@@ -224,11 +235,13 @@ def answer_with_truncation(runtime, document, path: Path, args):
         prompt = f"{tail}\n\n{question.question}"
         text, ttft, prefill_tps, decode_tps = _plain_answer(runtime, prompt)
         yield Row("truncate", document.name, devset.split(document.name), index, question.question, text,
-                  question.is_right(text), False, question.paraphrased, ttft, prefill_tps, decode_tps)
+                  question.is_right(text), False, question.paraphrased, ttft, prefill_tps, decode_tps,
+                  followup=question.followup)
 
 
-def _plain_answer(runtime, user_turn: str) -> tuple[str, float, float, float]:
-    """The model without LM-Infinite, greedy, on [system, user_turn]: answer, first-token seconds, rates."""
+def _plain_answer(runtime, user_turn: str, earlier: tuple[str, str] | None = None) -> tuple[str, float, float, float]:
+    """The model without LM-Infinite, greedy, on [system, user_turn] (after the ``earlier`` question and answer as
+    chat turns, if given): answer, first-token seconds, rates."""
     import lminfinite
     from transformers import DynamicCache
 
@@ -236,7 +249,9 @@ def _plain_answer(runtime, user_turn: str) -> tuple[str, float, float, float]:
     state = lminfinite.get_state(model)
     lminfinite.disable(model)
     try:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_turn}]
+        history = [{"role": "user", "content": earlier[0]}, {"role": "assistant", "content": earlier[1]}] \
+            if earlier else []
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}, *history, {"role": "user", "content": user_turn}]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                             return_dict=True)["input_ids"]
         cache = DynamicCache(config=model.config)
@@ -258,7 +273,8 @@ def _plain_answer(runtime, user_turn: str) -> tuple[str, float, float, float]:
             len(answer) / decode_s if answer and decode_s > 0 else 0.0)
 
 
-ANSWERERS = {"app": answer_with_app, "retrieval": answer_with_retrieval, "truncate": answer_with_truncation}
+ANSWERERS = {"app": answer_with_app, "retrieval": answer_with_retrieval, "retrieval-chat": answer_with_retrieval_chat,
+             "truncate": answer_with_truncation}
 
 
 # -- sources: each ranking, and fusions of the two, from the rankings the app recorded -------------------------
@@ -314,7 +330,7 @@ def rescored(rows: list[Row]) -> list[Row]:
     out = []
     for row in rows:
         question = questions[row.document, row.index]
-        out.append(replace(row, right=question.is_right(row.answer)))
+        out.append(replace(row, right=question.is_right(row.answer), followup=question.followup))
     return out
 
 
@@ -338,6 +354,7 @@ def methods_of(rows: list[Row]) -> dict:
             "right_later_questions": sum(r.right for r in later), "later_questions": len(later),
             "right_paraphrased": sum(r.right for r in mine if r.paraphrased),
             "paraphrased": sum(r.paraphrased for r in mine),
+            "right_followup": sum(r.right for r in mine if r.followup), "followups": sum(r.followup for r in mine),
             "ttft_s_median": round(statistics.median(r.ttft_s for r in mine), 2) if mine else None,
             # the app: the documents' prefill (its first row per document); the others: each prompt's
             "prefill_tps_median": round(statistics.median(r.prefill_tps for r in (first if method == "app" and first
@@ -420,12 +437,13 @@ def publish_table(summaries: list[dict], readme: bool) -> str:
                          pct(m["first_source_right"], m["questions"]),
                          f"{m['right_first_question']}/{m['first_questions']} · "
                          f"{m['right_later_questions']}/{m['later_questions']}",
-                         pct(m["right_paraphrased"], m["paraphrased"]), f"{m['ttft_s_median']:.1f}",
+                         pct(m["right_paraphrased"], m["paraphrased"]),
+                         pct(m.get("right_followup", 0), m.get("followups", 0)), f"{m['ttft_s_median']:.1f}",
                          f"{m['prefill_tps_median']:,}", f"{m['decode_tps_median']:.1f}",
                          f"{summary['peak_rss_mib']:,}"])
     table = markdown_table(["model", "window", "answered by", "right", *(f"right, {s}" for s in devset.SPLITS),
                             "first source right", "right: first question · later", "right: paraphrased",
-                            "first token s (median)", "prefill tok/s (median)", "decode tok/s (median)",
+                            "right: follow-up", "first token s (median)", "prefill tok/s (median)", "decode tok/s (median)",
                             "peak RSS MiB"], rows)
     dates = sorted({d for s in summaries for d in s["date"].split(", ")})
     threads = sorted({s["threads"] for s in summaries})

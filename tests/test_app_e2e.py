@@ -72,7 +72,7 @@ def test_upload_ask_stream_with_sources_and_live_panel(server, files):
     assert app.context_tokens > document_tokens
 
     answer = app.last_answer()
-    assert "**Sources**, best first (by the question's words and the attention it drew" in answer
+    assert "**Sources**, best first (the one the answer is read from, then by the question's words" in answer
     cited = answer.split("**Sources**")[1]
     assert "report.pdf p. " in cited or "demo_repo/" in cited
     assert "% of that score" in cited and "% · “" in cited  # what the percentage is; the text

@@ -20,7 +20,7 @@ from app.session.source_files import SourceFiles
 from app.web import views
 from app.cli import AppConfig
 from app.engine.context import AnswerDelta, AnswerResult, ContextEngine, ContextFull, ContextOutOfMemory, EngineError, Stopped
-from app.engine.citations import CARRIED_TOKENS, NEUTRAL_QUESTION
+from app.engine.citations import CARRIED_TOKENS, NEUTRAL_QUESTION, lead_with_answer_source
 from app.engine.generation import GenerationSettings
 from app.engine.history import Exchange
 from app.engine.reader import AnswerReader
@@ -660,3 +660,59 @@ def test_a_document_switched_off_is_neither_cited_nor_quoted_and_with_all_off_th
     # Nothing was read again: the context grew by the three questions and their answers only.
     assert engine.history[0].chunks and len([h for h in engine.history if hasattr(h, "chunks")]) == 1
     assert engine.length > length
+
+
+# -- follow-ups and the answer's own source (reader.py, citations.lead_with_answer_source) ----------------------
+def test_a_quoted_follow_up_is_drawn_after_the_exchange_before_it_and_drawn_again_the_same_way(runtime):
+    """The reader holds the conversation's last question and answer before the quotes: "and its default?" names
+    its subject there. Its answer is the one a context holding just that exchange and the quoted turn gives."""
+    engine, alone = new_engine(runtime), new_engine(runtime)
+    run(engine.feed_documents(pdf_like(pages=10)))
+    first = answer(engine, "What is the pass key?", QUOTING)
+    assert engine.turns[-1].earlier is None  # nothing was asked before the first question
+    follow_up = answer(engine, "And is it on page 5?", QUOTING)
+    turn = engine.turns[-1]
+    assert follow_up.quoted and turn.earlier == Exchange("What is the pass key?", first.answer_ids)
+    run(alone.append_exchange(turn.earlier))
+    plain = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=False, quote=False)
+    assert answer(alone, turn.quoted, plain).answer_ids == follow_up.answer_ids
+    assert len(AnswerReader.opening(engine.format, SYSTEM, turn.quoted, turn.earlier)) == alone.spans[-1].start
+    after = list(engine.token_ids)
+    again = run(engine.regenerate(GREEDY))
+    assert again.answer_ids == follow_up.answer_ids and list(engine.token_ids) == after
+
+
+def test_the_reader_keeps_the_first_tokens_of_a_long_earlier_exchange(runtime):
+    from app.engine.reader import EARLIER_TOKENS
+
+    engine = new_engine(runtime)
+    tokenizer = runtime.tokenizer
+    long_answer = tuple(tokenizer.encode(" ".join([FILLER] * 20), add_special_tokens=False))
+    long_question = " ".join([FILLER] * 20)
+    assert len(long_answer) > EARLIER_TOKENS
+    short = Exchange(tokenizer.decode(tokenizer.encode(long_question, add_special_tokens=False)[:EARLIER_TOKENS]),
+                     long_answer[:EARLIER_TOKENS])
+    assert (AnswerReader.opening(engine.format, SYSTEM, "Q?", Exchange(long_question, long_answer))
+            == AnswerReader.opening(engine.format, SYSTEM, "Q?", short))
+    added = len(AnswerReader.opening(engine.format, SYSTEM, "Q?", short)) - len(
+        AnswerReader.opening(engine.format, SYSTEM, "Q?"))
+    assert 2 * EARLIER_TOKENS <= added <= 2 * EARLIER_TOKENS + 32  # the two, and the chat format's markers
+
+
+def test_the_quoted_page_the_answer_is_read_from_is_cited_first(runtime):
+    said = {3: "The pass key is 71432.", 7: "The pass key was later changed to zanzibar."}
+    pages = [Chunk(f"--- page {n} ---\nThe sky is blue. {said.get(n, 'The grass is green.')}\n", "report.pdf", page=n)
+             for n in range(1, 11)]
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pages))
+    result = answer(engine, "What is the pass key?", QUOTING)
+    asked = engine.turns[-1].citations  # as the question ranked them
+    quoted_pages = {w.page for w in asked.quote_sources}
+    assert {3, 7} <= quoted_pages
+    # The answer drawn is cited by the quote its words match best; the engine did that for the answer it drew.
+    support = engine.chunk_index.scores(result.text)
+    assert result.citations == lead_with_answer_source(asked, [support.get(engine.spans.at(lo), 0.0)
+                                                               for lo, _ in asked.quote_spans])
+    for said, page in (("It was changed to zanzibar.", 7), ("The pass key is 71432.", 3)):
+        assert engine._answer_sources(asked, said).citations[0].where.page == page
+    assert {c.where for c in engine._answer_sources(asked, "zanzibar").citations} == {c.where for c in asked.citations}

@@ -23,7 +23,7 @@ from ingest import Provenance
 from ingest.documents import without_page_markers
 
 from .chat_format import Carry, ChatFormat, TurnState
-from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, Ranking, cite
+from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, Ranking, cite, lead_with_answer_source
 from .document_choice import covers
 from .generation import GenerationSettings, LoopGuard, next_token, whole_sentences
 from .history import DocumentsFed, Exchange
@@ -143,6 +143,7 @@ class Turn:
     question_tokens: int  # the question as the context keeps it (its opening, the question, the answer's header)
     quoted: str = ""  # the user turn the answer was drawn from when it quoted sources (quoting.py), read in a
     # context of its own (AnswerReader): regenerate reads it there again
+    earlier: Exchange | None = None  # the exchange the reader held before that turn (reader.py)
 
 
 @dataclass(frozen=True)
@@ -432,11 +433,20 @@ class ContextEngine:
             self.spans.append(Span(start, self.length, SpanKind.ANSWER))
             self.state, self.carry = TurnState.CLOSED, carry
         self.stats.decode_tps, self.stats.done = decode_tps, len(answer)
+        text = self.format.decode_answer(answer)
+        if quoted:
+            citations = self._answer_sources(citations, text)
         yield AnswerResult(
-            text=self.format.decode_answer(answer), tokens=len(answer), finish=finish,
+            text=text, tokens=len(answer), finish=finish,
             citations=citations, ttft_s=ttft or 0.0, prefill_tps=prefill_tps,
             decode_tps=decode_tps, question_tokens=question_tokens, answer_ids=tuple(answer), quoted=bool(quoted),
         )
+
+    def _answer_sources(self, citations: CitationReport, answer: str) -> CitationReport:
+        """The sources with the page of the quoted chunk the answer's words come from first (citations.py)."""
+        scores = self.chunk_index.scores(answer)
+        support = [scores.get(self.spans.at(lo), 0.0) for lo, _ in citations.quote_spans]
+        return lead_with_answer_source(citations, support)
 
     def _is_content(self, position: int) -> bool:
         return self.token_ids[position] in self.runtime.content_ids
@@ -478,22 +488,24 @@ class ContextEngine:
         planned = sum(len(p.ids) for p in pieces)
         self._check_budget(planned + 2, "This question")
         baseline = self._neutral_pieces(settings, planned)
+        earlier = self.last_exchange
         result = None
         with self._answering(), self._operation() as before:
             citations, seconds = yield from self._read_question(question, pieces, baseline, settings.answer_topk,
                                                                 cancel, before, self._quote_budget(settings),
-                                                                switched_off)
+                                                                switched_off, earlier)
             prefill_tps = planned / max(seconds, 1e-9)
             quoted, reader = "", None
             if citations.quote_spans or (switched_off and settings.quote):
                 quoted = self._quoted_turn(question, citations)
                 self._restore(before)  # the question is read again after the answer, with it (_decode)
-                reader = yield from self._read_in_reader(quoted, cancel)
+                reader = yield from self._read_in_reader(quoted, cancel, earlier)
             after_question = self._save(self._logits) if reader is None else None
             for item in self._decode(after_question, settings, cancel, started, prefill_tps, planned, citations,
                                      (before, question, reader) if reader else None):
                 if isinstance(item, AnswerResult):
-                    self.turns.append(Turn(before, after_question, citations, self.length, planned, quoted))
+                    self.turns.append(Turn(before, after_question, citations, self.length, planned, quoted,
+                                           earlier if quoted else None))
                     self.history.append(Exchange(question, item.answer_ids))
                     self._keep_undo_points()
                     result = item
@@ -501,6 +513,11 @@ class ContextEngine:
                     yield item
             reader = None  # its cache is freed before the operation ends and trims the heap
         yield result  # after the commit: a consumer that stops here cannot roll the answer back
+
+    @property
+    def last_exchange(self) -> Exchange | None:
+        """The conversation's last question and answer, if any: what a follow-up question refers to."""
+        return next((entry for entry in reversed(self.history) if isinstance(entry, Exchange)), None)
 
     def _keep_undo_points(self) -> None:
         """Drop the states of turns no operation can go back to: all but the first turn's ``before`` (clearing the
@@ -510,12 +527,13 @@ class ContextEngine:
                 self.turns[index] = replace(turn, before=turn.before if index == 0 else None, after_question=None)
 
     def _read_question(self, question: str, pieces: list[Piece], baseline: list[Piece], topk: int, cancel,
-                       before: Saved, quote_budget: int, switched_off: frozenset[str] = frozenset()
-                       ) -> Generator[LiveStats, None, tuple[CitationReport, float]]:
+                       before: Saved, quote_budget: int, switched_off: frozenset[str] = frozenset(),
+                       earlier: Exchange | None = None) -> Generator[LiveStats, None, tuple[CitationReport, float]]:
         """Feed the question with recall ``topk``; return its sources and the seconds the question's own prefill
         took. Sources: the passages the question's recall went to beyond what ``baseline`` (the neutral question,
-        read first and undone back to ``before``) recalls here, fused with BM25 over the chunks
-        (citations.py says why), with ``quote_budget`` tokens of the best chunks to quote."""
+        read first and undone back to ``before``) recalls here, fused with BM25 over the chunks for the question
+        and, a little, the ``earlier`` one (citations.py and lexical.py say why), with ``quote_budget`` tokens of
+        the best chunks to quote."""
         neutral = RecallTally() if baseline and topk else None
         if neutral is not None:
             with self.runtime.observe_recall(neutral):
@@ -530,7 +548,7 @@ class ContextEngine:
             yield from self._prefill(pieces, cancel, topk=0, phase="question")
         seconds = time.perf_counter() - started
         self.chunk_index.refresh(self.spans, self._span_text)
-        lexical = self.chunk_index.scores(question)
+        lexical = self.chunk_index.scores(question, earlier.question if earlier else "")
         if not topk and not lexical:
             return CitationReport.recall_off(), seconds
         report = cite(recalled, self.spans, baseline=neutral, snippet=self._snippet, counts=self._is_content,
@@ -562,10 +580,12 @@ class ContextEngine:
             excerpts.append((where.label(), without_page_markers(text)))
         return quoted_question(excerpts, question)
 
-    def _read_in_reader(self, text: str, cancel) -> Generator[LiveStats, None, "AnswerReader"]:
-        """A context of its own holding the system prompt and ``text`` (AnswerReader), read without recall."""
+    def _read_in_reader(self, text: str, cancel, earlier: Exchange | None = None
+                        ) -> Generator[LiveStats, None, "AnswerReader"]:
+        """A context of its own holding the system prompt, the ``earlier`` exchange and ``text`` (AnswerReader),
+        read without recall."""
         reader = AnswerReader(self.runtime, self.cache, self.stats)
-        ids = reader.opening(self.format, self.system_prompt, text)
+        ids = reader.opening(self.format, self.system_prompt, text, earlier)
         step = self.runtime.prefill_chunk
         for lo in range(0, len(ids), step):
             if cancel is not None and cancel.is_set():
@@ -617,7 +637,7 @@ class ContextEngine:
             after_question, reader = turn.after_question, None
             if turn.quoted:  # drawn in a reader of its own: read the quoted turn there again
                 self._restore(turn.before)
-                reader = yield from self._read_in_reader(turn.quoted, cancel)
+                reader = yield from self._read_in_reader(turn.quoted, cancel, turn.earlier)
             else:
                 self._restore(after_question)
             for item in self._decode(after_question, settings, cancel, started, 0.0, turn.question_tokens,

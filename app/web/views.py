@@ -42,8 +42,10 @@ def _fmt_rate(rate: float) -> str:
 
 
 # -- chat --------------------------------------------------------------------------------------
-# Said once per answer, so short: how the passages are ranked (citations.py) and what the percentage is.
-SOURCES_HEADING = "**Sources**, best first (by the question's words and the attention it drew; % of that score):"
+# Said once per answer, so short: how the passages are ranked (citations.py) and what the percentage is. A quoted
+# answer's own passage leads (citations.lead_with_answer_source).
+SOURCES_HEADING = ("**Sources**, best first (the one the answer is read from, then by the question's words and the "
+                   "attention it drew; % of that score):")
 
 
 def cited(where: Provenance, opens: Opens | None) -> str:

@@ -1,0 +1,80 @@
+"""Which source comes first once the answer is drawn (citations.lead_with_answer_source), and how a follow-up's words
+reach the ranking (lexical.ChunkIndex with the question asked before), without a model."""
+
+from __future__ import annotations
+
+from app.engine.citations import Citation, CitationReport, lead_with_answer_source
+from app.engine.lexical import EARLIER_WEIGHT, ChunkIndex
+from app.engine.spans import Span, SpanKind
+from ingest import Provenance
+
+P = {n: Provenance("m.pdf", n) for n in range(1, 6)}
+
+
+def chunk(page: int, part: int = 0) -> Provenance:
+    """A chunk on ``page``: chunks of one PDF page share its provenance."""
+    return P[page]
+
+
+def report(cited=(1, 2, 3, 4), quoted=(1, 2, 3)) -> CitationReport:
+    return CitationReport(tuple(Citation(P[n], 0.4 - 0.05 * i) for i, n in enumerate(cited)), 0.9, recalled=True,
+                          quote_spans=tuple((100 * i, 100 * i + 50) for i in range(len(quoted))),
+                          quote_sources=tuple(chunk(n) for n in quoted))
+
+
+def pages(r: CitationReport) -> list[int]:
+    return [c.where.page for c in r.citations]
+
+
+def test_the_quoted_page_whose_chunk_the_answer_matches_best_is_cited_first_the_rest_in_their_order():
+    moved = lead_with_answer_source(report(), [0.5, 0.0, 3.0])
+    assert pages(moved) == [3, 1, 2, 4]
+    assert moved.citations[0] == report().citations[2]  # the same citation, its share and snippet unchanged
+    assert moved.quote_sources == report().quote_sources and moved.quote_spans == report().quote_spans
+
+
+def test_the_order_stands_without_support_on_a_tie_or_when_the_first_is_already_best():
+    assert pages(lead_with_answer_source(report(), [0.0, 0.0, 0.0])) == [1, 2, 3, 4]  # other words than the quotes'
+    assert pages(lead_with_answer_source(report(), [])) == [1, 2, 3, 4]  # nothing quoted
+    assert pages(lead_with_answer_source(report(), [2.0, 2.0, 1.0])) == [1, 2, 3, 4]  # a tie keeps the first
+    assert pages(lead_with_answer_source(report(), [4.0, 1.0, 3.0])) == [1, 2, 3, 4]
+
+
+def test_two_quoted_chunks_of_one_page_count_as_that_page_at_their_best():
+    two_on_one = report(quoted=(1, 2, 2))
+    assert pages(lead_with_answer_source(two_on_one, [1.0, 0.2, 1.5])) == [2, 1, 3, 4]
+    assert pages(lead_with_answer_source(report(quoted=(2, 1, 1)), [0.1, 0.5, 0.3])) == [1, 2, 3, 4]
+
+
+def test_a_page_quoted_but_not_cited_moves_nothing():
+    assert pages(lead_with_answer_source(report(cited=(1, 2), quoted=(1, 5)), [0.1, 9.0])) == [1, 2]
+
+
+def _index(texts: list[str]) -> tuple[ChunkIndex, list[Span]]:
+    spans = [Span(i * 10, i * 10 + 10, SpanKind.DOCUMENT, Provenance("n.pdf", i + 1)) for i in range(len(texts))]
+    index = ChunkIndex()
+    index.refresh(spans, lambda span: texts[spans.index(span)])
+    return index, spans
+
+
+TEXTS = ["sha256 digest size is 32 octets", "sha384 digest size is 48 octets",
+         "the update function adds more data to the hash context", "rc4 drops 512 bytes", "chacha nonce is 8 octets",
+         "gcm mode recommended by nist", "ccm mode recommended by nist", "yarrow quick pool needs 100 bits"]
+
+
+def test_the_question_before_breaks_a_follow_ups_near_ties_toward_the_conversations_passage():
+    index, spans = _index(TEXTS)
+    alone, followed = index.scores("And its size?"), index.scores("And its size?", "What is the sha256 digest?")
+    assert alone[spans[0]] == alone[spans[1]]  # "size" alone cannot tell the two digests apart
+    assert max(followed, key=followed.get) == spans[0]
+    earlier = index.scores("What is the sha256 digest?")
+    for span in spans:  # the question's own score, plus a tenth of the earlier question's
+        assert abs(followed.get(span, 0.0) - alone.get(span, 0.0) - EARLIER_WEIGHT * earlier.get(span, 0.0)) < 1e-6
+
+
+def test_a_question_on_another_topic_is_ranked_by_its_own_words():
+    index, spans = _index(TEXTS)
+    scores = index.scores("Which mode does nist recommend with ccm?", "What is the sha256 digest size?")
+    assert max(scores, key=scores.get) == spans[6]
+    assert index.scores("", "What is the sha256 digest?")  # a question without words: the earlier one's alone
+    assert index.scores("the of and") == {} and index.scores("the of and", "") == {}
