@@ -18,7 +18,7 @@ from app.session.state import ChatItem, ItemKind, Session
 from app.session.workspace_file import (RECORD_KEY, Summary, WorkspaceFileError, check_compatible, read_summary,
                                         read_workspace, write_workspace)
 from app.session.workspace_store import WorkspaceStore, new_workspace_id
-from app.web.workspace_views import workspace_rows
+from app.web.workspace_views import chosen_row, workspace_rows
 from ingest import Provenance
 from lminfinite.tensor_file import write_tensors
 
@@ -117,8 +117,8 @@ def test_a_stored_file_with_a_bad_summary_is_listed_as_damaged_and_the_list_stil
     listed = {w.id: w for w in store.list(None)}
     assert listed[good].summary == read_summary(store.path(None, good)) and isinstance(listed[good].summary, Summary)
     assert listed[bad].summary is None and "summary.tokens is 'lots'" in listed[bad].problem
-    rows = {row[0]: row for row in workspace_rows(list(listed.values()), current_id=good)}
-    assert rows["● Good"][1:3] == [1, "0"]
+    rows = {row[0].split(" — ")[0]: row for row in workspace_rows(list(listed.values()), current_id=good)}
+    assert rows["● Good"][1:3] == [1, "0"] and rows["● Good"][0] == "● Good — “Which page?” (1 question)"
     assert rows["Bad"][1:3] == ["", ""] and rows["Bad"][4] == f"cannot be opened: {listed[bad].problem}"
 
 
@@ -130,3 +130,34 @@ def test_a_name_with_a_lone_surrogate_is_stored_cleaned_and_later_saves_still_wr
     assert store.name(None, first) == "Notes \ufffd" and store.name(None, second) == "Second 😀"
     index = (store.folder(None) / "names.json").read_bytes().decode("utf-8")  # strict UTF-8
     assert json.loads(index) == {first: "Notes \ufffd", second: "Second 😀"}
+
+
+def test_the_list_reads_like_conversations_and_a_row_clicked_chooses_its_workspace(tmp_path):
+    """Issue "What a user sees", item 11: each line names the last question asked and how many were; a question
+    not kept (stopped) is not counted; a file saved before these were kept lists by its name alone."""
+    store = WorkspaceStore(tmp_path / "ws")
+    talk, older = new_workspace_id(), new_workspace_id()
+    session = new_session()
+    long_question = "How do I set the " + "very " * 30 + "long option?"
+    session.chat += [
+        ChatItem("user", ItemKind.QUESTION, "First?"), ChatItem("assistant", ItemKind.ANSWER, "One."),
+        ChatItem("user", ItemKind.QUESTION, long_question), ChatItem("assistant", ItemKind.ANSWER, "Two."),
+        ChatItem("user", ItemKind.QUESTION, "Stopped?"),
+        ChatItem("assistant", ItemKind.ANSWER, "Sto", stopped=True, in_context=False),
+    ]
+    write_workspace(store.path(None, talk), session, "Manual")
+    summary = read_summary(store.path(None, talk))
+    assert (summary.questions, summary.last_question) == (2, long_question)
+    rewrite_record(saved_workspace(store.path(None, older)),
+                   lambda record: [record["summary"].pop(k) for k in ("questions", "last_question")])
+    assert read_summary(store.path(None, older)).questions == 0  # an older file still reads
+    saved = store.list(None)
+    rows = workspace_rows(saved, current_id=older)
+    by_id = dict(zip((w.id for w in saved), rows))
+    line = by_id[talk][0]
+    assert line.startswith("Manual — “How do I set the very") and line.endswith("…” (2 questions)")
+    assert len(line) < len("Manual — “”  (2 questions)") + 81 and by_id[older][0] == "● Notes"
+    for row, listed in enumerate(saved):
+        assert chosen_row(saved, row, rows[row][0]) == listed.id
+    assert chosen_row(saved, 0, "a line drawn before the list changed") is None
+    assert chosen_row(saved, len(saved), rows[0][0]) is None and chosen_row(saved, None, "") is None

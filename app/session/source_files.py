@@ -1,12 +1,14 @@
 """The files a session's citations open: each uploaded PDF, and each plain-text or code file, kept as it was
 uploaded so that a cited page opens in the browser's PDF viewer at that page (``#page=N``), and a cited file opens.
 
-A session's files are hard links (no copy) in a folder of its own under this server's temporary folder
-(temp_folders.py), named by a random token: Gradio serves that root as it is (``gr.set_static_paths``) and a URL can
-be neither guessed nor listed, so only the session that was sent it can open it. Gradio serves a static file inline
-whatever its type, so only types a browser shows without running them are linked: PDFs, and text served as
-``.txt`` (an uploaded HTML page opened from our address could run its scripts there). The folder goes when the
-session is freed, and the whole root when the server stops.
+A session's files are in a folder of its own under this server's temporary folder (temp_folders.py), named by a
+random token: Gradio serves that root as it is (``gr.set_static_paths``) and a URL can be neither guessed nor
+listed, so only the session that was sent it can open it. A PDF is a hard link to the upload (no copy); a text or
+code file becomes a page of its lines, each with an anchor (line_view.py), so that a citation opens it at its first
+line, or, when larger than ``line_view.MAX_BYTES``, a hard link served as ``.txt``. Gradio serves a static file
+inline whatever its type, so only types a browser shows without running them are linked (an uploaded HTML page
+opened from our address could run its scripts there; the line pages are ours, escaped, and forbid scripts). The
+folder goes when the session is freed, and the whole root when the server stops.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from urllib.parse import quote
 
 from ingest.results import INGESTED, PARTIAL, FileReport, Provenance
 
+from . import line_view
 from .temp_folders import server_temp_root
 
 ROOT = "sources"
@@ -56,12 +59,16 @@ class SourceFiles:
             self._folder = served_root() / secrets.token_hex(16)
             self._folder.mkdir(mode=0o700)
         kept = self._folder / f"{len(self._files)}-{safe_name(display)}"
-        if upload.suffix.lower() != PDF:
-            kept = kept.with_name(kept.name + ".txt")
-        try:
-            os.link(upload, kept)
-        except OSError:  # another filesystem: one copy
-            shutil.copyfile(upload, kept)
+        if upload.suffix.lower() != PDF and upload.stat().st_size <= line_view.MAX_BYTES:
+            kept = kept.with_name(kept.name + line_view.SUFFIX)
+            kept.write_text(line_view.line_page(display, upload.read_bytes()), encoding="utf-8")
+        else:
+            if upload.suffix.lower() != PDF:
+                kept = kept.with_name(kept.name + ".txt")
+            try:
+                os.link(upload, kept)
+            except OSError:  # another filesystem: one copy
+                shutil.copyfile(upload, kept)
         self.drop(display)
         self._files[display] = kept
 
@@ -71,12 +78,16 @@ class SourceFiles:
             kept.unlink(missing_ok=True)
 
     def url(self, where: Provenance) -> str | None:
-        """Where the citation ``where`` opens: its PDF at its page, or its file; None when it was not kept."""
+        """Where the citation ``where`` opens: its PDF at its page, its file's page of lines at its first line, or
+        its file; None when it was not kept."""
         kept = self._files.get(where.source)
         if kept is None or not kept.exists():
             return None
-        page = f"#page={where.page}" if where.page is not None and kept.suffix == PDF else ""
-        return f"{FILE_ROUTE}{quote(str(kept))}{page}"
+        if kept.suffix == PDF:
+            anchor = f"#page={where.page}" if where.page is not None else ""
+        else:
+            anchor = line_view.line_anchor(where.line_start) if kept.suffix == line_view.SUFFIX else ""
+        return f"{FILE_ROUTE}{quote(str(kept))}{anchor}"
 
     def release(self) -> None:
         """The session is freed: its files go."""

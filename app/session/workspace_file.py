@@ -51,6 +51,22 @@ class Summary:
     tokens: int
     saved_at: float
     model: str
+    questions: int = 0  # answered and kept in the context; files saved before these two were kept have neither
+    last_question: str = ""  # the newest of them (cut to LAST_QUESTION_CHARS): what the conversation is about
+
+
+LAST_QUESTION_CHARS = 200
+
+
+def conversation_summary(session: Session) -> tuple[int, str]:
+    """How many questions the context holds answered, and the newest of them, as the list shows them."""
+    count, question, last = 0, None, ""
+    for item in session.chat:
+        if item.kind == ItemKind.QUESTION:
+            question = item
+        elif item.kind == ItemKind.ANSWER and item.in_context and question is not None:
+            count, last, question = count + 1, question.text, None
+    return count, " ".join(last.split())[:LAST_QUESTION_CHARS]
 
 
 def _chat_item(item: ChatItem) -> dict:
@@ -82,7 +98,7 @@ def write_workspace(path: Path, session: Session, name: str, *, middle_dtype: to
     """Save ``session`` (idle: no model step running) to ``path`` atomically; returns the file's size."""
     tensors, context = ({}, None) if session.engine is None else context_record(session.engine, middle_dtype=middle_dtype)
     summary = Summary(name, sum(1 for r in session.documents if r.status.in_context),
-                      session.context_tokens, time.time(), session.runtime.name)
+                      session.context_tokens, time.time(), session.runtime.name, *conversation_summary(session))
     record = {"format": FORMAT, "summary": asdict(summary), "session": session_record(session), "context": context}
     write_tensors(tensors, {RECORD_KEY: json.dumps(record)}, Path(path))
     return Path(path).stat().st_size

@@ -134,7 +134,8 @@ def _one_of(values):
     return _is(lambda v: isinstance(v, str) and v in names, "one of " + ", ".join(names))
 
 
-SUMMARY = _fields({"name": _text, "documents": _count, "tokens": _count, "saved_at": _number, "model": _text})
+SUMMARY = _fields({"name": _text, "documents": _count, "tokens": _count, "saved_at": _number, "model": _text},
+                  {"questions": _count, "last_question": _text})  # optional: files saved before they were kept
 _PLACE = _fields({"source": _text, "page": _maybe(_count), "page_label": _maybe(_text),
                   "line_start": _maybe(_count), "line_end": _maybe(_count)})
 _CITATION = _fields({"where": _PLACE, "share": _number, "snippet": _text})

@@ -88,6 +88,7 @@ def wire_workspaces(demo, c: Components, h: Handlers, then_model) -> None:
     """Page load shows the workspace the browser remembers; open, new, save, rename, delete, download, import."""
     shown = [c.workspace_id, *c.view, *c.workspace_view]  # a switch changes everything on screen
     demo.load(h.page_load, c.workspace_id, shown, api_name=False, **FAST)
+    c.workspaces.select(h.choose_listed, None, c.workspace_choice, api_name=False, **FAST)  # a row clicked
     c.open_workspace.click(h.open_workspace, c.workspace_choice, shown, api_name=False, **FAST)
     c.new_workspace.click(h.new_workspace, None, shown, api_name=False, **FAST)
     c.new_context.click(h.new_context, None, shown, api_name=False, **FAST)

@@ -17,7 +17,7 @@ from ..session.workspace_quota import QuotaExceeded, check_quota
 from ..session.workspace_store import MAX_NAME_CHARS, cut_name, is_workspace_id
 from . import messages, views
 from .ui import VIEW
-from .workspace_views import reopening_chat, workspace_choices, workspace_note, workspace_rows
+from .workspace_views import chosen_row, reopening_chat, workspace_choices, workspace_note, workspace_rows
 
 
 class WorkspaceEvents:
@@ -183,6 +183,18 @@ class WorkspaceEvents:
 
     def workspace_panel(self, request: gr.Request):
         return self.workspace_view(self._session(request, touch=False))
+
+    def choose_listed(self, selected: gr.SelectData, request: gr.Request):
+        """A row of the list clicked: that workspace chosen, for Open, Download or Delete. A list changed since it
+        was drawn (another tab saved, renamed or deleted one) is drawn again, and nothing is chosen."""
+        saved = self.registry.store.list(self._session(request, touch=False).owner)
+        row = selected.index[0] if isinstance(selected.index, (list, tuple)) else selected.index
+        shown = (selected.row_value or [""])[0]
+        chosen = chosen_row(saved, row, shown)
+        if chosen is None:
+            messages.info("The list changed meanwhile: it is shown again; choose once more.")
+            return gr.Dropdown(choices=workspace_choices(saved), value=None)
+        return gr.Dropdown(choices=workspace_choices(saved), value=chosen)
 
 
 IMPORTED = " (imported)"

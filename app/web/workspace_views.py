@@ -10,8 +10,9 @@ from ..session.state import Session
 from ..session.workspace_quota import save_size
 from ..session.workspace_store import SavedWorkspace
 
-WORKSPACE_HEADERS = ["Name", "Files", "Tokens", "Size", "Saved"]  # short headers: the panel is narrow
-WORKSPACE_COLUMN_WIDTHS = ["34%", "12%", "16%", "14%", "24%"]
+WORKSPACE_HEADERS = ["Conversation", "Files", "Tokens", "Size", "Saved"]  # short headers: the panel is narrow
+WORKSPACE_COLUMN_WIDTHS = ["44%", "10%", "14%", "12%", "20%"]
+SHOWN_QUESTION_CHARS = 80
 
 
 def when(timestamp: float) -> str:
@@ -21,15 +22,38 @@ def when(timestamp: float) -> str:
     return time.strftime("%H:%M" if local[:3] == today[:3] else "%Y-%m-%d %H:%M", local)
 
 
+def conversation(w: SavedWorkspace, current_id: str) -> str:
+    """A list line that reads like a conversation's: its name, then the last question asked and how many were."""
+    name = ("● " if w.id == current_id else "") + w.name
+    summary = w.summary
+    if summary is None or not summary.questions:
+        return name
+    question = summary.last_question
+    if len(question) > SHOWN_QUESTION_CHARS:
+        question = question[:SHOWN_QUESTION_CHARS - 1].rstrip() + "…"
+    asked = f"{summary.questions} questions" if summary.questions > 1 else "1 question"
+    return f"{name} — “{question}” ({asked})"
+
+
 def workspace_rows(saved: list[SavedWorkspace], current_id: str) -> list[list]:
+    """The list, newest first (``WorkspaceStore.list``): a row clicked is chosen (``chosen_row``)."""
     rows = []
     for w in saved:
-        name = ("● " if w.id == current_id else "") + w.name
+        name = conversation(w, current_id)
         if w.summary is None:
             rows.append([name, "", "", human_bytes(w.size), f"cannot be opened: {w.problem}"])
         else:
             rows.append([name, w.summary.documents, f"{w.summary.tokens:,}", human_bytes(w.size), when(w.modified)])
     return rows
+
+
+def chosen_row(saved: list[SavedWorkspace], row: int | None, shown: str) -> str | None:
+    """The id of the workspace in list row ``row`` whose line reads ``shown`` (the table the user clicked), or
+    None when the list changed since (another tab saved, renamed or deleted one)."""
+    if row is None or not 0 <= row < len(saved):
+        return None
+    w = saved[row]
+    return w.id if shown in (conversation(w, ""), conversation(w, w.id)) else None
 
 
 def workspace_choices(saved: list[SavedWorkspace]) -> list[tuple[str, str]]:
