@@ -161,3 +161,54 @@ def test_the_list_reads_like_conversations_and_a_row_clicked_chooses_its_workspa
         assert chosen_row(saved, row, rows[row][0]) == listed.id
     assert chosen_row(saved, 0, "a line drawn before the list changed") is None
     assert chosen_row(saved, len(saved), rows[0][0]) is None and chosen_row(saved, None, "") is None
+
+
+def test_a_saved_workspace_carries_its_uploads_and_a_reopened_one_links_its_citations_again(tmp_path):
+    """Issue "What a user sees", item 11: a reopened workspace's citations open their PDF page or their lines, from
+    the uploads the file carries (documents still in the context only); a tensor that cannot be a file's bytes is
+    refused as damage."""
+    from app.session.source_files import FILE_ROUTE
+    from app.session.workspace_quota import save_size
+
+    pdf, code, gone = tmp_path / "a.pdf", tmp_path / "tool.py", tmp_path / "old.txt"
+    pdf.write_bytes(b"%PDF-1.4 pages")
+    code.write_text("import os\n<b>bold</b>\n")
+    gone.write_text("removed since\n")
+    session = new_session()
+    for upload in (pdf, code, gone):
+        session.sources.keep(upload.name, upload)
+    session.documents += [DocumentRow("a.pdf", RowStatus.INGESTED, pages=1, tokens=9),
+                          DocumentRow("tool.py", RowStatus.INGESTED, tokens=9),
+                          DocumentRow("old.txt", RowStatus.ROLLED_BACK)]
+    empty = new_session()
+    assert save_size(session) == save_size(empty) + pdf.stat().st_size + code.stat().st_size
+    path = tmp_path / "w.lmiw"
+    write_workspace(path, session, "With files")
+    session.sources.release()
+    reopened = new_session()
+    read_workspace(path, reopened)
+    page_url = reopened.sources.url(Provenance("a.pdf", 1))
+    assert page_url.startswith(FILE_ROUTE) and page_url.endswith("#page=1")
+    from urllib.parse import unquote
+    assert Path(unquote(page_url.removeprefix(FILE_ROUTE).split("#")[0])).read_bytes() == pdf.read_bytes()
+    lines = reopened.sources.url(Provenance("tool.py", line_start=2, line_end=2))
+    page = Path(unquote(lines.removeprefix(FILE_ROUTE).split("#")[0])).read_text()
+    assert lines.endswith("#L2") and '<li id="L2">&lt;b&gt;bold&lt;/b&gt;</li>' in page
+    assert reopened.sources.url(Provenance("old.txt", line_start=1, line_end=1)) is None  # not in the context
+    reopened.sources.release()
+
+    import torch
+
+    with safe_open(str(path), framework="pt") as handle:
+        record = json.loads(handle.metadata()[RECORD_KEY])
+    for tensors, refusal in (({"sources.0": torch.ones(3), "sources.1": torch.zeros(2, dtype=torch.uint8)},
+                              r"damaged or hostile: sources.0 is not a file's bytes"),
+                             ({"cache.x": torch.zeros(2, dtype=torch.uint8), "sources.1": torch.zeros(2, dtype=torch.uint8)},
+                              r"damaged or hostile: session.sources names 'cache.x'")):
+        named = json.loads(json.dumps(record))
+        named["session"]["sources"][0]["tensor"] = next(iter(tensors))
+        write_tensors(tensors, {RECORD_KEY: json.dumps(named)}, path)
+        session = new_session()
+        with pytest.raises(WorkspaceFileError, match=refusal):
+            read_workspace(path, session)
+        assert session.chat == [] and session.sources.url(Provenance("a.pdf", 1)) is None

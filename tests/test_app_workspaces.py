@@ -272,7 +272,12 @@ def test_a_downloaded_workspace_imports_on_another_server_and_a_foreign_one_is_r
     imported = there.registry.peek("import")
     assert shown[1] == imported.workspace_id != workspace_id and imported.name == "Report (imported)"
     assert list(imported.engine.token_ids) == list(session.engine.token_ids)
-    assert [row[0] for row in there.workspace_panel(request("import"))[2]] == ["● Report (imported)"]
+    assert [row[0] for row in there.workspace_panel(request("import"))[2]] == [
+        "● Report (imported) — “What is the pass key?” (1 question)"]
+    # The upload came with it: the imported workspace's citation opens the PDF (workspace_sources.py).
+    cited = imported.chat[-1].citations[0].where
+    assert imported.sources.url(cited).endswith(f"#page={cited.page}") and session.sources.url(cited) is not None
+    assert imported.sources.url(cited) != session.sources.url(cited)  # its own folder on the other server
 
     not_a_workspace = tmp_path / "notes.lmiw"
     not_a_workspace.write_text("hello")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
@@ -25,6 +26,7 @@ from . import line_view
 from .temp_folders import server_temp_root
 
 ROOT = "sources"
+PRIVATE = "source-originals"  # the uploads' own bytes, not served
 FILE_ROUTE = "gradio_api/file="  # Gradio's route for static files; relative, so a proxy's path prefix is kept
 PDF = ".pdf"
 NOT_AS_TEXT = {".html", ".htm", ".xhtml", ".svg", ".xml", ".ipynb"}  # read as text, but served as text they mislead
@@ -45,37 +47,52 @@ def openable(upload: Path) -> bool:
 
 
 class SourceFiles:
-    """One session's kept uploads, by the display path its citations name (ingest's: the file name)."""
+    """One session's kept uploads, by the display path its citations name (ingest's: the file name).
+
+    Each is kept twice at most: what a citation opens (in the served folder) and the upload's own bytes (a hard
+    link, in a private folder beside it that is not served; the same file for a PDF), which a saved workspace
+    carries so that a reopened one's citations open again (``originals``, ``restore``)."""
 
     def __init__(self):
-        self._folder: Path | None = None
+        self._folder: Path | None = None  # served: what citations open
+        self._private: Path | None = None  # not served: the uploads' bytes
         self._files: dict[str, Path] = {}
+        self._originals: dict[str, Path] = {}
+        self._count = 0  # numbers the kept files: two uploads whose names clean alike never share a file
 
     def keep(self, display: str, upload: Path) -> None:
         """Link ``upload`` under ``display`` (a newer upload of the same name replaces the older)."""
         if not openable(upload):
             return
         if self._folder is None:
-            self._folder = served_root() / secrets.token_hex(16)
+            token = secrets.token_hex(16)
+            self._folder = served_root() / token
             self._folder.mkdir(mode=0o700)
-        kept = self._folder / f"{len(self._files)}-{safe_name(display)}"
-        if upload.suffix.lower() != PDF and upload.stat().st_size <= line_view.MAX_BYTES:
-            kept = kept.with_name(kept.name + line_view.SUFFIX)
-            kept.write_text(line_view.line_page(display, upload.read_bytes()), encoding="utf-8")
-        else:
-            if upload.suffix.lower() != PDF:
-                kept = kept.with_name(kept.name + ".txt")
-            try:
-                os.link(upload, kept)
-            except OSError:  # another filesystem: one copy
-                shutil.copyfile(upload, kept)
+            self._private = private_root() / token
+            self._private.mkdir(mode=0o700)
+        self._count += 1
+        stem = f"{self._count}-{safe_name(display)}"
+        kept = self._folder / stem
         self.drop(display)
-        self._files[display] = kept
+        if upload.suffix.lower() == PDF:
+            _link(upload, kept)
+            original = kept
+        else:
+            original = self._private / stem
+            _link(upload, original)
+            if upload.stat().st_size <= line_view.MAX_BYTES:
+                kept = kept.with_name(kept.name + line_view.SUFFIX)
+                kept.write_text(line_view.line_page(display, original.read_bytes()), encoding="utf-8")
+            else:
+                kept = kept.with_name(kept.name + ".txt")
+                _link(original, kept)
+        self._files[display], self._originals[display] = kept, original
 
     def drop(self, display: str) -> None:
-        kept = self._files.pop(display, None)
-        if kept is not None:
-            kept.unlink(missing_ok=True)
+        for held in (self._files, self._originals):
+            kept = held.pop(display, None)
+            if kept is not None:
+                kept.unlink(missing_ok=True)
 
     def url(self, where: Provenance) -> str | None:
         """Where the citation ``where`` opens: its PDF at its page, its file's page of lines at its first line, or
@@ -89,11 +106,40 @@ class SourceFiles:
             anchor = line_view.line_anchor(where.line_start) if kept.suffix == line_view.SUFFIX else ""
         return f"{FILE_ROUTE}{quote(str(kept))}{anchor}"
 
+    def originals(self, displays) -> list[tuple[str, Path]]:
+        """The kept uploads' own files among ``displays`` (the documents a workspace saves), by display path."""
+        return [(d, self._originals[d]) for d in displays if d in self._originals and self._originals[d].exists()]
+
+    def restore(self, display: str, data: bytes) -> None:
+        """Keep ``data``, an upload's bytes a saved workspace carried, under ``display`` as ``keep`` keeps an
+        upload: a PDF opens in the browser's viewer, anything else as its page of lines (escaped; an imported
+        workspace's bytes are as untrusted as an upload)."""
+        with tempfile.TemporaryDirectory(dir=private_root()) as scratch:
+            upload = Path(scratch) / safe_name(display)
+            upload.write_bytes(data)
+            self.keep(display, upload)
+
     def release(self) -> None:
         """The session is freed: its files go."""
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
-        self._folder, self._files = None, {}
+        for folder in (self._folder, self._private):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+        self._folder = self._private = None
+        self._files, self._originals = {}, {}
+
+
+def private_root() -> Path:
+    """The folder the kept uploads' own bytes are in: beside the served one, never served."""
+    root = server_temp_root() / PRIVATE
+    root.mkdir(mode=0o700, exist_ok=True)
+    return root
+
+
+def _link(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem: one copy
+        shutil.copyfile(source, target)
 
 
 def keep_uploads(files: SourceFiles, sources: list[str], reports: list[FileReport]) -> None:

@@ -1,6 +1,7 @@
 """One workspace, one file: a session's context, chat and documents in a single safetensors file.
 
-Tensors: the cache's (lminfinite.cache_state) and the token stream. Everything else (the chat with its
+Tensors: the cache's (lminfinite.cache_state), the token stream, and the uploads citations open
+(workspace_sources.py). Everything else (the chat with its
 citations, the documents table, and the engine's record with its history, to clear the chat or remove a
 document later) is one JSON document in the file's metadata, so listing workspaces reads headers only. One file makes a save atomic
 (written beside, then renamed over the old one) and a workspace one download. Every field of the JSON is
@@ -32,6 +33,7 @@ from .documents import DocumentRow, RowStatus
 from .state import ChatItem, ItemKind, Session
 from .text import clean_strings
 from .workspace_record import MAX_HEADER_BYTES, RECORD, SUMMARY, Malformed, check_shape
+from .workspace_sources import SourcesDamaged, read_sources, restore_sources, source_tensors
 
 RECORD_KEY = "lminfinite-chat.workspace"
 FORMAT = 1
@@ -97,9 +99,12 @@ def session_record(session: Session) -> dict:
 def write_workspace(path: Path, session: Session, name: str, *, middle_dtype: torch.dtype | None = None) -> int:
     """Save ``session`` (idle: no model step running) to ``path`` atomically; returns the file's size."""
     tensors, context = ({}, None) if session.engine is None else context_record(session.engine, middle_dtype=middle_dtype)
+    uploads, sources = source_tensors(session)  # the uploads citations open (workspace_sources.py)
     summary = Summary(name, sum(1 for r in session.documents if r.status.in_context),
                       session.context_tokens, time.time(), session.runtime.name, *conversation_summary(session))
-    record = {"format": FORMAT, "summary": asdict(summary), "session": session_record(session), "context": context}
+    record = {"format": FORMAT, "summary": asdict(summary),
+              "session": {**session_record(session), "sources": sources}, "context": context}
+    tensors = {**tensors, **uploads}
     write_tensors(tensors, {RECORD_KEY: json.dumps(record)}, Path(path))
     return Path(path).stat().st_size
 
@@ -176,20 +181,22 @@ def read_workspace(path: Path, session: Session) -> None:
         rows = [DocumentRow(**r) for r in record["session"]["documents"]]
         digests = dict(record["session"]["fed_digests"])
         switched_off = set(record["session"].get("switched_off", ()))  # older files have none
-        engine = None
-        if record["context"] is not None:
-            with TensorFile(path) as tensors:  # one tensor at a time: never the file's tensors and the cache at once
+        engine, uploads = None, []
+        with TensorFile(path) as tensors:  # one tensor at a time: never the file's tensors and the cache at once
+            if record["context"] is not None:
                 engine = reopen_context(session.runtime, tensors, record["context"], budget=session.budget.tokens,
                                         stats=session.stats)
+            uploads = read_sources(tensors, record["session"].get("sources", ()))  # older files have none
     except WorkspaceFileError:
         raise
-    except (ContextDamaged, CacheFileError) as exc:  # made by no model run: a token, a NaN, counters
+    except (ContextDamaged, CacheFileError, SourcesDamaged) as exc:  # made by no model run: a token, a NaN, counts
         raise WorkspaceFileError(f"{Path(path).name} is damaged or hostile: {exc}") from exc
     except (SafetensorError, KeyError, TypeError, OverflowError) as exc:
         raise WorkspaceFileError(f"{Path(path).name} is damaged or incomplete ({type(exc).__name__}: {exc})") from exc
     except ValueError as exc:  # a model or setting mismatch, or parts that disagree: the message says which
         raise WorkspaceFileError(f"{Path(path).name} cannot be opened here: {exc}") from exc
     session.chat[:], session.documents[:] = chat, rows
+    restore_sources(session, uploads)
     session.fed_digests.update(digests)
     session.switched_off = switched_off
     session.engine = engine

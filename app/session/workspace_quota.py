@@ -10,6 +10,7 @@ from __future__ import annotations
 from ingest.units import human_bytes
 
 from .state import Session
+from .workspace_sources import sources_bytes
 from .workspace_store import WorkspaceStore
 
 TOKEN_ID_BYTES = 8  # the token stream is saved as int64
@@ -21,12 +22,14 @@ class QuotaExceeded(OSError):
 
 def save_size(session: Session) -> int:
     """About the bytes saving ``session`` writes: the cache's rows in use (the middle store in 2-byte floats when
-    --save-middle says so) and the token stream; the JSON record is small beside them."""
+    --save-middle says so), the token stream and the kept uploads (workspace_sources.py); the JSON record is small
+    beside them."""
     held = session.engine.memory() if session.engine is not None else {}
     middle = held.get("middle", 0)
     if session.config.save_middle != "exact":  # stored in 2-byte floats, whatever the cache's dtype
         middle = middle * 2 // session.runtime.dtype.itemsize
-    return held.get("starting", 0) + held.get("window", 0) + middle + session.context_tokens * TOKEN_ID_BYTES
+    return (held.get("starting", 0) + held.get("window", 0) + middle + session.context_tokens * TOKEN_ID_BYTES
+            + sources_bytes(session))
 
 
 def check_quota(store: WorkspaceStore, owner: str | None, workspace_id: str | None, adding: int,

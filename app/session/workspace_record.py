@@ -164,6 +164,7 @@ RECORD = _fields({
     "format": _is(lambda v: type(v) is int, "a format number"),  # which one: workspace_file._header says
     "summary": SUMMARY,
     "session": _fields({"chat": _list_of(_CHAT_ITEM), "documents": _list_of(_DOCUMENT), "fed_digests": _digests},
-                       {"switched_off": _list_of(_text)}),  # documents not answered from (answer_from.py)
+                       {"switched_off": _list_of(_text),  # documents not answered from (answer_from.py)
+                        "sources": _list_of(_fields({"file": _text, "tensor": _text}))}),  # workspace_sources.py
     "context": _maybe(_CONTEXT),
 })
