@@ -81,8 +81,10 @@ def test_paged_store_rolls_back_saves_and_reopens(small_pages, tmp_path):
     reopened, _ = persist.load_cache(model, tmp_path / "paged.safetensors")  # a CPU model: one unbounded buffer
     assert reopened.layers[1].middle.length == cache.layers[1].middle.length
     nxt = random_ids(2 * WINDOW, seed=5)
+    # Pages and one buffer score the middle keys in products of other shapes: bitwise the same on some CPUs'
+    # kernels (Intel's), within float32 rounding on others (an AMD EPYC's AVX2 kernels: 1.8e-7 apart).
     torch.testing.assert_close(feed_in_chunks(model, nxt, 4, reopened), feed_in_chunks(model, nxt, 4, cache),
-                               atol=0, rtol=0)
+                               atol=1e-6, rtol=1e-5)
 
 
 def test_offloaded_store_of_a_cpu_model_keeps_one_buffer():
