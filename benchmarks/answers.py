@@ -105,6 +105,8 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "answers")
     p.add_argument("--tag", default="")
     p.add_argument("--readme", action="store_true")
+    p.add_argument("--block", default="answers",
+                   help="with --report --readme: the README block the table goes to (answers, answers_fresh)")
     p.add_argument("--report", nargs="*", type=Path, default=None,
                    help="only write the table of these summaries (…/answers/<tag>.json, or <tag>.json:<method> for "
                         "one way of answering of that run) and stop")
@@ -120,7 +122,7 @@ def main(argv=None) -> None:
                         args.readme)
         return
     if args.report is not None:
-        publish_table(merged(args.report), args.readme)
+        publish_table(merged(args.report), args.readme, args.block)
         return
     from app.cli import AppConfig
     from app.engine.model_loading import load_runtime
@@ -422,37 +424,42 @@ def publish_sources(rows: list[Row], readme: bool) -> str:
     return text
 
 
-def publish_table(summaries: list[dict], readme: bool) -> str:
-    """README's table: per model and way of answering, right answers (all, tune, confirm), first sources, first
-    against later questions, paraphrased questions, time to first token, decode rate, peak memory."""
+def publish_table(summaries: list[dict], readme: bool, block: str = "answers") -> str:
+    """README's table: per model and way of answering, right answers (all, and per split asked), first sources,
+    first against later questions, paraphrased questions (and follow-ups, where asked), time to first token,
+    decode rate, peak memory."""
     from benchmarks.report import splice_readme
     from ingest.tables import markdown_table
 
+    methods = [m for summary in summaries for m in summary["methods"].values()]
+    splits = [s for s in devset.SPLITS if any(m.get(f"questions_{s}") for m in methods)]
+    followups = any(m.get("followups") for m in methods)
+    pct = lambda a, b: f"{a}/{b} ({100 * a / b:.0f} %)" if b else "–"  # noqa: E731
     rows = []
     for summary in summaries:
         for method, m in summary["methods"].items():
-            pct = lambda a, b: f"{a}/{b} ({100 * a / b:.0f} %)" if b else "–"  # noqa: E731
             rows.append([summary["model"], f"{summary['window']:,}", method, pct(m["right"], m["questions"]),
-                         *(pct(m.get(f"right_{s}", 0), m.get(f"questions_{s}", 0)) for s in devset.SPLITS),
+                         *(pct(m.get(f"right_{s}", 0), m.get(f"questions_{s}", 0)) for s in splits),
                          pct(m["first_source_right"], m["questions"]),
                          f"{m['right_first_question']}/{m['first_questions']} · "
                          f"{m['right_later_questions']}/{m['later_questions']}",
                          pct(m["right_paraphrased"], m["paraphrased"]),
-                         pct(m.get("right_followup", 0), m.get("followups", 0)), f"{m['ttft_s_median']:.1f}",
-                         f"{m['prefill_tps_median']:,}", f"{m['decode_tps_median']:.1f}",
+                         *([pct(m.get("right_followup", 0), m.get("followups", 0))] if followups else []),
+                         f"{m['ttft_s_median']:.1f}", f"{m['prefill_tps_median']:,}", f"{m['decode_tps_median']:.1f}",
                          f"{summary['peak_rss_mib']:,}"])
-    table = markdown_table(["model", "window", "answered by", "right", *(f"right, {s}" for s in devset.SPLITS),
+    table = markdown_table(["model", "window", "answered by", "right", *(f"right, {s}" for s in splits),
                             "first source right", "right: first question · later", "right: paraphrased",
-                            "right: follow-up", "first token s (median)", "prefill tok/s (median)", "decode tok/s (median)",
-                            "peak RSS MiB"], rows)
+                            *(["right: follow-up"] if followups else []), "first token s (median)",
+                            "prefill tok/s (median)", "decode tok/s (median)", "peak RSS MiB"], rows)
     dates = sorted({d for s in summaries for d in s["date"].split(", ")})
     threads = sorted({s["threads"] for s in summaries})
-    text = (f"Measured {', '.join(dates)} on this CPU ({', '.join(map(str, threads))} threads), "
-            "`python -m benchmarks.answers` (docs/answers.md): each document's questions asked one after another in "
-            "one session.\n\n" + table)
+    dtypes = sorted({s["dtype"].removeprefix("torch.") for s in summaries})
+    text = (f"Measured {', '.join(dates)} on this CPU ({', '.join(map(str, threads))} threads, "
+            f"{', '.join(dtypes)}), `python -m benchmarks.answers` (docs/answers.md): each document's questions asked "
+            "one after another in one session.\n\n" + table)
     print(text)
     if readme:
-        splice_readme(ROOT / "README.md", "answers", text)
+        splice_readme(ROOT / "README.md", block, text)
     return text
 
 
