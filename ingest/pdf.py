@@ -213,6 +213,12 @@ _WORKER = PdfWorker()
 atexit.register(_WORKER.stop)
 
 
+def stop_worker() -> None:
+    """Kill the shared worker now (the next PDF starts a new one): what exit does, for a process that replaces
+    itself (os.exec*), where exit handlers do not run."""
+    _WORKER.stop()
+
+
 def extract_pdf(data: bytes, password: str | None, *, timeout_s: float, memory_limit: int, max_pages: int,
                 cancel: Any = None, on_page: Callable[[PdfPage], str | None] | None = None,
                 debug: dict | None = None) -> PdfExtraction:

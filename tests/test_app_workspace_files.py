@@ -161,6 +161,11 @@ def test_the_list_reads_like_conversations_and_a_row_clicked_chooses_its_workspa
         assert chosen_row(saved, row, rows[row][0]) == listed.id
     assert chosen_row(saved, 0, "a line drawn before the list changed") is None
     assert chosen_row(saved, len(saved), rows[0][0]) is None and chosen_row(saved, None, "") is None
+    # Under another model (Settings → Model) each says which model read it: it opens only under that one.
+    model = summary.model
+    assert not any("read by" in row[4] for row in workspace_rows(saved, older, running_model=model))
+    other = workspace_rows(saved, older, running_model="SmolLM2-135M-Instruct")
+    assert all(row[4].endswith(f" · read by {model}") for row in other), other
 
 
 def test_a_saved_workspace_carries_its_uploads_and_a_reopened_one_links_its_citations_again(tmp_path):

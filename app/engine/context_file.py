@@ -89,8 +89,10 @@ def check_identity(saved: dict, runtime: ModelRuntime) -> None:
                                       f"in {value}; open it on a server started with --dtype {saved[key]}")
             what = "model" if key in ("model", "fingerprint") else f"LM-Infinite setting {key}"
             also = " (or the same model in another dtype: --dtype)" if key == "fingerprint" else ""
+            switch = " (Settings → Model switches a bundled one)" if key == "model" else ""
             raise ContextMismatch(f"this context was made with another {what}{also} ({saved.get(key)!r}, this "
-                                  f"server runs {value!r}); open it on a server running the same model and settings")
+                                  f"server runs {value!r}); open it on a server running the same model and "
+                                  f"settings{switch}")
 
 
 class Prefixed(Mapping):

@@ -33,6 +33,7 @@ class ModelChoice:
     reason: str  # shown in the UI and printed at start-up
     display_name: str | None = None
     window: int | None = None  # the LM-Infinite window chosen by measurement for this model (None: its L)
+    bundled: str | None = None  # the bundled model's short name (bundled_model.BUNDLED), when it is one
 
 
 def cached_snapshot(repo_id: str) -> str | None:
@@ -53,14 +54,15 @@ def from_bundle(model: bundled_model.BundledModel, reason: str) -> ModelChoice:
     if not bundled_model.installed(model):
         raise bundled_model.ModelFilesError(f"{model.display_name} (--model {model.name}) is not installed. "
                                             f"Install it with\n  {model.install_hint}")
-    return ModelChoice(str(bundled_model.bundled_folder(model)), reason, model.display_name, model.window)
+    return ModelChoice(str(bundled_model.bundled_folder(model)), reason, model.display_name, model.window, model.name)
 
 
 def from_gguf(gguf: Path, reason: str) -> ModelChoice:
     """A GGUF file, converted once into a cached transformers folder; a bundled model's file keeps its settings."""
     known = next((m for m in bundled_model.BUNDLED.values() if m.gguf_name == gguf.name), None)
     folder = bundled_model.converted_folder(gguf, dtype=known.cache_dtype if known else "bfloat16")
-    return ModelChoice(str(folder), reason, known.display_name if known else gguf.stem, known.window if known else None)
+    return ModelChoice(str(folder), reason, known.display_name if known else gguf.stem, known.window if known else None,
+                       known.name if known else None)
 
 
 def choose_model(config: AppConfig, cuda_available: bool | None = None) -> ModelChoice:
@@ -168,7 +170,8 @@ def load_runtime(config: AppConfig, choice: ModelChoice | None = None) -> ModelR
         notice=(f"Model: {short} ({choice.reason}); {quant_label(quant)}, {str(dtype).removeprefix('torch.')}"
                 + (f" ({why_dtype})" if why_dtype else "") + f"; {window_note}{decode_note}" + other_models(short)),
         lm_config=resolved, prefill_chunk=config.prefill_chunk, offload_middle=config.offload_middle,
-        quantization=quant, dtype=dtype, graph_recorder=ExclusiveCudaGraph if on_cuda and config.cuda_graphs else None,
+        quantization=quant, dtype=dtype, bundled_name=choice.bundled,
+        graph_recorder=ExclusiveCudaGraph if on_cuda and config.cuda_graphs else None,
     )
 
 

@@ -80,6 +80,7 @@ class ModelRuntime:
     offload_middle: bool = False
     quantization: str = "none"
     dtype: torch.dtype = torch.float32
+    bundled_name: str | None = None  # the bundled model's short name (--model), when it is one: the Settings picker
     # What records the steps answers without recall replay (decoder_for): ExclusiveCudaGraph on CUDA; None: none
     graph_recorder: Callable[[], object] | None = None
 

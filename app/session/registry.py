@@ -231,6 +231,11 @@ class SessionRegistry:
         with self._lock:
             return workspace_id in self._live
 
+    def other_tabs(self, session_hash: str) -> int:
+        """How many other browser tabs are connected (what a restart would interrupt besides ``session_hash``)."""
+        with self._lock:
+            return sum(1 for tab, session in self._tabs.items() if tab != session_hash and session.in_browser)
+
     def forget_expired(self, session_hash: str) -> None:
         """The user was told the session expired: the tab may start a new session now."""
         with self._lock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 
 from .handlers import Handlers
+from .model_switch import RELOAD_WHEN_BACK
 from .ui import Components
 
 FAST = {"concurrency_limit": None, "show_progress": "hidden"}
@@ -56,6 +57,11 @@ def wire(demo, c: Components, h: Handlers) -> None:
     for button, api_name in ((c.stop, "stop"), (c.cancel, False)):
         stopped = button.click(h.stop, None, c.stop_note, api_name=api_name, **FAST)
         stopped.then(h.controls, None, controls, api_name=False, **FAST)
+
+    # Settings → Model: a restart with another model (model_switch.py); the page waits for it and reloads.
+    switched = c.switch_model.click(h.switch_model, c.model_choice, [c.model_note, c.restarting],
+                                    api_name="switch_model", **FAST)
+    switched.then(None, c.restarting, None, js=RELOAD_WHEN_BACK, api_name=False, **FAST)
 
     c.remove_choice.focus(h.removable, c.remove_choice, c.remove_choice, api_name=False, **FAST)
     removed = then_model(c.remove.click(h.queue_remove, c.remove_choice, view, api_name="remove", **FAST), api_name=False)

@@ -19,6 +19,7 @@ import lminfinite
 from ingest.git_url import looks_like_url
 
 from ..cli import AppConfig
+from ..engine import bundled_model
 from ..engine.budget import Budget
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import device_memory, stats_dict
@@ -36,6 +37,7 @@ from ..session.state import ChatItem, ItemKind, Session, Stage, Work, WorkKind
 from ..session.text import clean_text
 from . import messages, views
 from .api import answer_json
+from .model_switch import ModelSwitch
 from .panel_sent import PanelSent
 from .workspace_handlers import WorkspaceEvents
 
@@ -47,8 +49,10 @@ FOLLOW_S = 0.25  # how often a request whose actions another request runs refres
 
 class Handlers(WorkspaceEvents):
     def __init__(self, registry: SessionRegistry, runtime: ModelRuntime, config: AppConfig, budget: Budget,
-                 upload_root: str | None, default_settings: dict | None = None):
+                 upload_root: str | None, default_settings: dict | None = None,
+                 model_switch: ModelSwitch | None = None):
         self.registry = registry
+        self.model_switch = model_switch or ModelSwitch()  # app.py restarts with the model it is asked for
         self.runtime = runtime
         self.config = config
         self.budget = budget
@@ -253,6 +257,36 @@ class Handlers(WorkspaceEvents):
         session.stop_note = f"{what}: {cost:,} tokens{took}. {again}"
         messages.info(session.stop_note)  # also where the eye is: the note is under the chat, the button may not be
         return False
+
+    def switch_model(self, choice, request: gr.Request):
+        """Settings → Model: the first click says what a switch does (a restart: every open workspace saved, the
+        other tabs interrupted, contexts opening under the model that read them), the second within CONFIRM_S asks
+        app.py for it. Returns the note under the button and whether the page should wait for the restart."""
+        session = self._session(request)
+        model = bundled_model.BUNDLED.get(choice) if choice in bundled_model.installed_names() else None
+        if model is None:
+            messages.warning("Choose one of the installed models.")
+            return "", False
+        if choice == self.runtime.bundled_name:
+            return f"{model.display_name} is the model running now.", False
+        if self.config.share:
+            messages.warning("With --share a restart would make a new public link: stop the server and start it "
+                             f"with --model {choice}.")
+            return "", False
+        if self.model_switch.requested:
+            return f"The server is restarting with {self.model_switch.model}.", True
+        if not session.confirmed(("model", choice), CONFIRM_S):
+            others = self.registry.other_tabs(request.session_hash)
+            note = (f"Switching to {model.display_name} restarts the server with it (loading takes a minute or "
+                    "more; the first time it is also converted). Every workspace open in a browser is saved first "
+                    f"and stays in the Workspaces list; a context opens only under the model that read it. "
+                    + (f"{plural(others, 'other tab')} connected now will be interrupted and reload. " if others
+                       else "") + "Click again to switch.")
+            messages.info(note)
+            return note, False
+        self.model_switch.request(choice)
+        return (f"Restarting with {model.display_name}: this page reloads by itself when the model is loaded "
+                "(your workspace is saved first)."), True
 
     def queue_forget(self, request: gr.Request):
         """Clear chat; when that means reading the documents again, say what it costs first."""

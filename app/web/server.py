@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no usage reports to Gradio's servers unless asked
 
@@ -23,6 +24,7 @@ from ..session.workspace_store import WorkspaceStore
 from .events import input_names, wire
 from .handlers import Handlers
 from .login import LoginGuard
+from .model_switch import ModelSwitch, picker_choices
 from .tab_guard import TabOwnerGuard
 from .ui import STATIC_DIR, LayoutInfo, build_layout
 
@@ -63,6 +65,7 @@ def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = 
         system_prompt=DEFAULT_SYSTEM_PROMPT, temperature=temperature, top_p=top_p, max_new_tokens=512,
         repetition_penalty=1.0, recall=config.topk > 0, topk=config.topk or 5, quote=config.quote,
         window=runtime.window, n_starting=runtime.lm_config.n_starting, browser_secret=store.browser_secret(),
+        models=tuple(picker_choices()), model=runtime.bundled_name,
     )
     registry = SessionRegistry(runtime, config, budget, store)
     defaults = {name: getattr(info, name) for name in input_names(Handlers.run)}  # the Settings panel at start
@@ -97,6 +100,23 @@ def launch(config: AppConfig, demo: gr.Blocks, *, block: bool = True):
     if block:
         demo.block_thread()
     return result
+
+
+def serve_until_stopped(demo: gr.Blocks, switch: ModelSwitch) -> bool:
+    """Serve until Ctrl-C (or SIGTERM, app.py) or until another model is asked for (Settings → Model); then close
+    the server. Returns whether to start again with the model asked for (not when the user stopped it)."""
+    try:
+        while demo.is_running and not switch.wait(0.2):
+            pass
+        if switch.requested:
+            print(f"[lminfinite-chat] restarting with --model {switch.model}, asked for in Settings",
+                  file=sys.stderr, flush=True)
+            time.sleep(1.0)  # the switch's answer reaches its page before the server goes
+        restart = switch.requested
+    except KeyboardInterrupt:
+        restart = False
+    demo.close()
+    return restart
 
 
 def local_paths_warning(config: AppConfig) -> str:

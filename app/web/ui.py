@@ -43,6 +43,8 @@ class LayoutInfo:
     window: int
     n_starting: int
     browser_secret: str  # encrypts the workspace id the browser keeps; the same across server restarts
+    models: tuple[tuple[str, str], ...] = ()  # the installed bundled models, (label, short name): Settings → Model
+    model: str | None = None  # the running model's short name, when it is a bundled one
 
 
 @dataclass
@@ -98,6 +100,10 @@ class Components:
     download_workspace: gr.Button
     workspace_file: gr.File  # the download
     import_file: gr.File
+    model_choice: gr.Dropdown  # Settings → Model (model_switch.py)
+    switch_model: gr.Button
+    model_note: gr.Markdown
+    restarting: gr.Checkbox  # never shown: tells the page to wait for the restart and reload
 
     @property
     def view(self) -> list:
@@ -243,6 +249,15 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                                         info="The passage the question's recall ranks first is put before the "
                                              "question, and the answer is drawn without recall: a small model "
                                              "answers about three times as often right.")
+                    with gr.Group(elem_id="model-picker"):
+                        model_choice = gr.Dropdown(
+                            choices=list(info.models), value=info.model, label="Model",
+                            info="The installed models. Switching restarts the server with the one chosen: every "
+                                 "open workspace is saved first, and a context opens under the model that read it.",
+                            elem_id="model-choice")
+                        switch_model = gr.Button("Switch model", size="sm", elem_id="switch-model")
+                    model_note = gr.Markdown("", elem_id="model-note")
+                    restarting = gr.Checkbox(False, visible=False)
         timer = gr.Timer(1.0)
         workspace_id = gr.BrowserState(None, storage_key="lminfinite-chat-workspace", secret=info.browser_secret)
         with gr.Group(visible=False):
@@ -266,5 +281,6 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
         workspace_name=workspace_name, save=save, workspace_note=workspace_note, workspaces=workspaces,
         workspace_choice=workspace_choice, open_workspace=open_workspace, new_workspace=new_workspace,
         delete_workspace=delete_workspace, download_workspace=download_workspace, workspace_file=workspace_file,
-        import_file=import_file,
+        import_file=import_file, model_choice=model_choice, switch_model=switch_model, model_note=model_note,
+        restarting=restarting,
     )

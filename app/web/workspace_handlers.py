@@ -25,7 +25,7 @@ class WorkspaceEvents:
         """The Workspaces tab: this workspace's name and where it stands on disk, the user's saved workspaces."""
         saved = self.registry.store.list(session.owner)
         mine = next((w for w in saved if w.id == session.workspace_id), None)
-        return (session.name, workspace_note(session, mine), workspace_rows(saved, session.workspace_id),
+        return (session.name, workspace_note(session, mine), workspace_rows(saved, session.workspace_id, self.runtime.name),
                 gr.Dropdown(choices=workspace_choices(saved), value=None))
 
     def _shown(self, session: Session, note: str = "") -> tuple:

@@ -35,15 +35,18 @@ def conversation(w: SavedWorkspace, current_id: str) -> str:
     return f"{name} — “{question}” ({asked})"
 
 
-def workspace_rows(saved: list[SavedWorkspace], current_id: str) -> list[list]:
-    """The list, newest first (``WorkspaceStore.list``): a row clicked is chosen (``chosen_row``)."""
+def workspace_rows(saved: list[SavedWorkspace], current_id: str, running_model: str | None = None) -> list[list]:
+    """The list, newest first (``WorkspaceStore.list``): a row clicked is chosen (``chosen_row``). A workspace
+    read by another model than ``running_model`` says which: it opens only under that model (model_switch.py)."""
     rows = []
     for w in saved:
         name = conversation(w, current_id)
         if w.summary is None:
             rows.append([name, "", "", human_bytes(w.size), f"cannot be opened: {w.problem}"])
         else:
-            rows.append([name, w.summary.documents, f"{w.summary.tokens:,}", human_bytes(w.size), when(w.modified)])
+            other = running_model is not None and w.summary.model != running_model
+            rows.append([name, w.summary.documents, f"{w.summary.tokens:,}", human_bytes(w.size),
+                         when(w.modified) + (f" · read by {w.summary.model}" if other else "")])
     return rows
 
 
