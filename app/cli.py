@@ -78,6 +78,10 @@ class AppConfig:
                                "integer copies of its weights (4 bits where the GGUF's grid allows, else 8; about twice "
                                "the tokens per second, reading the same weights), made once and cached beside it; "
                                "dense: the model's own weights only", group=MODEL, choices=["auto", "dense"])
+    model_switch: bool = flag(True, group=MODEL, switches={
+        "--no-model-switch": (False, "users cannot switch the model from Settings (a switch restarts the server for "
+                                     "every user; app/web/model_switch.py)"),
+    })
     cuda_graphs: bool = flag(True, group=MODEL, switches={
         "--no-cuda-graphs": (False, "on CUDA, decode answers without recall through the model's own forward "
                                     "rather than a recorded CUDA graph (lminfinite.GraphedDecoder)"),

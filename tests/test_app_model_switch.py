@@ -7,6 +7,7 @@ it once, cached for the other tests).
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 
@@ -14,8 +15,9 @@ import pytest
 from gradio_client import Client, handle_file
 
 from app.engine import bundled_model
-from app.web.model_switch import ModelSwitch, restart_argv
-from app_fixtures import make_pdf, start_server
+from app.web.model_switch import SWITCHED_FROM, ModelSwitch, restart_argv, switched_from
+from app_fixtures import make_pdf, model_dir, start_server
+from benchmarks.launched_app import free_port
 
 
 def test_restart_argv_replaces_the_model_and_keeps_every_other_flag():
@@ -34,6 +36,38 @@ def test_the_first_switch_asked_for_wins():
     assert not switch.requested and not switch.wait(0.01)
     assert switch.request("smollm2") and switch.requested and switch.wait(0)
     assert not switch.request("qwen2.5-coder-0.5b") and switch.model == "smollm2"
+
+
+def test_the_flags_before_a_switch_are_read_once_and_only_when_well_formed():
+    environ = {SWITCHED_FROM: json.dumps(["--model", "demo", "--port", "7861"])}
+    assert switched_from(environ) == ["--model", "demo", "--port", "7861"] and SWITCHED_FROM not in environ
+    assert switched_from(environ) is None  # taken out: a start with them does not fall back again
+    for bad in ("{not json", json.dumps({"model": "demo"}), json.dumps(["--port", 7861]), ""):
+        assert switched_from({SWITCHED_FROM: bad}) is None
+
+
+def test_a_switched_start_that_cannot_load_its_model_starts_again_as_before(tmp_path, monkeypatch):
+    """The model switched to cannot be loaded (here: a file that is not there): the process starts again with the
+    flags it ran with before the switch, on the same port, rather than leaving the users without a server; one of
+    them, --no-model-switch, keeps users from switching."""
+    port = free_port()
+    before = ["--model", str(model_dir()), "--dtype", "float32", "--cpu-threads", "1", "--host", "127.0.0.1",
+              "--port", str(port), "--workspaces", str(tmp_path / "workspaces"), "--no-model-switch"]
+    monkeypatch.setenv(SWITCHED_FROM, json.dumps(before))
+    server = start_server("--model", str(tmp_path / "gone.gguf"), "--workspaces", str(tmp_path / "workspaces"),
+                          port=port)
+    try:
+        log = server.log()
+        assert "gone.gguf: no such file" in log and "starting again as before" in log, log
+        client = Client(server.url, verbose=False)
+        reply = client.predict("Hello?", [], api_name="/ask")
+        assert "error" not in reply and "demo" in reply["model"].lower(), reply["model"]
+        # Started again with every flag it had, --no-model-switch too: no user can restart it from Settings.
+        for installed in bundled_model.installed_names()[:1]:
+            assert client.predict(installed, api_name="/switch_model") == ("", False)
+            assert _answering(server.url, 1) and "restarting with" not in server.log()
+    finally:
+        server.stop()
 
 
 def _answering(url: str, timeout_s: float) -> bool:

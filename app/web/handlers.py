@@ -269,6 +269,9 @@ class Handlers(WorkspaceEvents):
             return "", False
         if choice == self.runtime.bundled_name:
             return f"{model.display_name} is the model running now.", False
+        if not self.config.model_switch:
+            messages.warning("This server was started with --no-model-switch: the model cannot be switched here.")
+            return "", False
         if self.config.share:
             messages.warning("With --share a restart would make a new public link: stop the server and start it "
                              f"with --model {choice}.")

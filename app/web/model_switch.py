@@ -10,6 +10,9 @@ in the list, marked with the model that read it, and opens under that model.
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 import threading
 
 from ..engine import bundled_model
@@ -58,6 +61,34 @@ def restart_argv(argv: list[str], model: str) -> list[str]:
         elif not arg.startswith("--model="):
             kept.append(arg)
     return [*kept, "--model", model]
+
+
+SWITCHED_FROM = "LMINFINITE_SWITCHED_FROM"  # the flags before a switch, for a start that cannot load the new model
+
+
+def switched_from(environ=os.environ) -> list[str] | None:
+    """The flags the server ran with before the switch that started this process, taken out of the environment
+    (so a start with them does not fall back again); None when this start was no switch."""
+    text = environ.pop(SWITCHED_FROM, None)
+    try:
+        flags = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return flags if isinstance(flags, list) and all(isinstance(f, str) for f in flags) else None
+
+
+def restart(argv: list[str], switched_from_argv: list[str] | None = None) -> None:
+    """Replace this process with ``app.py argv``; ``switched_from_argv``: the flags to start with again if the new
+    model cannot be loaded (the server comes back as it was, rather than not at all)."""
+    from ingest.pdf import stop_worker
+
+    stop_worker()  # no exit handlers run across exec: its PDF worker process would be left behind
+    if switched_from_argv is None:
+        os.environ.pop(SWITCHED_FROM, None)
+    else:
+        os.environ[SWITCHED_FROM] = json.dumps(switched_from_argv)
+    app = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "app.py")
+    os.execv(sys.executable, [sys.executable, app, *argv])
 
 
 # Run in the page after a switch was asked for: wait until the server has gone (its process replaced) and come

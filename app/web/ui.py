@@ -45,6 +45,7 @@ class LayoutInfo:
     browser_secret: str  # encrypts the workspace id the browser keeps; the same across server restarts
     models: tuple[tuple[str, str], ...] = ()  # the installed bundled models, (label, short name): Settings → Model
     model: str | None = None  # the running model's short name, when it is a bundled one
+    model_switch: bool = True  # whether Settings may switch it (--no-model-switch)
 
 
 @dataclass
@@ -253,9 +254,11 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                         model_choice = gr.Dropdown(
                             choices=list(info.models), value=info.model, label="Model",
                             info="The installed models. Switching restarts the server with the one chosen: every "
-                                 "open workspace is saved first, and a context opens under the model that read it.",
-                            elem_id="model-choice")
-                        switch_model = gr.Button("Switch model", size="sm", elem_id="switch-model")
+                                 "open workspace is saved first, and a context opens under the model that read it."
+                            if info.model_switch else "Switching is off on this server (--no-model-switch).",
+                            interactive=info.model_switch, elem_id="model-choice")
+                        switch_model = gr.Button("Switch model", size="sm", elem_id="switch-model",
+                                                 interactive=info.model_switch)
                     model_note = gr.Markdown("", elem_id="model-note")
                     restarting = gr.Checkbox(False, visible=False)
         timer = gr.Timer(1.0)
