@@ -49,10 +49,9 @@ FOLLOW_S = 0.25  # how often a request whose actions another request runs refres
 
 class Handlers(WorkspaceEvents):
     def __init__(self, registry: SessionRegistry, runtime: ModelRuntime, config: AppConfig, budget: Budget,
-                 upload_root: str | None, default_settings: dict | None = None,
-                 model_switch: ModelSwitch | None = None):
+                 upload_root: str | None, default_settings: dict | None = None):
         self.registry = registry
-        self.model_switch = model_switch or ModelSwitch()  # app.py restarts with the model it is asked for
+        self.model_switch = ModelSwitch()  # app.py restarts with the model it is asked for
         self.runtime = runtime
         self.config = config
         self.budget = budget

@@ -14,8 +14,11 @@ import json
 import os
 import sys
 import threading
+from pathlib import Path
 
 from ..engine import bundled_model
+
+APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"  # what a restart runs again
 
 
 class ModelSwitch:
@@ -87,8 +90,7 @@ def restart(argv: list[str], switched_from_argv: list[str] | None = None) -> Non
         os.environ.pop(SWITCHED_FROM, None)
     else:
         os.environ[SWITCHED_FROM] = json.dumps(switched_from_argv)
-    app = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "app.py")
-    os.execv(sys.executable, [sys.executable, app, *argv])
+    os.execv(sys.executable, [sys.executable, str(APP_SCRIPT), *argv])
 
 
 # Run in the page after a switch was asked for: wait until the server has gone (its process replaced) and come
