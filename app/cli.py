@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,6 +148,13 @@ class AppConfig:
                             "cache's dtype; a reopened context answers token for token as before) or bfloat16 / "
                             "float16 (half the file on CPU; answers may differ slightly)", group=SERVER,
                             choices=["exact", "bfloat16", "float16"])
+    # None: this host's name and --port (two replicas on one host differ by port)
+    replica: str | None = flag(None, "this server's name among replicas sharing one --workspaces folder (default: "
+                               "HOST:PORT); a workspace is open on one replica at a time (docs/deploy.md)",
+                               group=SERVER, metavar="NAME")
+    lease_s: float = flag(30.0, "seconds a replica's hold on an open workspace lasts unless renewed (every third of "
+                          "it); a replica that crashed lets its workspaces go after this (default: 30)", group=SERVER,
+                          name="--lease-seconds", type=float, at_least=1)
     queue_size: int = flag(64, "most requests waiting in the queue (default: 64)", group=SERVER, type=int,
                            at_least=1)
 
@@ -175,6 +183,10 @@ class AppConfig:
             return Path(chosen).expanduser()
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         return Path(cache) / "lminfinite-chat" / "workspaces"
+
+    @property
+    def replica_name(self) -> str:
+        return self.replica or f"{socket.gethostname()}:{self.port}"
 
     @property
     def share_without_auth(self) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -360,8 +362,12 @@ def test_a_save_interrupted_by_a_crash_leaves_the_old_file_and_its_leftovers_go_
     leftover = path.parent / f".{path.name}.abc123.tmp"  # what a save killed mid-write leaves beside the file
     leftover.write_bytes(saved[: len(saved) // 3])
     assert [w.id for w in handlers.registry.store.list(None)] == [workspace_id]  # never listed
+    under_way = path.parent / f".{path.name}.def456.tmp"  # another replica's save, being written now
+    under_way.write_bytes(b"x")
+    old = time.time() - 16 * 60  # the crash was a while ago: nothing has written the leftover since
+    os.utime(leftover, (old, old))
     assert WorkspaceStore(tmp_path / "ws").remove_leftovers() == 1 and not leftover.exists()
-    assert path.read_bytes() == saved
+    assert under_way.exists() and path.read_bytes() == saved
 
 
 @pytest.mark.parametrize("save_middle", ["exact", "bfloat16"])

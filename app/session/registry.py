@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 
@@ -26,6 +27,7 @@ from ..engine.budget import Budget
 from ..engine.runtime import ModelRuntime
 from .state import KeptInMemory, Session
 from .workspace_file import WorkspaceFileError, read_workspace, write_workspace
+from .workspace_lease import Leases, WorkspaceHeld
 from .workspace_quota import check_quota, save_size
 from .workspace_size import reopened_bytes
 from .workspace_store import SUFFIX, WorkspaceStore, is_workspace_id, new_workspace_id
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 
 SWEEP_EVERY_S = 5.0  # how often the registry's own thread looks for idle sessions, with or without traffic
 EXPIRED_KEPT = 10_000  # freed tabs remembered, to tell their late requests what happened
+LEASE_WAIT_S = 10.0  # longest a reopen waits for another replica to let a workspace go (a page load waits with it)
 DETACHED_GRACE_S = 30.0  # a workspace no tab shows stays live this long: a reload finds it without reopening
 MIDDLE_DTYPES = {"exact": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -54,6 +57,7 @@ class SessionRegistry:
         self.config = config
         self.budget = budget
         self.store = store or WorkspaceStore(config.workspace_root)
+        self.leases = Leases(config.replica_name, config.lease_s)  # which saved workspaces this replica holds
         self.grace_s = DETACHED_GRACE_S
         self._tabs: dict[str, Session] = {}
         self._live: dict[str, Session] = {}  # by workspace id, with or without a tab
@@ -203,28 +207,39 @@ class SessionRegistry:
         by its name, not its id."""
         name = self.store.name(owner, workspace_id)
         saved = f"“{name}”" if name else "The saved workspace"
+        path = self.store.path(owner, workspace_id)
+        try:  # another replica sharing the folder may hold it: wait a little for it to save and let go
+            self.leases.take_waiting(path, min(self.leases.ttl_s + 1, LEASE_WAIT_S))
+        except WorkspaceHeld as exc:
+            return None, f"{saved} was not opened here: {exc}. Reload this page to try again."
         session = self._new(owner, workspace_id, name)
         started = time.perf_counter()
         try:
-            path = self.store.path(owner, workspace_id)
             needed = reopened_bytes(path, self.runtime.dtype, self.budget.middle_bytes_per_token)  # not its summary
             refusal = self.budget.bytes_refusal(self.cache_bytes(), needed, "its cache's tensors")
             if refusal is not None:  # it stays saved, in the list, to open when memory is free
                 session.close()
+                self.leases.release(path)
                 return None, f"{saved} was not reopened: {refusal}."
             read_workspace(self.store.path(owner, workspace_id), session)
         except (WorkspaceFileError, OSError) as exc:
             log.warning("could not reopen workspace %s: %s", workspace_id, exc)
             session.close()
+            self.leases.release(path)
             why = str(exc).replace(f"{workspace_id}{SUFFIX}", "its file")  # the file's name is the id, not the name
             return None, f"{saved} could not be opened: {why}."
         except Exception as exc:  # noqa: BLE001 - a file no check foresaw must not break the page load
             log.exception("reopening workspace %s failed", workspace_id)
             session.close()
+            self.leases.release(path)
             return None, f"{saved} could not be opened ({type(exc).__name__}); it is kept as it is."
         session.name = self.store.name(owner, workspace_id) or session.name
         seconds = time.perf_counter() - started
         return session, f"Reopened “{session.name}”: {session.context_tokens:,} tokens in {seconds:.1f} s."
+
+    def open_elsewhere(self, owner: str | None, workspace_id: str) -> WorkspaceHeld | None:
+        """Why another replica sharing the folder has ``workspace_id`` open (a live lease), or None."""
+        return self.leases.held_elsewhere(self.store.path(owner, workspace_id))
 
     def is_open(self, workspace_id: str) -> bool:
         """Live in this server (shown by a tab, or left within the grace period)."""
@@ -277,6 +292,31 @@ class SessionRegistry:
             engines = [s.engine for s in self._live.values() if s.engine is not None]
         return sum(sum(engine.memory().values()) for engine in engines if engine.cache is not None)
 
+    def _save_target(self, session: Session) -> Path:
+        """The file to write ``session`` to, its lease held. When another replica saved the workspace since this one
+        read it (this replica's lease was lost: a long pause, a clock out of step), neither save is dropped: this
+        one becomes a copy, a new workspace of its own beside the other."""
+        path = self.store.path(session.owner, session.workspace_id)
+        try:
+            self.leases.take(path)
+            if not self.leases.newer_save(path):
+                return path
+        except WorkspaceHeld:
+            pass
+        copy_id = new_workspace_id()
+        log.warning("workspace %s was saved by another replica meanwhile; this replica's copy is saved as %s",
+                    session.workspace_id, copy_id)
+        self.leases.release(path)  # forgets the version it compared with; the file is the other replica's
+        with self._lock:
+            if self._live.get(session.workspace_id) is session:
+                del self._live[session.workspace_id]
+            session.workspace_id = copy_id
+            session.name = f"{session.name or 'Workspace'} (copy: saved elsewhere meanwhile)"
+            self._live[copy_id] = session
+        path = self.store.path(session.owner, copy_id)
+        self.leases.take(path)
+        return path
+
     def start_sweeping(self, every_s: float = SWEEP_EVERY_S) -> None:
         """Sweep every ``every_s`` on a thread of the registry's own: idle sessions are saved and freed on time
         even when no request comes (a request also sweeps). ``stop_sweeping`` (or ``save_all``) ends it."""
@@ -293,6 +333,7 @@ class SessionRegistry:
 
         self._sweeper = threading.Thread(target=loop, name="idle-sweep", daemon=True)
         self._sweeper.start()
+        self.leases.start_renewing()
 
     def stop_sweeping(self, wait_s: float = 10.0) -> None:
         """End the sweeping thread (the server is stopping), waiting for a sweep under way to finish."""
@@ -364,6 +405,7 @@ class SessionRegistry:
             with self._lock:
                 if self._live.get(retired.workspace_id) is retired:
                     del self._live[retired.workspace_id]
+            self.leases.release(self.store.path(retired.owner, retired.workspace_id))
 
         session.close(before_release=before_release)
 
@@ -401,6 +443,8 @@ class SessionRegistry:
                 saved += 1
             except Exception:  # noqa: BLE001 - one bad save must not keep the others from happening
                 log.exception("saving workspace %s at shutdown failed", session.workspace_id)
+        self.leases.stop_renewing()
+        self.leases.release_all()  # another replica may open them now, from these saves
         return saved
 
     def save_now(self, session: Session) -> int:
@@ -408,8 +452,9 @@ class SessionRegistry:
         changes = session.changes
         check_quota(self.store, session.owner, session.workspace_id, save_size(session), self.config.workspace_quota,
                     "saving it")
-        size = write_workspace(self.store.path(session.owner, session.workspace_id), session, session.name,
-                               middle_dtype=MIDDLE_DTYPES[self.config.save_middle])
+        path = self._save_target(session)
+        size = write_workspace(path, session, session.name, middle_dtype=MIDDLE_DTYPES[self.config.save_middle])
+        self.leases.saved(path)
         session.saved_changes = changes  # the file is written: a failure below loses a display name, not the save
         try:
             self.store.set_name(session.owner, session.workspace_id, session.name)

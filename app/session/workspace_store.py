@@ -8,6 +8,8 @@ rewrites a context of gigabytes; the file keeps the name it was saved with, for 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -15,6 +17,7 @@ import re
 import secrets
 import shutil
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +29,8 @@ from .workspace_file import Summary, WorkspaceFileError, read_summary
 
 SUFFIX = ".lmiw"
 INDEX = "names.json"
+INDEX_LOCK = ".names.lock"
+LEFTOVER_AGE_S = 15 * 60.0
 SECRET = "browser-secret"
 _ID = re.compile(r"[0-9a-f]{32}")
 
@@ -108,13 +113,24 @@ class WorkspaceStore:
 
     def set_name(self, owner: str | None, workspace_id: str, name: str | None) -> None:
         """Record (or with None, forget) a workspace's name."""
-        with self._lock:
+        with self._lock, self._index_lock(owner):
             names = self._names(owner)
             if name is None:
                 names.pop(workspace_id, None)
             else:
                 names[workspace_id] = clean_name(name)
             write_text(json.dumps(names, ensure_ascii=False, indent=1), self.folder(owner) / INDEX)
+
+    @contextlib.contextmanager
+    def _index_lock(self, owner: str | None):
+        """Held while the names index is read, changed and written: other replicas sharing the folder wait
+        (fcntl locks reach across NFS through its lock manager)."""
+        with open(self.folder(owner) / INDEX_LOCK, "a") as handle:
+            fcntl.lockf(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.lockf(handle, fcntl.LOCK_UN)
 
     # -- files ---------------------------------------------------------------------------------
     def list(self, owner: str | None) -> list[SavedWorkspace]:
@@ -181,11 +197,18 @@ class WorkspaceStore:
         safe = "".join(ch if ch.isalnum() or ch in " -_." else "_" for ch in name).strip() or "workspace"
         return self.downloads.link(session_id, self.path(owner, workspace_id), f"{safe[:80]}{SUFFIX}")
 
-    def remove_leftovers(self) -> int:
+    def remove_leftovers(self, older_than_s: float = LEFTOVER_AGE_S) -> int:
         """Temporary files of saves a crash interrupted (the saves themselves are whole: see atomic_file).
-        Called at start-up, when no save of this server is under way."""
+        Called at start-up, when no save of this server is under way; another replica sharing the folder may be
+        saving, so only files untouched for ``older_than_s`` go (a save under way writes all the time)."""
         removed = 0
+        now = time.time()
         for leftover in self.root.glob("*/.*.tmp") if self.root.exists() else []:
+            try:
+                if now - leftover.stat().st_mtime < older_than_s:
+                    continue
+            except FileNotFoundError:
+                continue
             leftover.unlink(missing_ok=True)
             removed += 1
         return removed
@@ -197,8 +220,15 @@ class WorkspaceStore:
         try:
             return path.read_text(encoding="ascii").strip()
         except OSError:
-            secret = secrets.token_urlsafe(24)
-            with self._lock:
-                write_text(secret, path)
-            os.chmod(path, 0o600)
-            return secret
+            pass
+        # Written beside, then linked: replicas starting together agree on the first one written.
+        tmp = self.root / f".{SECRET}.{secrets.token_hex(4)}.tmp"
+        tmp.write_text(secrets.token_urlsafe(24), encoding="ascii")
+        os.chmod(tmp, 0o600)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path.read_text(encoding="ascii").strip()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from urllib.parse import unquote
 
 import gradio as gr
 
@@ -39,6 +40,7 @@ from . import messages, views
 from .api import answer_json
 from .model_switch import ModelSwitch
 from .panel_sent import PanelSent
+from .replica_cookie import served_elsewhere
 from .workspace_handlers import WorkspaceEvents
 
 
@@ -68,6 +70,7 @@ class Handlers(WorkspaceEvents):
     def _session(self, request: gr.Request, *, touch: bool = True) -> Session:
         if request is None or not request.session_hash:
             raise messages.error("This request has no session; reload the page.")
+        self._check_served_here(request)
         try:
             return self.registry.get(request.session_hash, touch=touch, owner=self._user(request))
         except SessionDenied:
@@ -78,6 +81,14 @@ class Handlers(WorkspaceEvents):
             minutes = self.config.session_timeout_s / 60
             raise messages.error(f"This workspace was freed after {minutes:g} minutes without activity (saved "
                                  "first, when it was open in a browser). Reload the page to reopen it.") from None
+
+    def _check_served_here(self, request: gr.Request) -> None:
+        """A tab whose page another replica served (it stopped, and the proxy sent this request here) is told to
+        reload, which reopens its workspace here, rather than given a new, empty one."""
+        elsewhere = served_elsewhere(request, self.config.replica_name)
+        if elsewhere is not None and self.registry.peek(request.session_hash) is None:
+            raise messages.error(f"This page was served by replica “{unquote(elsewhere)}”, which is not answering; "
+                                 "reload the page to reopen your workspace here.")
 
     def _check_question(self, question: str | None) -> None:
         """Refuse (gr.Error, nothing queued) a question longer than --max-question-tokens, before it waits for the

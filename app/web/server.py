@@ -25,6 +25,7 @@ from .events import input_names, wire
 from .handlers import Handlers
 from .login import LoginGuard
 from .model_switch import ModelSwitch, picker_choices
+from .replica_cookie import ReplicaCookie
 from .tab_guard import TabOwnerGuard
 from .ui import STATIC_DIR, LayoutInfo, build_layout
 
@@ -77,6 +78,12 @@ def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = 
     return demo, handlers
 
 
+def middleware(config: AppConfig) -> list[Middleware]:
+    """The page names this replica (replica_cookie.py); with --auth, a tab answers only its login (tab_guard.py)."""
+    chain = [Middleware(ReplicaCookie, replica=config.replica_name)]
+    return chain + [Middleware(TabOwnerGuard)] if config.auth else chain
+
+
 def launch(config: AppConfig, demo: gr.Blocks, *, block: bool = True):
     """Start the server. Gradio is quiet: its start-up lines point to ``launch(share=True)``, a call users of
     this app never write; the app prints its own (the address, and the --share flag or the public link)."""
@@ -90,7 +97,7 @@ def launch(config: AppConfig, demo: gr.Blocks, *, block: bool = True):
         server_name=config.host, server_port=config.port, share=config.share,
         auth=LoginGuard(config.auth) if config.auth else None,  # wrong passwords wait: login.py
         auth_message="LM-Infinite chat: please log in." if config.auth else None,
-        app_kwargs={"middleware": [Middleware(TabOwnerGuard)]} if config.auth else None,  # tab_guard.py
+        app_kwargs={"middleware": middleware(config)},
         max_file_size=config.max_file_size, allowed_paths=[str(STATIC_DIR)], css=css, js=js,
         favicon_path=str(STATIC_DIR / "favicon.svg"), footer_links=["api", "settings"], show_error=True,
         prevent_thread_lock=True, ssr_mode=False, pwa=False, mcp_server=False, theme=gr.themes.Soft(), quiet=True,

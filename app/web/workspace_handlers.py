@@ -141,6 +141,9 @@ class WorkspaceEvents:
             raise messages.error("Choose a saved workspace first.")
         if self.registry.is_open(choice):
             raise messages.error("That workspace is open (here or in another tab): open or start another one first.")
+        elsewhere = self.registry.open_elsewhere(session.owner, choice)
+        if elsewhere is not None:
+            raise messages.error(f"That workspace was not deleted: {elsewhere}.")
         self.registry.store.delete(session.owner, choice)
         return self.workspace_view(session)
 

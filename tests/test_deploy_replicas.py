@@ -1,0 +1,181 @@
+"""Two replicas of the app sharing one workspace folder, behind nginx configured by deploy/nginx_config.py, in
+headless Chromium (docs/deploy.md). A replica stopped as a service manager stops it (SIGTERM) saves, and its user's
+next page load reopens the workspace on the other, answering the next question token for token as the context never
+moved would; a replica killed outright (SIGKILL) lets its workspaces go when their leases end, and they reopen
+elsewhere from their last save. Two replicas asked for one workspace at once: tests/test_app_workspace_leases.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from app_fixtures import ROOT, start_server
+from benchmarks.launched_app import AppServer, free_port
+from test_app_browser import _table_includes, _wait_for_page_load, chromium, drop_and_ask
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+LEASE_S = "3"
+NOTES = "The spare keys are in the blue drawer, behind the atlas.\n" * 30
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not os.path.exists(NGINX), reason="nginx is not installed (apt-get install nginx)")]
+
+
+class Cluster:
+    """Replicas ``a`` and ``b`` on the loopback and nginx in front, all stopped at the end."""
+
+    def __init__(self, tmp_path: Path):
+        self.folder = tmp_path / "shared-workspaces"
+        self.ports = {"a": free_port(), "b": free_port()}
+        self.replicas: dict[str, AppServer] = {}
+        self.prefix = tmp_path / "nginx"
+        self.prefix.mkdir()
+        self.url = f"http://127.0.0.1:{free_port()}/"
+        self.proxy: subprocess.Popen | None = None
+
+    def start(self, name: str) -> AppServer:
+        self.replicas[name] = start_server("--workspaces", str(self.folder), "--replica", name,
+                                           "--lease-seconds", LEASE_S, port=self.ports[name])
+        return self.replicas[name]
+
+    def start_proxy(self) -> None:
+        listen = self.url.split("//")[1].rstrip("/")
+        config = subprocess.run(
+            [sys.executable, str(ROOT / "deploy" / "nginx_config.py"), "--listen", listen, "--max-file-size", "2MB",
+             "--standalone", str(self.prefix), *(f"{n}=127.0.0.1:{p}" for n, p in self.ports.items())],
+            check=True, capture_output=True, text=True).stdout
+        (self.prefix / "nginx.conf").write_text(config)
+        self.proxy = subprocess.Popen([NGINX, "-p", str(self.prefix), "-c", str(self.prefix / "nginx.conf")],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as response:
+                    assert response.status == 200
+                    return
+            except OSError:
+                assert self.proxy.poll() is None, (self.prefix / "error.log").read_text()
+                assert time.monotonic() < deadline, "nginx did not answer"
+                time.sleep(0.2)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: no save, no lease given back."""
+        server = self.replicas[name]
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(10)
+
+    def close(self) -> None:
+        if self.proxy is not None and self.proxy.poll() is None:
+            self.proxy.terminate()
+            self.proxy.wait(10)
+        for server in self.replicas.values():
+            server.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    made = Cluster(tmp_path)
+    try:
+        made.start("a")
+        made.start("b")
+        made.start_proxy()
+        yield made
+    finally:
+        made.close()
+
+
+def _replica_of(page) -> str:
+    """The replica that served the page, from the cookie the proxy routes by."""
+    return next(c["value"] for c in page.context.cookies() if c["name"] == "lminfinite_replica")
+
+
+def _messages(page) -> list[str]:
+    """The chat's messages as shown, without the timings an answer's footer shows (they vary run to run)."""
+    shown = page.evaluate("() => [...document.querySelectorAll('#chat .message')].map(m => m.innerText)")
+    return [re.sub(r"\d+(\.\d+)? ?(s|ms|tok/s)\b", "#", text) for text in shown]
+
+
+def _ask(page, question: str) -> str:
+    """Send ``question`` and return the answer's text once it is complete."""
+    before = len(_messages(page))
+    page.fill("#chat-input textarea", question)
+    page.keyboard.press("Enter")
+    _wait_until_idle(page, before + 2)
+    return _messages(page)[-1]
+
+
+def _wait_until_idle(page, messages: int) -> None:
+    page.wait_for_function("(n) => document.querySelectorAll('#chat .message').length >= n && "
+                           "document.querySelector('#stop-button').disabled", arg=messages, timeout=120_000)
+
+
+def _fed_page(browser, url: str, notes: Path):
+    """A new browser (no cookie yet) that dropped ``notes`` and asked about them; its first answer."""
+    page = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
+    page.goto(url)
+    _wait_for_page_load(page)
+    drop_and_ask(page, "#chat-input .full-container", notes, "text/plain", "Where are the spare keys?")
+    _table_includes(page, "in context")
+    _wait_until_idle(page, 2)
+    return page, _messages(page)[-1]
+
+
+def _reload(page) -> None:
+    page.goto(page.url)
+    _wait_for_page_load(page)
+
+
+def test_a_stopped_replicas_user_goes_on_on_the_other_one_as_if_nothing_moved(cluster, tmp_path):
+    notes = tmp_path / "keys.txt"
+    notes.write_text(NOTES, encoding="utf-8")
+    with chromium() as browser:
+        page, first = _fed_page(browser, cluster.url, notes)
+        served, other = _replica_of(page), {"a": "b", "b": "a"}[_replica_of(page)]
+        cluster.replicas[served].stop()  # SIGTERM, as systemd or Kubernetes stops it: it saves what changed
+        assert "saved 1 workspace changed since its last save" in cluster.replicas[served].log()
+
+        _reload(page)  # the user's next page load: the proxy sends it to the other replica, which reopens it
+        assert _replica_of(page) == other
+        _table_includes(page, "keys.txt")
+        assert _messages(page)[-1] == first
+        moved = _ask(page, "And what is the book in front of them?")
+        assert "Reopened" in cluster.replicas[other].log() or "Reopened" in page.inner_text("body")
+
+        # The same two questions in a context that never moved answer the same, token for token.
+        fresh, fresh_first = _fed_page(browser, cluster.url, notes)
+        assert _replica_of(fresh) == other and fresh_first == first
+        assert _ask(fresh, "And what is the book in front of them?") == moved
+
+
+def test_a_killed_replicas_workspace_opens_elsewhere_from_its_last_save_once_its_lease_ends(cluster, tmp_path):
+    notes = tmp_path / "keys.txt"
+    notes.write_text(NOTES, encoding="utf-8")
+    with chromium() as browser:
+        page, first = _fed_page(browser, cluster.url, notes)
+        served, other = _replica_of(page), {"a": "b", "b": "a"}[_replica_of(page)]
+        page.get_by_role("tab", name="Workspaces").click()
+        page.click("#save-button")
+        page.wait_for_function("() => document.querySelector('#workspaces-table').innerText.includes('●')",
+                               timeout=30_000)
+        _ask(page, "Is anything else in the drawer?")  # after the save: lost with the replica
+        cluster.kill(served)
+        lease = next(cluster.folder.glob("*/*.lease"))
+        assert f'"replica": "{served}"' in lease.read_text()  # nobody gave it back
+
+        started = time.monotonic()
+        _reload(page)
+        assert _replica_of(page) == other
+        _table_includes(page, "keys.txt")
+        assert time.monotonic() - started < float(LEASE_S) + 30
+        texts = _messages(page)
+        assert texts[-1] == first and not any("anything else in the drawer" in t for t in texts)
+        assert f'"replica": "{other}"' in lease.read_text()
