@@ -17,7 +17,7 @@ document's questions one after another, as a user does:
 Scored per question: right (any of its patterns in the answer), the first source holds the answer (app: the
 first cited passage; retrieval: the first retrieved chunk), seconds to the first token, the prompt's prefill
 and the answer's decode rates. Per run: the documents' prefill rate and the process's peak memory. Rows go to
-``--out`` as JSONL (one line per question) and a summary table; ``--readme`` puts the table into README.
+``--out`` as JSONL (one line per question) and a summary table; ``--readme`` puts the table into docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def parse_args(argv=None):
     p.add_argument("--tag", default="")
     p.add_argument("--readme", action="store_true")
     p.add_argument("--block", default="answers",
-                   help="with --report --readme: the README block the table goes to (answers, answers_fresh)")
+                   help="with --report --readme: the docs/benchmarks.md block the table goes to (answers, answers_fresh)")
     p.add_argument("--report", nargs="*", type=Path, default=None,
                    help="only write the table of these summaries (…/answers/<tag>.json, or <tag>.json:<method> for "
                         "one way of answering of that run) and stop")
@@ -395,7 +395,7 @@ def read_rows(path: Path) -> list[Row]:
 
 
 def publish_sources(rows: list[Row], readme: bool) -> str:
-    """README's sources table: the first source right, and among the first three, per way of ranking, per split."""
+    """docs/benchmarks.md's sources table: the first source right, and among the first three, per way of ranking, per split."""
     from benchmarks.report import splice_readme
     from ingest.tables import markdown_table
 
@@ -425,7 +425,7 @@ def publish_sources(rows: list[Row], readme: bool) -> str:
 
 
 def publish_table(summaries: list[dict], readme: bool, block: str = "answers") -> str:
-    """README's table: per model and way of answering, right answers (all, and per split asked), first sources,
+    """docs/benchmarks.md's table: per model and way of answering, right answers (all, and per split asked), first sources,
     first against later questions, paraphrased questions (and follow-ups, where asked), time to first token,
     decode rate, peak memory."""
     from benchmarks.report import splice_readme

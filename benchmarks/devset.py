@@ -28,7 +28,7 @@ CONFIRM = ("icccm", "libidn2", "h11")
 HOLDOUT = ("bzip2", "fontconfig")
 FRESH = ("crc", "nettle", "cookiejar")
 SPLITS = {"tune": TUNE, "confirm": CONFIRM, "holdout": HOLDOUT, "fresh": FRESH}
-# Debian packages that ship the documents (README's benchmark command installs them).
+# Debian packages that ship the documents (scripts/test.sh installs them).
 DEBIAN_PACKAGES = ("shared-mime-info", "libtasn1-doc", "xorg-docs", "libidn2-doc", "bzip2-doc", "fontconfig",
                    "zlib1g-dev", "nettle-dev")
 

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--lines-per-file", type=int, default=3)
     parser.add_argument("--model", default="demo", help="what app.py --model gets (default: the demo model)")
-    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument("--readme", action="store_true", help="write the table into docs/benchmarks.md")
     args = parser.parse_args(argv)
     result = run(args.files, args.lines_per_file, args.model)
     publish("many_files", result, table(result), readme=args.readme)

@@ -6,7 +6,7 @@
 
 NLL per position bucket for vanilla / window / Λ-only / ceiling-only / LM-Infinite / LM-Infinite + top-k,
 and pass-key accuracy at 2L … 64L for vanilla / truncation / LM-Infinite / LM-Infinite + top-k, with a
-depth × length heatmap. Results go to benchmarks/results/quality_*.{md,json,png} (and README with --readme).
+depth × length heatmap. Results go to benchmarks/results/quality_*.{md,json,png} (and docs/benchmarks.md with --readme).
 """
 
 from __future__ import annotations

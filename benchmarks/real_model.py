@@ -4,11 +4,11 @@
     python -m benchmarks.real_model --docqa --window 2048
     python -m benchmarks.real_model --nll --nll-tokens 32768
     python -m benchmarks.real_model --speed --context 32768
-    python -m benchmarks.real_model --readme          # tables from the saved results into README.md
+    python -m benchmarks.real_model --readme          # tables from the saved results into docs/smollm2.md
 
 Every part appends its raw records to benchmarks/results/real_*.jsonl / .json as it goes (a long run can be
 stopped and resumed part by part); ``--readme`` (or any run) rebuilds benchmarks/results/real_model.md from
-what is saved and, with --readme, splices it into README.md between the quality_real / speed_real markers.
+what is saved and, with --readme, splices it between the quality_real / speed_real markers (in docs/smollm2.md).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import real_common as rc
+from benchmarks.report import NEW_BLOCKS_PAGE, markers, page_holding, splice_readme
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -231,31 +232,43 @@ def write_report(readme: bool) -> None:
     print(body_q + "\n\n" + body_s)
 
 
-def splice_readme_after(readme: Path, name: str, body: str,
-                        anchor: str = "### Quality beyond the training length (demo model)") -> None:
-    """Like report.splice_readme, but new markers go after the demo model's quality section (before the
-    next heading), not at the end of the file."""
-    from benchmarks.report import splice_readme
+TITLES = {"quality_real": "### Quality beyond the training length (SmolLM2-135M-Instruct)",
+          "speed_real": "### Speed at 32K tokens (SmolLM2-135M-Instruct, CPU)"}
 
-    text = readme.read_text()
-    begin = f"<!-- {name}:begin -->"
-    previous_end = "<!-- quality_real:end -->"
-    if begin not in text and name != "quality_real" and previous_end in text:
-        cut = text.find(previous_end) + len(previous_end)
-        title = "### Speed at 32K tokens (SmolLM2-135M-Instruct, CPU)" if name == "speed_real" else ""
-        readme.write_text(text[:cut] + f"\n\n{title}\n\n{begin}\n<!-- {name}:end -->" + text[cut:])
-    elif begin not in text:
-        at = text.find(anchor)
-        if at >= 0:
-            nxt = text.find("\n## ", at + len(anchor))
-            nxt3 = text.find("\n### ", at + len(anchor))
-            cut = min([x for x in (nxt, nxt3) if x >= 0] or [len(text)])
-            title = {"quality_real": "### Quality beyond the training length (SmolLM2-135M-Instruct)",
-                     "speed_real": "### Speed at 32K tokens (SmolLM2-135M-Instruct, CPU)"}.get(name, "")
-            # after any speed/quality_real blocks already placed there
-            text = text[:cut].rstrip() + f"\n\n{title}\n\n{begin}\n<!-- {name}:end -->\n" + text[cut:]
-            readme.write_text(text)
+
+def splice_readme_after(readme: Path, name: str, body: str,
+                        anchor: str = "## Quality beyond the training length (demo model)") -> None:
+    """Like report.splice_readme, but markers no page holds yet go after the quality_real block (wherever it
+    lives: docs/smollm2.md now), or after the demo model's quality section of docs/benchmarks.md (before the
+    next heading), not at the end of a page."""
+    if page_holding(readme, name) is None:
+        previous = page_holding(readme, "quality_real")
+        if name != "quality_real" and previous is not None:
+            place_markers_after_block(previous, "quality_real", name)
+        else:
+            place_markers_after_heading(readme.parent / NEW_BLOCKS_PAGE, anchor, name)
     splice_readme(readme, name, body)
+
+
+def place_markers_after_block(page: Path, block: str, name: str) -> None:
+    """Empty ``name`` markers (speed_real under its title) right after ``block``'s end marker on ``page``."""
+    text, (begin, end), block_end = page.read_text(), markers(name), markers(block)[1]
+    cut = text.find(block_end) + len(block_end)
+    title = TITLES["speed_real"] if name == "speed_real" else ""
+    page.write_text(text[:cut] + f"\n\n{title}\n\n{begin}\n{end}" + text[cut:])
+
+
+def place_markers_after_heading(page: Path, anchor: str, name: str) -> None:
+    """Empty ``name`` markers under their title at the end of ``anchor``'s section of ``page`` (after any
+    speed/quality_real blocks already placed there); nothing when the page has no such heading."""
+    text, (begin, end) = page.read_text(), markers(name)
+    at = text.find(anchor)
+    if at < 0:
+        return
+    nxt = text.find("\n## ", at + len(anchor))
+    nxt3 = text.find("\n### ", at + len(anchor))
+    cut = min([x for x in (nxt, nxt3) if x >= 0] or [len(text)])
+    page.write_text(text[:cut].rstrip() + f"\n\n{TITLES.get(name, '')}\n\n{begin}\n{end}\n" + text[cut:])
 
 
 if __name__ == "__main__":

@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=100_000, help="about this many tokens of documents")
     parser.add_argument("--model", default=None, help="what app.py --model gets (default: the app's default)")
-    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument("--readme", action="store_true", help="write the table into docs/benchmarks.md")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     result = run(args.tokens, args.model)

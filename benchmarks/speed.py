@@ -1,5 +1,5 @@
 """Speed and memory, side by side in one run: vanilla transformers, truncation to the last L tokens,
-LM-Infinite, and LM-Infinite + top-k, at contexts L, 2L, 4L ... (paper App. F; issue targets in README).
+LM-Infinite, and LM-Infinite + top-k, at contexts L, 2L, 4L ... (paper App. F; issue targets in docs/benchmarks.md).
 
     python -m benchmarks.speed                       # CPU: random Llama with d = L = 512, 8 layers
     python -m benchmarks.speed --model random-7b --device cuda --load-in-4bit --window 4096 --max-context 131072
@@ -60,7 +60,7 @@ def parse_args(argv=None):
                    help="add --rounds rounds to those already saved under --out (<tag>_rounds.json)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--tag", default=None, help="results file stem (default speed_<device>)")
-    p.add_argument("--readme", action="store_true", help="write the summary table into README.md")
+    p.add_argument("--readme", action="store_true", help="write the summary table into docs/benchmarks.md")
     return p.parse_args(argv)
 
 

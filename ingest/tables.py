@@ -1,7 +1,7 @@
 """Tables as text, written in one place: Markdown for files, aligned columns for a terminal.
 
 markdown_table() writes the pipe tables of chat exports and of benchmark
-results spliced into README.md; text_table() the per-file report of
+results spliced into docs/benchmarks.md; text_table() the per-file report of
 `python -m ingest`.  Cells arrive as finished strings (or numbers): making
 them safe to print (ingest.visible) or human-sized (ingest.units) is the
 caller's part, laying them out is this module's.

@@ -7,7 +7,7 @@
     cache.topk = 0  # this cache's next forwards without top-k recall; the model and other caches unchanged
     decoder = lminfinite.GraphedDecoder(model, cache)  # on a GPU: decoder(next_ids) replays one CUDA graph per token
 
-See README.md for the semantics (Λ-mask, distance ceiling, top-k middle recall) and their tests.
+See docs/library.md for the semantics (Λ-mask, distance ceiling, top-k middle recall) and their tests.
 
 The torch-free parts (the config, the KV-memory arithmetic in kv_bytes) load with the package; the rest on
 first use (PEP 562), so ``ingest`` sizes a corpus's KV memory with the library's arithmetic without loading torch.

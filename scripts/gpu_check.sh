@@ -7,12 +7,12 @@
 #
 # Steps:
 #   cells    the speed table's cells that matter: the Llama-2-7B shape in 4-bit at 4K, 32K and 128K tokens,
-#            vanilla, LM-Infinite and LM-Infinite + recall -> README's speed_gpu table (about 3 minutes)
+#            vanilla, LM-Infinite and LM-Infinite + recall -> docs/benchmarks.md's speed_gpu table (about 3 minutes)
 #   tests    the CUDA tests (tests/test_lminfinite_cuda.py, tests/test_app_cuda.py: the library, and the app in
 #            4-bit, its engine and `python app.py --load-in-4bit` over HTTP) -> cuda_tests.log (about 3 minutes)
-#   kernels  the window-span kernels side by side at Llama-2-7B's shape, c = 4·L -> README's window_span_gpu table
+#   kernels  the window-span kernels side by side at Llama-2-7B's shape, c = 4·L -> docs/benchmarks.md's window_span_gpu table
 #   speed    the whole ladder, 4K to 128K, with truncation too (two calls' worth)
-# Logs and results go to $OUT (they come back to this machine): gpu.txt, the logs, the table files and README.md.
+# Logs and results go to $OUT (they come back to this machine): gpu.txt, the logs, the table files and docs/benchmarks.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
@@ -30,7 +30,7 @@ transformers.__version__, '| bitsandbytes', b.__version__, '|', torch.cuda.get_d
 } 2>&1 | tee "$OUT/gpu.txt"
 
 status=0
-results=(README.md)  # what comes back besides the logs (8 files at most)
+results=(docs/benchmarks.md)  # what comes back besides the logs (8 files at most)
 for step in "${STEPS[@]}"; do
   case $step in
     tests|library)  # the library's tests in four workers (FlexAttention compiles side by side); the app's alone, as

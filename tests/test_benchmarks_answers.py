@@ -107,7 +107,7 @@ def test_the_h11_zip_is_the_installed_package_and_the_same_bytes_every_time(tmp_
 
 
 def test_a_report_takes_one_way_of_answering_from_a_run_when_asked():
-    """README's 1.5B rows: the app from the runs with the reader's current wording, retrieval from the earlier
+    """docs/benchmarks.md's 1.5B rows: the app from the runs with the reader's current wording, retrieval from the earlier
     runs, which also hold app rows of the earlier wording (``run.json:retrieval``)."""
     results = Path(answers.__file__).parent / "results" / "answers"
     both = answers.merged([results / "c_q15.json"])
