@@ -17,6 +17,7 @@ from transformers.cache_utils import Cache
 from .config import LMInfiniteConfig, require_int
 from .decode_step import DecodeStep
 from .layer import InfiniteLayer
+from .layer_state import LayerState
 from .state import get_state
 
 
@@ -36,14 +37,11 @@ def _free_share(model, config: LMInfiniteConfig) -> int | None:
 
 @dataclass(frozen=True)
 class CacheSnapshot:
-    """Everything needed to put a cache back as it was: tensor references and counters."""
+    """Everything needed to put a cache back as it was: each layer's snapshot (tensor references and counters)."""
 
-    layers: tuple
+    layers: tuple[LayerState, ...]
     seen: int
     epoch: int
-
-
-_SNAPSHOT_FIELDS = ("is_initialized", "start_k", "start_v", "ring_k", "ring_v", "win_start", "seen", "frame")
 
 
 class InfiniteCache(Cache):
@@ -118,7 +116,7 @@ class InfiniteCache(Cache):
             return None
         if any(config.uses_topk(i) or layer.shared for i, layer in enumerate(self.layers)):
             return None
-        rings = (t for layer in self.layers for t in (layer.ring_k, layer.ring_v, layer.start_k, layer.start_v))
+        rings = (t for layer in self.layers for t in layer.tensors())
         return (*self._step.tensors, *rings)
 
     @contextmanager
@@ -179,12 +177,8 @@ class InfiniteCache(Cache):
 
     def snapshot(self) -> CacheSnapshot:
         """O(layers): references to the current tensors; the next write to a ring copies it first."""
-        layers = []
-        for layer in self.layers:
-            layer.shared = True
-            saved = tuple(getattr(layer, name) for name in _SNAPSHOT_FIELDS)
-            layers.append(saved + (0 if layer.middle is None else layer.middle.length,))
-        return CacheSnapshot(tuple(layers), self.get_seq_length(), len(self._rollbacks))
+        layers = tuple(layer.snapshot() for layer in self.layers)
+        return CacheSnapshot(layers, self.get_seq_length(), len(self._rollbacks))
 
     def rollback(self, snap: CacheSnapshot) -> None:
         """Return exactly to ``snap``. A snapshot taken after an older state was restored is no longer valid."""
@@ -193,11 +187,7 @@ class InfiniteCache(Cache):
         if snap.seen > self.get_seq_length():
             raise ValueError("cannot roll forward to a snapshot newer than the cache")
         for layer, saved in zip(self.layers, snap.layers):
-            for name, value in zip(_SNAPSHOT_FIELDS, saved):
-                setattr(layer, name, value)
-            layer.shared = True
-            if layer.middle is not None:
-                layer.middle.truncate(saved[-1])
+            layer.rollback(saved)
         self._rollbacks.append(snap.seen)
 
     def memory(self) -> dict[str, int]:

@@ -30,6 +30,7 @@ from .config import LMInfiniteConfig
 from .context import KeyContext
 from .decode_step import DecodeStep
 from .kv_bytes import row_bytes
+from .layer_state import MIDDLE_TENSORS, POSITIONS, TENSORS, LayerCounters, LayerState
 from .middle_store import MiddleStore
 from .modes import outside_inference_mode
 from .rotary import Rope, apply_rotation
@@ -144,6 +145,62 @@ class InfiniteLayer(CacheLayerMixin):
             self.middle.append(self._unrotate(self.ring_k[..., old : old + 1, :], oldest), self.ring_v[..., old : old + 1, :])
         self.win_start += 1
         self.seen += 1
+
+    # -- its state: snapshots and rollbacks, saved files (layer_state.py) ------------------------------
+    def counters(self) -> LayerCounters:
+        return LayerCounters(initialized=bool(self.is_initialized), **{name: getattr(self, name) for name in POSITIONS},
+                             middle=None if self.middle is None else self.middle.length)
+
+    def tensors(self) -> tuple:
+        """The values of TENSORS (None before the first call), the layer's own."""
+        return tuple(getattr(self, name) for name in TENSORS)
+
+    def snapshot(self) -> LayerState:
+        """O(1): references to the current tensors; the next write to the ring copies it first."""
+        self.shared = True
+        return LayerState(self.counters(), self.tensors())
+
+    def rollback(self, state: LayerState) -> None:
+        """Return exactly to ``state``, this layer's snapshot; the middle store drops the rows appended since."""
+        self.is_initialized = state.counters.initialized
+        self._set_positions(state.counters)
+        for name, tensor in zip(TENSORS, state.tensors):
+            setattr(self, name, tensor)
+        self.shared = True
+        if self.middle is not None:
+            self.middle.truncate(state.counters.middle)
+
+    def export(self) -> tuple[LayerCounters, dict[str, torch.Tensor]]:
+        """Everything that rebuilds this layer: its counters, and its tensors by name, the layer's own (views,
+        maybe on a GPU): TENSORS once it holds any, then MIDDLE_TENSORS where its middle store holds rows (only
+        the rows in use)."""
+        counters, tensors = self.counters(), {}
+        if self.is_initialized:
+            tensors.update(zip(TENSORS, self.tensors()))
+        if counters.middle:
+            tensors.update(zip(MIDDLE_TENSORS, self.middle.view()))
+        return counters, tensors
+
+    def restore(self, counters: LayerCounters, read, dtype: torch.dtype, device: torch.device) -> None:
+        """Become the layer ``export`` described: ``read(name, rows)`` gives each of its tensors (of ``rows``
+        positions; checked by the caller, persist.py), copied to ``device`` and ``dtype``; the middle store's
+        rows are placed as its appends would place them."""
+        self._set_positions(counters)
+        if not counters.initialized:
+            return
+        n_starting = self.config.n_starting
+        start, ring = min(counters.seen, n_starting), n_starting + self.config.window_
+        for name in TENSORS:
+            tensor = read(name, start if name.startswith("start_") else ring)
+            setattr(self, name, tensor.to(device, dtype, copy=True))
+        self.dtype, self.device, self.is_initialized = dtype, device, True
+        if counters.middle:
+            keys, values = (read(name, counters.middle) for name in MIDDLE_TENSORS)
+            self.middle.restore(keys, values, device, dtype)  # one copy each
+
+    def _set_positions(self, counters: LayerCounters) -> None:
+        for name in POSITIONS:
+            setattr(self, name, getattr(counters, name))
 
     # -- the two phases ---------------------------------------------------------------------------
     def _decode_step(self, key_states, value_states, step: DecodeStep) -> KeyContext:

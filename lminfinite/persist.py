@@ -4,7 +4,9 @@ What a cache holds is tensors (each layer's start keys, ring and middle store) a
 win_start, frame); with the model's rotation they determine every later forward, so restoring them bit for bit
 gives bit-identical logits. The counters and an *identity* (the LM-Infinite settings that shape attention, the
 model's layer count, KV heads, head_dim and dtype) travel as JSON in the file's metadata: a cache is refused by a
-model it was not built for (CacheMismatch) rather than silently attended with other settings.
+model it was not built for (CacheMismatch) rather than silently attended with other settings. That JSON is
+cache_record.py's dataclasses as dicts; which tensors and counters a layer holds, the layer says itself
+(InfiniteLayer.export and restore, layer_state.py).
 
 Saving is atomic: the file is written beside ``path``, synced, then renamed onto it, so a crash mid-save leaves
 the previous file whole.
@@ -13,38 +15,29 @@ the previous file whole.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import safetensors
 import torch
 
 from .cache import InfiniteCache
-from .layer import window_start
+from .cache_record import CONFIG_FIELDS, CacheFileError, CacheIdentity, CacheInfo, CacheMismatch
+from .layer_state import MIDDLE_TENSORS, TENSORS, LayerCounters
 from .tensor_file import TensorFile, write_tensors
 from .kv_bytes import KVShape
 from .modes import outside_inference_mode
 from .state import get_state
 
 INFO_KEY = "lminfinite.cache"  # the metadata key holding the cache's info JSON; the caller's keys go beside it
-FORMAT = "lminfinite.InfiniteCache"
-VERSION = 1
-IDENTITY_CONFIG = ("n_starting", "window", "topk_from_layer", "topk_distance")  # LMInfiniteConfig fields
-_LAYER_TENSORS = ("start_k", "start_v", "ring_k", "ring_v")
-
-
-class CacheMismatch(ValueError):
-    """The model differs from the one the cache was built for: it would attend over the cache differently."""
-
-
-class CacheFileError(ValueError):
-    """The file or state is not a complete cache of this format: truncated, corrupt, or from another version."""
 
 
 # -- state: tensors and counters ----------------------------------------------------------------------------
 def cache_state(
     cache: InfiniteCache, *, middle_dtype: torch.dtype | None = None, copy: bool = True
 ) -> tuple[dict[str, torch.Tensor], dict]:
-    """Every tensor and counter that rebuilds ``cache`` exactly; ``info`` is JSON-ready.
+    """Every tensor and counter that rebuilds ``cache`` exactly; ``info`` is JSON-ready (cache_record.CacheInfo
+    as a dict).
 
     ``copy=True``: contiguous CPU copies, a snapshot that later forwards cannot change. ``copy=False``: the
     cache's own tensors (views, maybe on a GPU), for writing them out at once (``tensor_file.write_tensors``
@@ -59,33 +52,26 @@ def cache_state(
     middle_dtype = _floating(middle_dtype) if middle_dtype is not None else dtype
     tensors: dict[str, torch.Tensor] = {}
     take = _cpu_copy if copy else _as_is
-    layers = [_layer_state(layer, f"layers.{i}.", dtype, middle_dtype, tensors, take)
-              for i, layer in enumerate(cache.layers)]
-    identity = {name: getattr(cache.config, name) for name in IDENTITY_CONFIG}
-    identity.update(num_layers=len(cache.layers), num_kv_heads=kv_heads, head_dim=head_dim, dtype=_dtype_name(dtype))
-    info = {
-        "format": FORMAT, "version": VERSION, "identity": identity,
-        "topk": cache.topk, "model_topk": cache.config.topk,  # topk None: the cache follows the model's k
-        "keep_middle": cache.keeps_middle,
-        "offload_middle": any(layer.middle is not None and layer.middle.device is not None for layer in cache.layers),
-        "batch_size": batch, "middle_dtype": _dtype_name(middle_dtype), "layers": layers,
-    }
-    return tensors, info
+    layers = tuple(_layer_state(layer, f"layers.{i}.", dtype, middle_dtype, tensors, take)
+                   for i, layer in enumerate(cache.layers))
+    identity = CacheIdentity(**{name: getattr(cache.config, name) for name in CONFIG_FIELDS},
+                             num_layers=len(cache.layers), num_kv_heads=kv_heads, head_dim=head_dim,
+                             dtype=_dtype_name(dtype))
+    info = CacheInfo(
+        identity=identity, topk=cache.topk, model_topk=cache.config.topk,  # topk None: the cache follows the model's k
+        keep_middle=cache.keeps_middle,
+        offload_middle=any(layer.middle is not None and layer.middle.device is not None for layer in cache.layers),
+        batch_size=batch, middle_dtype=_dtype_name(middle_dtype), layers=layers,
+    )
+    return tensors, info.to_dict()
 
 
-def _layer_state(layer, prefix: str, dtype, middle_dtype, tensors: dict, take) -> dict:
+def _layer_state(layer, prefix: str, dtype, middle_dtype, tensors: dict, take) -> LayerCounters:
     """One layer's counters; its tensors go into ``tensors`` (the middle store: only the rows in use)."""
-    middle = None if layer.middle is None else layer.middle.length
-    if layer.is_initialized:
-        for name in _LAYER_TENSORS:
-            tensors[prefix + name] = take(getattr(layer, name), dtype)
-    if middle:
-        keys, values = layer.middle.view()
-        tensors[prefix + "middle_k"], tensors[prefix + "middle_v"] = (
-            take(keys, middle_dtype), take(values, middle_dtype)
-        )
-    return {"initialized": bool(layer.is_initialized), "seen": layer.seen, "win_start": layer.win_start,
-            "frame": layer.frame, "middle": middle}
+    counters, own = layer.export()
+    for name, tensor in own.items():
+        tensors[prefix + name] = take(tensor, middle_dtype if name in MIDDLE_TENSORS else dtype)
+    return counters
 
 
 def restore_cache(model, tensors: dict[str, torch.Tensor], info: dict, *, device=None) -> InfiniteCache:
@@ -94,42 +80,32 @@ def restore_cache(model, tensors: dict[str, torch.Tensor], info: dict, *, device
     state = get_state(model)
     if state is None:
         raise ValueError("restore_cache needs an LM-Infinite model: call lminfinite.enable(model) first")
-    _check_info(info)
-    _check_identity(model, state, info)
-    _check_tensor_names(tensors, info)
+    record = CacheInfo.from_dict(info)
+    _check_identity(model, state, record)
+    _check_tensor_names(tensors, record)
     device = torch.device(device) if device is not None else _model_device(model)
     cache = InfiniteCache(
-        model, keep_middle=info["keep_middle"], offload_middle=info["offload_middle"], topk=info["topk"]
+        model, keep_middle=record.keep_middle, offload_middle=record.offload_middle, topk=record.topk
     )
     with outside_inference_mode():  # the cache is written in place later, whatever mode this runs in
-        for i, (layer, saved) in enumerate(zip(cache.layers, info["layers"])):
-            _restore_layer(layer, i, saved, tensors, info, device)
+        for i, (layer, saved) in enumerate(zip(cache.layers, record.layers)):
+            _restore_layer(layer, i, saved, tensors, record, device)
     return cache
 
 
-def _restore_layer(layer, i: int, saved: dict, tensors, info: dict, device: torch.device) -> None:
-    if (layer.middle is None) != (saved["middle"] is None):
+def _restore_layer(layer, i: int, saved: LayerCounters, tensors, info: CacheInfo, device: torch.device) -> None:
+    if (layer.middle is None) != (saved.middle is None):
         raise CacheFileError(
-            f"layer {i}: middle store {saved['middle']!r} contradicts keep_middle={info['keep_middle']} "
-            f"and topk_from_layer={info['identity']['topk_from_layer']}"
+            f"layer {i}: middle store {saved.middle!r} contradicts keep_middle={info.keep_middle} "
+            f"and topk_from_layer={info.identity.topk_from_layer}"
         )
-    layer.seen, layer.win_start, layer.frame = saved["seen"], saved["win_start"], saved["frame"]
-    if not saved["initialized"]:
-        return
-    identity = info["identity"]
-    dtype = getattr(torch, identity["dtype"])
-    n_starting, window = identity["n_starting"], identity["window"]
-    start, ring = min(saved["seen"], n_starting), n_starting + window
-    rows = {"start_k": start, "start_v": start, "ring_k": ring, "ring_v": ring}
-    for name in _LAYER_TENSORS:
-        tensor = _checked(tensors, f"layers.{i}.{name}", info, rows[name], dtype)
-        setattr(layer, name, tensor.to(device, dtype, copy=True))
-    layer.dtype, layer.device, layer.is_initialized = dtype, device, True
-    if saved["middle"]:
-        middle_dtype = getattr(torch, info["middle_dtype"])
-        keys = _checked(tensors, f"layers.{i}.middle_k", info, saved["middle"], middle_dtype)
-        values = _checked(tensors, f"layers.{i}.middle_v", info, saved["middle"], middle_dtype)
-        layer.middle.restore(keys, values, device, dtype)  # placed as its appends would be, one copy each
+    dtype = getattr(torch, info.identity.dtype) if saved.initialized else None
+    middle_dtype = getattr(torch, info.middle_dtype) if saved.initialized else None
+
+    def read(name: str, rows: int) -> torch.Tensor:
+        return _checked(tensors, f"layers.{i}.{name}", info, rows, middle_dtype if name in MIDDLE_TENSORS else dtype)
+
+    layer.restore(saved, read, dtype, device)
 
 
 # -- files: one safetensors file, written atomically -------------------------------------------------------
@@ -165,90 +141,17 @@ def load_cache(model, path, *, device=None) -> tuple[InfiniteCache, dict[str, st
         raise CacheFileError(f"{path} is truncated or corrupt (safetensors: {error})") from error
 
 
-# -- checks: malformed input is a CacheFileError, another model a CacheMismatch -------------------------------
-_INFO_FIELDS = {"identity": dict, "topk": (int, type(None)), "model_topk": int, "keep_middle": bool,
-                "offload_middle": bool, "batch_size": (int, type(None)), "middle_dtype": (str, type(None)),
-                "layers": list}
-_IDENTITY_FIELDS = {"n_starting": int, "window": int, "topk_from_layer": int, "topk_distance": int,
-                    "num_layers": int, "num_kv_heads": (int, type(None)), "head_dim": (int, type(None)),
-                    "dtype": (str, type(None))}
-_LAYER_FIELDS = {"initialized": bool, "seen": int, "win_start": int, "frame": int, "middle": (int, type(None))}
-
-
-def _check_info(info) -> None:
-    if not isinstance(info, dict) or info.get("format") != FORMAT:
-        raise CacheFileError(f"not an LM-Infinite cache: format {_get(info, 'format')!r}, expected {FORMAT!r}")
-    if info.get("version") != VERSION:
-        raise CacheFileError(f"unsupported cache format version {info.get('version')!r} (this library reads {VERSION})")
-    _check_fields(info, _INFO_FIELDS, "cache info")
-    identity = info["identity"]
-    _check_fields(identity, _IDENTITY_FIELDS, "identity")
-    for where, name in (("dtype", identity["dtype"]), ("middle_dtype", info["middle_dtype"])):
-        if name is not None and not isinstance(getattr(torch, name, None), torch.dtype):
-            raise CacheFileError(f"{where} {name!r} is not a torch dtype")
-    if len(info["layers"]) != identity["num_layers"]:
-        raise CacheFileError(f"{len(info['layers'])} layer records for num_layers={identity['num_layers']}")
-    for i, layer in enumerate(info["layers"]):
-        _check_fields(layer, _LAYER_FIELDS, f"layer {i}")
-        if not layer["frame"] <= layer["win_start"] <= layer["seen"]:
-            raise CacheFileError(f"layer {i}: counters out of order (frame <= win_start <= seen): {layer}")
-        if layer["initialized"] and (identity["dtype"] is None or info["middle_dtype"] is None):
-            raise CacheFileError(f"layer {i} holds tensors but the cache info records no dtype")
-    _check_layers_agree(info["layers"], identity)
-
-
-_SHARED_COUNTERS = ("initialized", "seen", "win_start", "frame")  # every layer sees every token: equal in all
-
-
-def _check_layers_agree(layers: list, identity: dict) -> None:
-    """The counters one cache's layers share, and what they imply: each is valid alone, but layers that
-    disagree (or a middle store of another length) would be restored as a cache that answers differently."""
-    for name in _SHARED_COUNTERS:
-        values = [layer[name] for layer in layers]
-        if len(set(values)) > 1:
-            raise CacheFileError(f"the layers disagree on {name!r}: {_per_layer(values)}")
-    if not layers:
-        return
-    n_starting, window, seen = identity["n_starting"], identity["window"], layers[0]["seen"]
-    win_start = window_start(seen, n_starting, window)
-    if layers[0]["win_start"] != win_start:
-        raise CacheFileError(f"win_start {layers[0]['win_start']} does not follow from seen={seen}, "
-                             f"n_starting={n_starting} and window={window} (expected {win_start})")
-    middle = max(0, win_start - n_starting)  # every token evicted from the window, past the start
-    for i, layer in enumerate(layers):
-        if layer["middle"] not in (None, middle):
-            raise CacheFileError(f"layer {i}: a middle store of {layer['middle']} tokens, expected {middle} "
-                                 f"(seen={seen}, n_starting={n_starting}, window={window})")
-
-
-def _per_layer(values: list) -> str:
-    """'[3829, 3829, 300, 3829]', shortened for a model of many layers."""
-    return str(values) if len(values) <= 8 else f"{values[:8]}... ({len(values)} layers)"
-
-
-def _check_fields(record, fields: dict, where: str) -> None:
-    """Each field present, of its JSON type (a bool is no int here), and no int negative."""
-    if not isinstance(record, dict):
-        raise CacheFileError(f"{where}: expected an object, got {type(record).__name__}")
-    for name, types in fields.items():
-        if name not in record:
-            raise CacheFileError(f"{where}: missing field {name!r}")
-        value = record[name]
-        wrong_type = not isinstance(value, types) or (isinstance(value, bool) and types is not bool)
-        if wrong_type or (isinstance(value, int) and value < 0):
-            raise CacheFileError(f"{where}: field {name!r} has an invalid value {value!r}")
-
-
-def _check_identity(model, state, info: dict) -> None:
+# -- checks: another model is a CacheMismatch, a tensor that does not fit a CacheFileError --------------------
+def _check_identity(model, state, info: CacheInfo) -> None:
     """Refuse a model whose attention over this cache would differ from the saving model's."""
-    identity = info["identity"]
-    current = {name: getattr(state.config, name) for name in IDENTITY_CONFIG}
+    identity = asdict(info.identity)
+    current = {name: getattr(state.config, name) for name in CONFIG_FIELDS}
     current["num_layers"] = state.num_layers
     if identity["dtype"] is not None:  # shapes and dtype are known once a layer holds tensors
         shape = KVShape.from_config(model.config)
         current.update(num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=_dtype_name(_model_dtype(model)))
-    if info["topk"] is None:  # the cache recalls with the model's k
-        identity, current = {**identity, "topk": info["model_topk"]}, {**current, "topk": state.config.topk}
+    if info.topk is None:  # the cache recalls with the model's k
+        identity, current = {**identity, "topk": info.model_topk}, {**current, "topk": state.config.topk}
     for name, value in current.items():
         if identity[name] != value:
             raise CacheMismatch(
@@ -257,13 +160,13 @@ def _check_identity(model, state, info: dict) -> None:
             )
 
 
-def _check_tensor_names(tensors, info: dict) -> None:
+def _check_tensor_names(tensors, info: CacheInfo) -> None:
     expected = set()
-    for i, layer in enumerate(info["layers"]):
-        if layer["initialized"]:
-            expected.update(f"layers.{i}.{name}" for name in _LAYER_TENSORS)
-        if layer["middle"]:
-            expected.update((f"layers.{i}.middle_k", f"layers.{i}.middle_v"))
+    for i, layer in enumerate(info.layers):
+        if layer.initialized:
+            expected.update(f"layers.{i}.{name}" for name in TENSORS)
+        if layer.middle:
+            expected.update(f"layers.{i}.{name}" for name in MIDDLE_TENSORS)
     missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -272,10 +175,10 @@ def _check_tensor_names(tensors, info: dict) -> None:
         raise CacheFileError(f"unexpected tensor {unexpected[0]}: the cache info does not account for it")
 
 
-def _checked(tensors, name: str, info: dict, rows: int, dtype: torch.dtype) -> torch.Tensor:
+def _checked(tensors, name: str, info: CacheInfo, rows: int, dtype: torch.dtype) -> torch.Tensor:
     tensor = tensors[name]
-    identity = info["identity"]
-    shape = (info["batch_size"], identity["num_kv_heads"], rows, identity["head_dim"])
+    identity = info.identity
+    shape = (info.batch_size, identity.num_kv_heads, rows, identity.head_dim)
     if not isinstance(tensor, torch.Tensor):
         raise CacheFileError(f"{name} is a {type(tensor).__name__}, not a tensor")
     if tuple(tensor.shape) != shape or tensor.dtype != dtype:
@@ -316,10 +219,6 @@ def _floating(dtype) -> torch.dtype:
 
 def _dtype_name(dtype: torch.dtype | None) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
-def _get(record, key):
-    return record.get(key) if isinstance(record, dict) else None
 
 
 def _model_device(model) -> torch.device:

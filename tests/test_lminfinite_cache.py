@@ -5,6 +5,7 @@ import torch
 
 import lminfinite
 from lminfinite.context import KeyContext
+from lminfinite.layer_state import POSITIONS
 from lminfinite_models import FAMILIES, WINDOW, feed_in_chunks, held_bytes, random_ids, tiny_model
 
 N_STARTING = 4
@@ -135,9 +136,8 @@ def _shift_positions(cache, delta):
     """Pretend `delta` more tokens were seen between the start tokens and the window (a 10^9-token context)."""
     assert delta % WINDOW == 0  # ring slots are position % window
     for layer in cache.layers:
-        layer.seen += delta
-        layer.win_start += delta
-        layer.frame += delta
+        for name in POSITIONS:
+            setattr(layer, name, getattr(layer, name) + delta)
 
 
 @pytest.mark.parametrize("offset", [10**4, 10**9])

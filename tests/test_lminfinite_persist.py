@@ -19,6 +19,7 @@ import lminfinite
 from lminfinite import tensor_file
 from lminfinite import (CacheFileError, CacheMismatch, LMInfiniteConfig, cache_state, load_cache, restore_cache,
                         save_cache)
+from lminfinite.layer_state import POSITIONS
 from lminfinite.persist import INFO_KEY
 from lminfinite_models import FAMILIES, WINDOW, feed_in_chunks, random_ids, tiny_model
 
@@ -384,7 +385,8 @@ def test_a_save_killed_at_a_random_moment_leaves_a_loadable_file(tmp_path):
     for layer in cache.layers:  # as if that many more tokens had passed the window: counters that still agree
         if layer.middle is not None:
             layer.middle.append(torch.randn(1, 2, rows, 16), torch.randn(1, 2, rows, 16))
-        layer.seen, layer.win_start, layer.frame = layer.seen + rows, layer.win_start + rows, layer.frame + rows
+        for name in POSITIONS:
+            setattr(layer, name, getattr(layer, name) + rows)
     pickled = tmp_path / "cache.pt"
     torch.save(cache, pickled)
     root = Path(lminfinite.__file__).parents[1]
