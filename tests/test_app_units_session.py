@@ -14,6 +14,7 @@ from app.session.exporting import export_data, to_markdown, write_exports
 from app.session.registry import SessionRegistry
 from app.session.state import ChatItem
 from app.web import views
+from fake_clock import FakeClock
 from ingest import Corpus, FileReport, Provenance
 from ingest.corpus import Chunk
 
@@ -60,10 +61,11 @@ class _Runtime:
     """Sessions never touch the model until they answer; this stands in for it."""
 
 
-def _registry(timeout_s=3600.0):
+def _registry(timeout_s=3600.0, clock=time.monotonic):
     from app.engine.budget import Budget
 
-    return SessionRegistry(_Runtime(), cli.AppConfig(session_timeout_s=timeout_s), Budget(1000, "test", 10))
+    return SessionRegistry(_Runtime(), cli.AppConfig(session_timeout_s=timeout_s), Budget(1000, "test", 10),
+                           clock=clock)
 
 
 def test_sessions_are_separate_and_freed():
@@ -78,11 +80,12 @@ def test_sessions_are_separate_and_freed():
 
 
 def test_idle_sessions_expire_but_working_ones_wait():
-    registry = _registry(timeout_s=0.05)
+    clock = FakeClock()
+    registry = _registry(timeout_s=0.05, clock=clock)
     idle, busy = registry.get("idle"), registry.get("busy")
     work = busy.new_work("turn", "q?")
     with busy.working():
-        time.sleep(0.1)
+        clock.advance(0.1)
         assert registry.sweep() == ["idle"]
         assert registry.peek("busy") is busy
         registry.close("busy")  # a disconnect mid-answer: stop now, free when the work ends
