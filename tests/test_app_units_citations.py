@@ -131,6 +131,19 @@ def test_a_cut_quote_is_the_densest_part_of_its_chunk_with_its_relevant_tokens_i
 
 
 def test_citations_quote_the_best_chunks_whole_while_they_fit_and_cut_the_first_that_does_not():
+    spans, chunks, tally = _three_pages_in_four_chunks()
+    assert cite(tally, spans).quote_spans == ()  # not asked
+    _check_a_short_budget_cuts_the_first_chunk(tally, spans)
+    _check_room_for_all_quotes_each_chunk_whole(tally, spans)
+    _check_bm25_orders_the_quotes(tally, spans, chunks)
+    # Fewer tokens left than the smallest quote: quoting stops.
+    assert len(cite(tally, spans, quote_budget=100).quote_spans) == 2  # 74 whole, then 26 of the next (≥ 25)
+    assert len(cite(tally, spans, quote_budget=90).quote_spans) == 1  # 16 left < 22
+    assert spans.around(125, lambda span: span.where is not None and span.where.page == 2) == (60, 160)
+    assert spans.around(5, lambda span: span.where is not None) == (0, 210)  # a run after the span it starts in
+
+
+def _three_pages_in_four_chunks():
     spans = SpanIndex()
     spans.append(Span(0, 10, "system"))
     chunks = [Span(start, start + 50, "document", where=Provenance("r.pdf", page=page))
@@ -141,11 +154,17 @@ def test_citations_quote_the_best_chunks_whole_while_they_fit_and_cut_the_first_
     tally = RecallTally()
     tally(TopKSelection(6, torch.tensor([220]), torch.tensor([[[[20, 100, 120, 170]]]]),
                         torch.tensor([[[[0.1, 0.3, 0.3, 0.2]]]])))
-    assert cite(tally, spans).quote_spans == ()  # not asked
+    return spans, chunks, tally
+
+
+def _check_a_short_budget_cuts_the_first_chunk(tally, spans):
     # Recall alone: p. 2 first, its chunks in context order; 40 tokens cut from the first chunk around its recall.
     report = cite(tally, spans, quote_budget=40)
     assert report.citations[0].where.page == 2 and report.quote_spans == ((91, 131),)
     assert report.quoted_passages == 1
+
+
+def _check_room_for_all_quotes_each_chunk_whole(tally, spans):
     # Room for all: each chunk whole with its last word, fed with the next chunk (CARRIED_TOKENS), and what a
     # neighbour quotes already not quoted twice.
     report = cite(tally, spans, quote_budget=500)
@@ -153,17 +172,15 @@ def test_citations_quote_the_best_chunks_whole_while_they_fit_and_cut_the_first_
                                   (160 + CARRIED_TOKENS, 210), (10, 60))
     assert [w.page for w in report.quote_sources] == [2, 2, 3, 1] and report.quoted_passages == 3
     assert [c.where.page for c in report.citations[:3]] == [2, 3, 1]  # the quoted passages are the first cited
+
+
+def _check_bm25_orders_the_quotes(tally, spans, chunks):
     # BM25 ranks p. 2's second chunk first: it is quoted first, and its page still cited first.
     lexical = {chunks[2]: 3.0, chunks[3]: 1.0}
     report = cite(tally, spans, quote_budget=500, quotes=2, lexical=lexical)
     assert report.quote_spans == ((110, 160 + CARRIED_TOKENS), (160 + CARRIED_TOKENS, 210))
     assert [c.where.page for c in report.citations[:2]] == [2, 3]
     assert report.lexical_ranking[0].page == 2 and report.lexical_scores[0] == 3.0
-    # Fewer tokens left than the smallest quote: quoting stops.
-    assert len(cite(tally, spans, quote_budget=100).quote_spans) == 2  # 74 whole, then 26 of the next (≥ 25)
-    assert len(cite(tally, spans, quote_budget=90).quote_spans) == 1  # 16 left < 22
-    assert spans.around(125, lambda span: span.where is not None and span.where.page == 2) == (60, 160)
-    assert spans.around(5, lambda span: span.where is not None) == (0, 210)  # a run after the span it starts in
 
 
 def test_span_index_lookup_and_truncation():
