@@ -117,24 +117,44 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.sources_report is not None:
-        publish_sources([row for path in args.sources_report for row in read_rows(path.with_suffix(".jsonl"))],
-                        args.readme)
-        return
-    if args.report is not None:
-        publish_table(merged(args.report), args.readme, args.block)
+    if _published_only(args):
         return
     from app.cli import AppConfig
     from app.engine.model_loading import load_runtime
 
     torch.set_num_threads(args.threads)
     runtime = load_runtime(AppConfig(model=args.model, window=args.window, dtype=args.dtype, topk=5))
-    names = tuple(n for n in args.documents.split(",") if n) or (
-        sum(devset.SPLITS.values(), ()) if args.split == "all" else devset.SPLITS[args.split])
-    documents = devset.load(names)
+    documents = devset.load(_document_names(args))
     args.out.mkdir(parents=True, exist_ok=True)
     tag = args.tag or f"{args.model}_w{runtime.window}"
-    rows_path = args.out / f"{tag}.jsonl"
+    rows = rescored(_answer_all(runtime, documents, args, args.out / f"{tag}.jsonl"))
+    summary = summarize(rows, runtime, args)
+    summary["sources"] = source_table(rows, documents)
+    (args.out / f"{tag}.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+def _published_only(args) -> bool:
+    """--sources-report or --report: write that table from runs already made (True), nothing to run."""
+    if args.sources_report is not None:
+        publish_sources([row for path in args.sources_report for row in read_rows(path.with_suffix(".jsonl"))],
+                        args.readme)
+        return True
+    if args.report is not None:
+        publish_table(merged(args.report), args.readme, args.block)
+        return True
+    return False
+
+
+def _document_names(args) -> tuple[str, ...]:
+    """--documents, else the split's documents (every split's for 'all')."""
+    return tuple(n for n in args.documents.split(",") if n) or (
+        sum(devset.SPLITS.values(), ()) if args.split == "all" else devset.SPLITS[args.split])
+
+
+def _answer_all(runtime, documents, args, rows_path: Path) -> list[Row]:
+    """Every document's questions by every way of answering asked for; each row written to ``rows_path`` as it
+    comes, and a line per document and way."""
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as scratch, rows_path.open("w") as sink:
         for document in documents:
@@ -149,11 +169,7 @@ def main(argv=None) -> None:
                 print(f"{document.name} {method}: {sum(r.right for r in answered)}/{len(answered)} right, "
                       f"{sum(r.source_right for r in answered)} first sources, {time.perf_counter() - started:.0f} s",
                       flush=True)
-    rows = rescored(rows)
-    summary = summarize(rows, runtime, args)
-    summary["sources"] = source_table(rows, documents)
-    (args.out / f"{tag}.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps(summary, indent=1))
+    return rows
 
 
 # -- the app ---------------------------------------------------------------------------------------------
@@ -342,30 +358,66 @@ def summarize(rows: list[Row], runtime, args) -> dict:
 
 
 def methods_of(rows: list[Row]) -> dict:
+    """Per way of answering, in the order first met: what ``_method_summary`` counts."""
+    return {method: _method_summary(method, [r for r in rows if r.method == method])
+            for method in dict.fromkeys(r.method for r in rows)}
+
+
+def _method_summary(method: str, mine: list[Row]) -> dict:
+    """Right answers (all, per split, first against later questions, paraphrased, follow-ups), first sources,
+    median timings and the right answers per document of one way of answering."""
+    return {"right": _right(mine), "questions": len(mine), **_per_split(mine),
+            "first_source_right": sum(r.source_right for r in mine), **_first_and_later(mine),
+            **_paraphrased_and_followups(mine), **_medians(method, mine), "by_document": _by_document(mine)}
+
+
+def _first_and_later(rows: list[Row]) -> dict:
+    first = [r for r in rows if r.index == 0]
+    later = [r for r in rows if r.index > 0]
+    return {"right_first_question": _right(first), "first_questions": len(first),
+            "right_later_questions": _right(later), "later_questions": len(later)}
+
+
+def _paraphrased_and_followups(rows: list[Row]) -> dict:
+    return {"right_paraphrased": _right(r for r in rows if r.paraphrased),
+            "paraphrased": sum(r.paraphrased for r in rows),
+            "right_followup": _right(r for r in rows if r.followup), "followups": sum(r.followup for r in rows)}
+
+
+def _medians(method: str, rows: list[Row]) -> dict:
+    """Median first-token seconds and rates; the app's prefill is the documents' (its first row per document),
+    the others' each prompt's."""
+    first = [r for r in rows if r.index == 0]
+    prefill_rows = first if method == "app" and first else rows
+    return {"ttft_s_median": _median([r.ttft_s for r in rows], 2),
+            "prefill_tps_median": _median([r.prefill_tps for r in prefill_rows]),
+            "decode_tps_median": _median([r.decode_tps for r in rows], 1)}
+
+
+def _right(rows) -> int:
+    return sum(r.right for r in rows)
+
+
+def _median(values: list[float], digits: int | None = None) -> float | int | None:
+    """The median rounded to ``digits`` (a whole number without), None when nothing was measured."""
+    return round(statistics.median(values), digits) if values else None
+
+
+def _per_split(rows: list[Row]) -> dict:
+    """right_<split> and questions_<split> for every split of the development set."""
     out = {}
-    for method in dict.fromkeys(r.method for r in rows):
-        mine = [r for r in rows if r.method == method]
-        first = [r for r in mine if r.index == 0]
-        later = [r for r in mine if r.index > 0]
-        out[method] = {
-            "right": sum(r.right for r in mine), "questions": len(mine),
-            **{f"{key}_{split}": sum((r.right if key == "right" else 1) for r in mine if r.split == split)
-               for split in devset.SPLITS for key in ("right", "questions")},
-            "first_source_right": sum(r.source_right for r in mine),
-            "right_first_question": sum(r.right for r in first), "first_questions": len(first),
-            "right_later_questions": sum(r.right for r in later), "later_questions": len(later),
-            "right_paraphrased": sum(r.right for r in mine if r.paraphrased),
-            "paraphrased": sum(r.paraphrased for r in mine),
-            "right_followup": sum(r.right for r in mine if r.followup), "followups": sum(r.followup for r in mine),
-            "ttft_s_median": round(statistics.median(r.ttft_s for r in mine), 2) if mine else None,
-            # the app: the documents' prefill (its first row per document); the others: each prompt's
-            "prefill_tps_median": round(statistics.median(r.prefill_tps for r in (first if method == "app" and first
-                                                                                  else mine))) if mine else None,
-            "decode_tps_median": round(statistics.median(r.decode_tps for r in mine), 1) if mine else None,
-            "by_document": {d: f"{sum(r.right for r in mine if r.document == d)}/"
-                               f"{sum(r.document == d for r in mine)}" for d in dict.fromkeys(r.document for r in mine)},
-        }
+    for split in devset.SPLITS:
+        asked = [r for r in rows if r.split == split]
+        out[f"right_{split}"], out[f"questions_{split}"] = _right(asked), len(asked)
     return out
+
+
+def _by_document(rows: list[Row]) -> dict:
+    """'right/asked' per document, in the order first met."""
+    documents: dict[str, list[Row]] = {}
+    for row in rows:
+        documents.setdefault(row.document, []).append(row)
+    return {document: f"{_right(asked)}/{len(asked)}" for document, asked in documents.items()}
 
 
 def merged(paths: list[Path]) -> list[dict]:
@@ -434,33 +486,44 @@ def publish_table(summaries: list[dict], readme: bool, block: str = "answers") -
     methods = [m for summary in summaries for m in summary["methods"].values()]
     splits = [s for s in devset.SPLITS if any(m.get(f"questions_{s}") for m in methods)]
     followups = any(m.get("followups") for m in methods)
-    pct = lambda a, b: f"{a}/{b} ({100 * a / b:.0f} %)" if b else "–"  # noqa: E731
-    rows = []
-    for summary in summaries:
-        for method, m in summary["methods"].items():
-            rows.append([summary["model"], f"{summary['window']:,}", method, pct(m["right"], m["questions"]),
-                         *(pct(m.get(f"right_{s}", 0), m.get(f"questions_{s}", 0)) for s in splits),
-                         pct(m["first_source_right"], m["questions"]),
-                         f"{m['right_first_question']}/{m['first_questions']} · "
-                         f"{m['right_later_questions']}/{m['later_questions']}",
-                         pct(m["right_paraphrased"], m["paraphrased"]),
-                         *([pct(m.get("right_followup", 0), m.get("followups", 0))] if followups else []),
-                         f"{m['ttft_s_median']:.1f}", f"{m['prefill_tps_median']:,}", f"{m['decode_tps_median']:.1f}",
-                         f"{summary['peak_rss_mib']:,}"])
+    rows = [_table_row(summary, method, m, splits, followups)
+            for summary in summaries for method, m in summary["methods"].items()]
     table = markdown_table(["model", "window", "answered by", "right", *(f"right, {s}" for s in splits),
                             "first source right", "right: first question · later", "right: paraphrased",
                             *(["right: follow-up"] if followups else []), "first token s (median)",
                             "prefill tok/s (median)", "decode tok/s (median)", "peak RSS MiB"], rows)
-    dates = sorted({d for s in summaries for d in s["date"].split(", ")})
-    threads = sorted({s["threads"] for s in summaries})
-    dtypes = sorted({s["dtype"].removeprefix("torch.") for s in summaries})
-    text = (f"Measured {', '.join(dates)} on this CPU ({', '.join(map(str, threads))} threads, "
-            f"{', '.join(dtypes)}), `python -m benchmarks.answers` (docs/answers.md): each document's questions asked "
-            "one after another in one session.\n\n" + table)
+    text = _measured_where(summaries) + table
     print(text)
     if readme:
         splice_readme(ROOT / "README.md", block, text)
     return text
+
+
+def _share(right: int, asked: int) -> str:
+    return f"{right}/{asked} ({100 * right / asked:.0f} %)" if asked else "–"
+
+
+def _table_row(summary: dict, method: str, m: dict, splits: list[str], followups: bool) -> list:
+    """One way of answering of one run, as publish_table's columns say."""
+    return [summary["model"], f"{summary['window']:,}", method, _share(m["right"], m["questions"]),
+            *(_share(m.get(f"right_{s}", 0), m.get(f"questions_{s}", 0)) for s in splits),
+            _share(m["first_source_right"], m["questions"]),
+            f"{m['right_first_question']}/{m['first_questions']} · "
+            f"{m['right_later_questions']}/{m['later_questions']}",
+            _share(m["right_paraphrased"], m["paraphrased"]),
+            *([_share(m.get("right_followup", 0), m.get("followups", 0))] if followups else []),
+            f"{m['ttft_s_median']:.1f}", f"{m['prefill_tps_median']:,}", f"{m['decode_tps_median']:.1f}",
+            f"{summary['peak_rss_mib']:,}"]
+
+
+def _measured_where(summaries: list[dict]) -> str:
+    """The line above the table: when, with how many threads and which dtype, and how."""
+    dates = sorted({d for s in summaries for d in s["date"].split(", ")})
+    threads = sorted({s["threads"] for s in summaries})
+    dtypes = sorted({s["dtype"].removeprefix("torch.") for s in summaries})
+    return (f"Measured {', '.join(dates)} on this CPU ({', '.join(map(str, threads))} threads, "
+            f"{', '.join(dtypes)}), `python -m benchmarks.answers` (docs/answers.md): each document's questions asked "
+            "one after another in one session.\n\n")
 
 
 if __name__ == "__main__":

@@ -78,53 +78,72 @@ def _measure(method, context, model_spec, window, device, dtype, load_in_4bit, d
         torch.cuda.empty_cache()
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(context)).to(device)
+    ids, new_cache, chunk = _set_up(model, method, ids, window, n_starting, topk, recall_prefill, prefill_chunk)
+    _warm_up(model, device, vocab)
+    baseline = _memory_now(device)
+    _reset_peak(device)
+
+    with torch.no_grad():
+        cache, token, (prefill_s, half_prefill_s) = _fastest_prefill(model, ids, new_cache, chunk, device,
+                                                                     repeat_budget_s)
+        if isinstance(cache, lminfinite.InfiniteCache):
+            cache.topk = None  # the model's k: recall on for the lminfinite-topk method's decoding
+        token, steps = _decode(model, cache, token, decode_tokens, device)
+        graph_ms = _graph_decode_ms(model, cache, token, decode_tokens) if method == "lminfinite" and \
+            device.startswith("cuda") else 0.0
+    kv = sum(cache.memory().values()) if hasattr(cache, "memory") else _dynamic_bytes(cache)
+    return Measurement(method, context, prefill_s, context / prefill_s, 1000 * statistics.median(steps),
+                       _peak(device) - baseline, kv, half_prefill_s=half_prefill_s, graph_decode_ms=graph_ms)
+
+
+def _set_up(model, method, ids, window, n_starting, topk, recall_prefill, prefill_chunk):
+    """The model switched to ``method``: (the ids it reads, a new cache for each prefill, the prefill's chunk)."""
+    import lminfinite
+
     recall = topk if method.endswith("topk") else 0
     if method.startswith("lminfinite"):
         # On a GPU the middle store stays there up to its budget (80 % of the free memory), then pinned pages.
         lminfinite.enable(model, lminfinite.LMInfiniteConfig(n_starting=n_starting, topk=recall))
         # Documents are read without recall where the app reads them so (recall_prefill off); decoding recalls.
         new_cache = lambda: lminfinite.InfiniteCache(model, topk=None if recall_prefill else 0)  # noqa: E731
-        chunk = prefill_chunk
-    else:
-        new_cache, chunk = (lambda: DynamicCache(config=model.config)), context
-        if method == "truncate":
-            ids = ids[:, -window:]
-    _warm_up(model, device, vocab)
-    baseline = _memory_now(device)
-    _reset_peak(device)
+        return ids, new_cache, prefill_chunk
+    context = ids.shape[1]  # vanilla and truncated attention read it in one forward
+    if method == "truncate":
+        ids = ids[:, -window:]
+    return ids, (lambda: DynamicCache(config=model.config)), context
 
+
+def _fastest_prefill(model, ids, new_cache, chunk: int, device: str, repeat_budget_s: float):
+    """(cache, the next token, (seconds, seconds to the first half)) of the fastest prefill of ``ids``.
+
+    Short prefills are repeated (fresh cache each time) and the fastest kept: one run of a second or two is at
+    the mercy of the scheduler; long ones are measured once."""
     timings = []
-    with torch.no_grad():
-        # Short prefills are repeated (fresh cache each time) and the fastest kept: one run of a second
-        # or two is at the mercy of the scheduler; long ones are measured once.
-        while not timings or (len(timings) < PREFILL_REPEATS and sum(t for t, _ in timings) < repeat_budget_s):
-            cache = out = None  # the last run's cache must not count towards this one's peak
-            gc.collect()
-            cache = new_cache()
-            start, half = time.perf_counter(), 0.0
-            for lo in range(0, ids.shape[1], chunk):
-                if lo and lo == ids.shape[1] // 2:
-                    _sync(device)
-                    half = time.perf_counter() - start
-                out = model(input_ids=ids[:, lo : lo + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
-            _sync(device)
-            timings.append((time.perf_counter() - start, half))
-        prefill_s, half_prefill_s = min(timings)
-        if isinstance(cache, lminfinite.InfiniteCache):
-            cache.topk = None  # the model's k: recall on for the lminfinite-topk method's decoding
+    while not timings or (len(timings) < PREFILL_REPEATS and sum(t for t, _ in timings) < repeat_budget_s):
+        cache = out = None  # the last run's cache must not count towards this one's peak
+        gc.collect()
+        cache = new_cache()
+        start, half = time.perf_counter(), 0.0
+        for lo in range(0, ids.shape[1], chunk):
+            if lo and lo == ids.shape[1] // 2:
+                _sync(device)
+                half = time.perf_counter() - start
+            out = model(input_ids=ids[:, lo : lo + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        _sync(device)
+        timings.append((time.perf_counter() - start, half))
+    return cache, out.logits[:, -1:].argmax(-1), min(timings)
+
+
+def _decode(model, cache, token, decode_tokens: int, device: str):
+    """(the next token, seconds per step) of ``decode_tokens`` greedy steps from ``token``."""
+    steps = []
+    for _ in range(decode_tokens):
+        t0 = time.perf_counter()
+        out = model(input_ids=token, past_key_values=cache, use_cache=True)
         token = out.logits[:, -1:].argmax(-1)
-        steps = []
-        for _ in range(decode_tokens):
-            t0 = time.perf_counter()
-            out = model(input_ids=token, past_key_values=cache, use_cache=True)
-            token = out.logits[:, -1:].argmax(-1)
-            _sync(device)
-            steps.append(time.perf_counter() - t0)
-        graph_ms = _graph_decode_ms(model, cache, token, decode_tokens) if method == "lminfinite" and \
-            device.startswith("cuda") else 0.0
-    kv = sum(cache.memory().values()) if hasattr(cache, "memory") else _dynamic_bytes(cache)
-    return Measurement(method, context, prefill_s, context / prefill_s, 1000 * statistics.median(steps),
-                       _peak(device) - baseline, kv, half_prefill_s=half_prefill_s, graph_decode_ms=graph_ms)
+        _sync(device)
+        steps.append(time.perf_counter() - t0)
+    return token, steps
 
 
 def _graph_decode_ms(model, cache, token, decode_tokens: int) -> float:

@@ -157,26 +157,39 @@ def _subprocess(kind: str, **kw) -> dict:
 
 
 def run(args, results) -> None:
+    """Every long-context configuration asked for, then every weight format, each in a fresh process; each
+    result saved to results/real_speed.json as it comes."""
     path = results / "real_speed.json"
     saved = json.loads(path.read_text()) if path.is_file() else {}
+    for key, kind, kw in [*_long_context_runs(args), *_format_runs(args)]:
+        print(f"speed: {key}", flush=True)
+        saved[key] = _subprocess(kind, **kw)
+        print(saved[key], flush=True)
+        path.write_text(json.dumps(saved, indent=1))
+
+
+def _long_context_runs(args) -> list[tuple[str, str, dict]]:
+    """(key, "long_context", its arguments) per prefill chunk, top-k start layer and weights' dtype asked for."""
     chunks = [int(c) for c in str(getattr(args, "speed_chunks", None) or args.chunk).split(",") if int(c) > 0]
     from_layers = [int(x) for x in str(getattr(args, "speed_from_layers", None) or 5).split(",")]
     dtypes = str(getattr(args, "speed_dtypes", None) or "float32").split(",")
-    for chunk, from_layer, dtype in [(c, f, d) for c in chunks for f in from_layers for d in dtypes]:
-        key = (f"long W={args.window} chunk={chunk}" + (f" from={from_layer}" if from_layer != 5 else "")
-               + (f" {dtype}" if dtype != "float32" else ""))
-        print(f"speed: {key}", flush=True)
-        saved[key] = _subprocess("long_context", window=args.window, context=args.context, chunk=chunk,
-                                 threads=args.threads, topk_from_layer=from_layer, dtype=dtype)
-        print(saved[key], flush=True)
-        path.write_text(json.dumps(saved, indent=1))
-    for fmt in [f for f in args.quant.split(",") if f]:
-        key = f"format {fmt}"
-        print(f"speed: {key}", flush=True)
-        saved[key] = _subprocess("weight_format", fmt=fmt, window=args.window, tokens=4096, chunk=args.chunk,
-                                 threads=args.threads)
-        print(saved[key], flush=True)
-        path.write_text(json.dumps(saved, indent=1))
+    return [(_long_key(args.window, chunk, from_layer, dtype), "long_context",
+             dict(window=args.window, context=args.context, chunk=chunk, threads=args.threads,
+                  topk_from_layer=from_layer, dtype=dtype))
+            for chunk, from_layer, dtype in [(c, f, d) for c in chunks for f in from_layers for d in dtypes]]
+
+
+def _long_key(window: int, chunk: int, from_layer: int, dtype: str) -> str:
+    """'long W=2048 chunk=512', with the start layer and dtype only where they are not the defaults."""
+    return (f"long W={window} chunk={chunk}" + (f" from={from_layer}" if from_layer != 5 else "")
+            + (f" {dtype}" if dtype != "float32" else ""))
+
+
+def _format_runs(args) -> list[tuple[str, str, dict]]:
+    """(key, "weight_format", its arguments) per weight format asked for (--quant)."""
+    return [(f"format {fmt}", "weight_format", dict(fmt=fmt, window=args.window, tokens=4096, chunk=args.chunk,
+                                                    threads=args.threads))
+            for fmt in [f for f in args.quant.split(",") if f]]
 
 
 def section(results) -> str | None:

@@ -23,7 +23,7 @@ import tarfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from .archive import Member, check_totals, list_members, normalise_name, refused, unsafe_name
+from .archive_members import Member, check_totals, list_members, normalise_name, refused, unsafe_name
 from .entries import Listing
 from .folder_rules import MAX_IGNORE_FILE_BYTES, may_be_read
 from .limits import IngestLimits

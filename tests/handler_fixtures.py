@@ -14,9 +14,9 @@ from app.web.server import build_app
 SETTINGS = ("You are a helpful assistant.", 0.0, 0.9, 16, 1.0, True, 5, True)  # greedy, as the Settings panel starts
 
 
-def make_handlers(runtime, budget_tokens=1_000_000, budget: Budget | None = None, **config):
+def make_handlers(runtime, budget_tokens=1_000_000, budget: Budget | None = None, clock=time.monotonic, **config):
     config = AppConfig(model="test", **config)
-    _, handlers = build_app(config, runtime, budget or Budget(budget_tokens, "test budget", 1))
+    _, handlers = build_app(config, runtime, budget or Budget(budget_tokens, "test budget", 1), clock=clock)
     handlers.upload_root = None  # these tests hand files from a tmp dir, not from Gradio's upload folder
     return handlers
 

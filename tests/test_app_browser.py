@@ -190,61 +190,71 @@ def test_controls_table_and_progress_follow_the_work(tmp_path):
         assert page.is_disabled("#stop-button") and page.is_disabled("#cancel-button")  # nothing to stop
         page.evaluate(_MONITOR)
 
-        # A long upload: Stop and Cancel become active; Cancel it while it feeds the model.
-        page.set_input_files("#documents-upload input[type=file]", [str(long_text)])
-        page.wait_for_function("() => document.querySelector('#activity').innerText.includes('Feeding')",
-                               timeout=60_000)
-        page.wait_for_timeout(1000)
-        page.click("#remove-choice input")  # Escape closes the dropdown: it must not stop the upload
-        page.keyboard.press("Escape")
-        page.wait_for_timeout(1000)
-        assert "Feeding" in page.inner_text("#activity") and "cancelled" not in page.inner_text("#documents-table")
-        page.click("#cancel-button")
-        _table_includes(page, "■ cancelled")
-        # Cancel's own reply ("Stopping 1 action…") may land after the model step's settled view; the
-        # controls step chained after Cancel then settles the note again
-        page.wait_for_function("() => document.querySelector('#stop-button').disabled"
-                               " && document.querySelector('#stop-note').innerText.trim() === ''", timeout=30_000)
-        assert page.is_disabled("#cancel-button") and page.inner_text("#stop-note").strip() == ""
-        seen = page.evaluate("window.__seen")
-        assert seen["stopActive"] and seen["cancelActive"] and seen["bars"] > 0 and not seen["animated"]
-        assert seen["mismatch"] < 1, f"a progress bar was drawn {seen['mismatch']:.1f} points off its numbers"
-        drawn = page.evaluate(_TABLE)
-        cancelled = next(row for row in drawn["rows"] if row[0]["text"] == "long_notes.txt")
-        assert "tokens were added" in cancelled[4]["text"] and cancelled[4]["inside"] and not cancelled[4]["cut"]
+        _cancel_a_long_upload_while_it_feeds(page, long_text)
+        _new_files_rows_show_every_column(page, pdf, repo)
+        _export_then_chat_and_regenerate(page)
 
-        # The next action: the cancelled row goes; the new files' rows show every column in full.
-        page.set_input_files("#documents-upload input[type=file]", [str(pdf), str(repo)])
-        _table_includes(page, "annual_report.pdf")
-        assert "long_notes.txt" not in page.inner_text("#documents-table")
-        _table_includes(page, "✓ in context")
-        page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=30_000)
-        drawn = page.evaluate(_TABLE)
-        heights = {h["text"]: h["height"] for h in drawn["headers"]}
-        assert all(h["inside"] for h in drawn["headers"]), drawn["headers"]
-        assert max(heights.values()) <= heights["File"] * 1.2, f"a header broke over lines: {heights}"
-        cells = {row[0]["text"]: row for row in drawn["rows"]}
-        assert re.fullmatch(r"\d{1,3}(,\d{3})+", cells["annual_report.pdf"][3]["text"])  # "10,408"
-        logo = cells["demo_repo.zip/demo_repo/logo.png"]
-        assert "binary" in logo[4]["text"]  # the reason a file was skipped, in its row
-        for row in drawn["rows"]:
-            for cell in row:
-                assert cell["inside"] and not cell["cut"], f"cut off or outside the table: {row}"
 
-        # Export, then chat on: the exported files are hidden (they no longer hold the whole chat).
-        page.click("#export-button")
-        page.wait_for_selector("#export-files", state="visible", timeout=30_000)
-        page.fill("#chat-input textarea", "What is the pass key?")
-        page.keyboard.press("Enter")
-        page.wait_for_selector("#export-files", state="hidden", timeout=30_000)
-        page.wait_for_function("() => document.querySelector('#chat').innerText.includes('first token')",
-                               timeout=60_000)
+def _cancel_a_long_upload_while_it_feeds(page, long_text):
+    """A long upload: Stop and Cancel become active; Cancel it while it feeds the model."""
+    page.set_input_files("#documents-upload input[type=file]", [str(long_text)])
+    page.wait_for_function("() => document.querySelector('#activity').innerText.includes('Feeding')",
+                           timeout=60_000)
+    page.wait_for_timeout(1000)
+    page.click("#remove-choice input")  # Escape closes the dropdown: it must not stop the upload
+    page.keyboard.press("Escape")
+    page.wait_for_timeout(1000)
+    assert "Feeding" in page.inner_text("#activity") and "cancelled" not in page.inner_text("#documents-table")
+    page.click("#cancel-button")
+    _table_includes(page, "■ cancelled")
+    # Cancel's own reply ("Stopping 1 action…") may land after the model step's settled view; the
+    # controls step chained after Cancel then settles the note again
+    page.wait_for_function("() => document.querySelector('#stop-button').disabled"
+                           " && document.querySelector('#stop-note').innerText.trim() === ''", timeout=30_000)
+    assert page.is_disabled("#cancel-button") and page.inner_text("#stop-note").strip() == ""
+    seen = page.evaluate("window.__seen")
+    assert seen["stopActive"] and seen["cancelActive"] and seen["bars"] > 0 and not seen["animated"]
+    assert seen["mismatch"] < 1, f"a progress bar was drawn {seen['mismatch']:.1f} points off its numbers"
+    drawn = page.evaluate(_TABLE)
+    cancelled = next(row for row in drawn["rows"] if row[0]["text"] == "long_notes.txt")
+    assert "tokens were added" in cancelled[4]["text"] and cancelled[4]["inside"] and not cancelled[4]["cut"]
 
-        # Regenerate at the default temperature 0 samples, and says so under the answer.
-        page.click("#regenerate-button")
-        page.wait_for_function("() => document.querySelector('#chat').innerText"
-                               ".includes('regenerated with sampling, temperature 0.7')", timeout=60_000)
-        page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=30_000)
+
+def _new_files_rows_show_every_column(page, pdf, repo):
+    """The next action: the cancelled row goes; the new files' rows show every column in full."""
+    page.set_input_files("#documents-upload input[type=file]", [str(pdf), str(repo)])
+    _table_includes(page, "annual_report.pdf")
+    assert "long_notes.txt" not in page.inner_text("#documents-table")
+    _table_includes(page, "✓ in context")
+    page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=30_000)
+    drawn = page.evaluate(_TABLE)
+    heights = {h["text"]: h["height"] for h in drawn["headers"]}
+    assert all(h["inside"] for h in drawn["headers"]), drawn["headers"]
+    assert max(heights.values()) <= heights["File"] * 1.2, f"a header broke over lines: {heights}"
+    cells = {row[0]["text"]: row for row in drawn["rows"]}
+    assert re.fullmatch(r"\d{1,3}(,\d{3})+", cells["annual_report.pdf"][3]["text"])  # "10,408"
+    logo = cells["demo_repo.zip/demo_repo/logo.png"]
+    assert "binary" in logo[4]["text"]  # the reason a file was skipped, in its row
+    for row in drawn["rows"]:
+        for cell in row:
+            assert cell["inside"] and not cell["cut"], f"cut off or outside the table: {row}"
+
+
+def _export_then_chat_and_regenerate(page):
+    """Export, then chat on: the exported files are hidden (they no longer hold the whole chat)."""
+    page.click("#export-button")
+    page.wait_for_selector("#export-files", state="visible", timeout=30_000)
+    page.fill("#chat-input textarea", "What is the pass key?")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#export-files", state="hidden", timeout=30_000)
+    page.wait_for_function("() => document.querySelector('#chat').innerText.includes('first token')",
+                           timeout=60_000)
+
+    # Regenerate at the default temperature 0 samples, and says so under the answer.
+    page.click("#regenerate-button")
+    page.wait_for_function("() => document.querySelector('#chat').innerText"
+                           ".includes('regenerated with sampling, temperature 0.7')", timeout=60_000)
+    page.wait_for_function("() => document.querySelector('#stop-button').disabled", timeout=30_000)
 
 
 def test_start_up_log_names_the_apps_own_flag():

@@ -47,6 +47,19 @@ def test_upload_ask_stream_with_sources_and_live_panel(server, files):
     job = app.run_job()
     streamed = [answers_in(out) for out in job]
     app.view = job.result()
+    _assert_streamed_as_it_grew(app, streamed)
+    _assert_every_document_in_context(app)
+    _assert_sources_said(app.last_answer())
+    data = _assert_the_panel_shows_the_work(app)
+
+    app.add_documents([files["secret"]])
+    grown = app.panel()
+    assert grown["context_tokens"] > data["context_tokens"] and grown["kv_middle"] > data["kv_middle"]
+    assert (grown["kv_starting"], grown["kv_window"]) == (data["kv_starting"], data["kv_window"])  # bounded
+    assert data["phase"] == "idle"
+
+
+def _assert_streamed_as_it_grew(app, streamed):
     texts = [answer_body(answers[-1]) for answers in streamed if answers]
     final_text = answer_body(app.last_answer())
     assert len(texts) >= 2, "the answer was not streamed"
@@ -62,6 +75,8 @@ def test_upload_ask_stream_with_sources_and_live_panel(server, files):
         else:
             assert final_words[: len(partial)] == partial
 
+
+def _assert_every_document_in_context(app):
     repo = "demo_repo.zip/demo_repo/"
     for name, pages in (("report.pdf", 6), (repo + "README.md", ""), (repo + "src/greet.py", ""),
                         (repo + "src/util.py", "")):
@@ -71,24 +86,23 @@ def test_upload_ask_stream_with_sources_and_live_panel(server, files):
                                                           repo + "src/util.py"))
     assert app.context_tokens > document_tokens
 
-    answer = app.last_answer()
+
+def _assert_sources_said(answer):
     assert "**Sources**, best first (the one the answer is read from, then by the question's words" in answer
     cited = answer.split("**Sources**")[1]
     assert "report.pdf p. " in cited or "demo_repo/" in cited
     assert "% of that score" in cited and "% · “" in cited  # what the percentage is; the text
 
+
+def _assert_the_panel_shows_the_work(app) -> dict:
+    """The live panel's numbers after the answer; returns them."""
     data = app.panel()
     assert data["context_tokens"] == app.context_tokens
     assert data["prefill_tps"] > 0 and data["decode_tps"] > 0 and data["ttft_s"] > 0
     assert data["memory"]["allocated"] > 0 and data["memory"]["total"] > data["memory"]["allocated"]
     assert data["kv_starting"] > 0 and data["kv_window"] > 0 and data["kv_middle"] > 0
     assert data["context_tokens"] > data["n_starting"] + data["window"]  # the context outgrew the window
-
-    app.add_documents([files["secret"]])
-    grown = app.panel()
-    assert grown["context_tokens"] > data["context_tokens"] and grown["kv_middle"] > data["kv_middle"]
-    assert (grown["kv_starting"], grown["kv_window"]) == (data["kv_starting"], data["kv_window"])  # bounded
-    assert data["phase"] == "idle"
+    return data
 
 
 def test_corrupt_file_is_reported_and_changes_nothing(server, files):

@@ -512,8 +512,24 @@ def test_a_quoted_answer_comes_from_the_quote_and_leaves_only_its_question_and_a
     result = answer(engine, question, QUOTING)
     forwarded = runtime.tokens_forwarded - forwarded  # the three engines share the model
     assert result.quoted and result.tokens >= 1
-    # The quotes: the best chunks, QUOTED_CHUNKS at most, in all at most the budget, below the window; each inside
-    # its chunk (and the chunk's last word, fed with the next), the first in the first source's page.
+    _check_the_quotes_are_the_best_chunks(runtime, engine, result)
+    text = _check_the_user_turn_quotes_them(runtime, engine, result, question, before)
+    # The answer is the one that user turn gets in a context holding nothing else (the reader: no documents, no
+    # earlier answers to copy), read and answered without recall...
+    plain = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=False, quote=False)
+    assert answer(alone, text, plain).answer_ids == result.answer_ids
+    reader = len(AnswerReader.opening(engine.format, SYSTEM, text))
+    assert reader == alone.spans[-1].start  # all that precedes the answer there
+    _check_only_the_question_and_answer_stay(engine, replayed, result, question)
+    # The documents were never read again: the neutral question, the question, the reader (system prompt, quote
+    # and question), the sampled tokens fed back there (all but the last), then the question and the answer.
+    sampled_fed = result.tokens - (result.finish != "eos")
+    assert forwarded == read[NEUTRAL_QUESTION] + read[question] + reader + sampled_fed + engine.length - before
+
+
+def _check_the_quotes_are_the_best_chunks(runtime, engine, result):
+    """The quotes: the best chunks, QUOTED_CHUNKS at most, in all at most the budget, below the window; each inside
+    its chunk (and the chunk's last word, fed with the next), the first in the first source's page."""
     quoted, budget = result.citations, engine._quote_budget(QUOTING)
     assert 1 <= len(quoted.quote_spans) <= QUOTED_CHUNKS and budget < runtime.window
     assert 0 < sum(hi - lo for lo, hi in quoted.quote_spans) <= budget
@@ -524,26 +540,25 @@ def test_a_quoted_answer_comes_from_the_quote_and_leaves_only_its_question_and_a
     # The passages quoted are the first cited, in the order of their best chunk.
     pages = list(dict.fromkeys(w.page_only() for w in quoted.quote_sources))
     assert [c.where for c in quoted.citations[:len(pages)]] == pages == pages[:quoted.quoted_passages]
+
+
+def _check_the_user_turn_quotes_them(runtime, engine, result, question, before) -> str:
+    """The quoted user turn: the quotes' text without page markers, then the question. Returns it."""
+    quoted = result.citations
     text = engine.turns[-1].quoted
     assert text == quoted_question([(where.label(), without_page_markers(
         runtime.tokenizer.decode(engine.token_ids[a:b], skip_special_tokens=True)))
         for (a, b), where in zip(quoted.quote_spans, quoted.quote_sources)], question)
     assert "--- page" not in text and "--- page" in runtime.tokenizer.decode(engine.token_ids[:before])
-    # The answer is the one that user turn gets in a context holding nothing else (the reader: no documents, no
-    # earlier answers to copy), read and answered without recall...
-    plain = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=False, quote=False)
-    assert answer(alone, text, plain).answer_ids == result.answer_ids
-    reader = len(AnswerReader.opening(engine.format, SYSTEM, text))
-    assert reader == alone.spans[-1].start  # all that precedes the answer there
-    # ...and the context holds the question and the answer alone, as a context rebuilt from its history does.
+    return text
+
+
+def _check_only_the_question_and_answer_stay(engine, replayed, result, question):
+    """...and the context holds the question and the answer alone, as a context rebuilt from its history does."""
     run(replayed.append_exchange(Exchange(question, result.answer_ids)))
     assert list(engine.token_ids) == list(replayed.token_ids)
     assert torch.equal(engine._logits, replayed._logits)
     assert [s.kind for s in engine.spans][-2:] == ["question", "answer"] and engine.history[-1].question == question
-    # The documents were never read again: the neutral question, the question, the reader (system prompt, quote
-    # and question), the sampled tokens fed back there (all but the last), then the question and the answer.
-    sampled_fed = result.tokens - (result.finish != "eos")
-    assert forwarded == read[NEUTRAL_QUESTION] + read[question] + reader + sampled_fed + engine.length - before
 
 
 def test_a_quoted_answer_drawn_again_reads_its_quote_again_and_stop_leaves_the_context_as_it_was(runtime):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from app.engine.metrics import LiveStats
 from app.engine.model_gate import ModelGate
 from app_fixtures import make_long_text
+from fake_clock import FakeClock
 from handler_fixtures import SETTINGS, drain, make_handlers, request, wait_until
 
 
@@ -118,41 +118,57 @@ def test_the_memory_budget_across_sessions_refuses_a_feed_that_would_cross_it(ru
     assert add("second")[1][-1][1] == "✓ in context"
 
 
-def test_a_turn_abandoned_by_a_generator_never_closed_lapses(monkeypatch):
-    import app.engine.model_gate as model_gate
+def test_a_turn_abandoned_by_a_generator_never_closed_lapses():
+    from app.engine.model_gate import STALE_S
 
-    monkeypatch.setattr(model_gate, "STALE_S", 0.3)
-    gate = ModelGate()
+    clock = FakeClock()
+    gate, waiting = ModelGate(clock=clock), LiveStats()
     abandoned = gate.turn(object(), answer=True)
     abandoned.__enter__()  # entered, never exited (and still referenced, so never collected)
-    started = time.monotonic()
-    with gate.turn(object(), answer=False):
-        waited = time.monotonic() - started
-    assert 0.3 <= waited < 10
+    taken = threading.Event()
+
+    def feed() -> None:
+        with gate.turn(object(), answer=False, stats=waiting):
+            taken.set()
+
+    feeding = threading.Thread(target=feed)
+    feeding.start()
+    wait_until(lambda: waiting.phase == "waiting")  # refused while the lapse is not yet up
+    assert not taken.is_set()
+    clock.advance(STALE_S + 1)
+    feeding.join(10)  # let in at its next look (WAIT_TICK_S)
+    assert taken.is_set()
 
 
-def test_a_forward_slower_than_the_lapse_keeps_the_model_to_itself(monkeypatch):
+def test_a_forward_slower_than_the_lapse_keeps_the_model_to_itself():
     """Only an answer idle between its forwards lapses; one forward (an answer's, or a feed's chunk) that runs
     longer than STALE_S (a large model on a CPU) is never joined by another."""
-    import app.engine.model_gate as model_gate
+    from app.engine.model_gate import STALE_S
 
-    monkeypatch.setattr(model_gate, "STALE_S", 0.2)
-    gate = ModelGate()
+    clock = FakeClock()
+    gate = ModelGate(clock=clock)
     log = []
 
-    def forward(owner, name, seconds, answer):
-        with gate.turn(owner, answer=answer):  # an answer holds the gate around its forwards
+    def forward(owner, name, done: threading.Event, answer, stats=None):
+        with gate.turn(owner, answer=answer, stats=stats):  # an answer holds the gate around its forwards
             with gate.turn(owner, answer=False):  # the forward itself, as ModelRuntime.forward takes it
                 log.append((name, "in"))
-                time.sleep(seconds)
+                done.wait(10)
                 log.append((name, "out"))
 
     for first_is_answer in (True, False):
         log.clear()
-        slow = threading.Thread(target=forward, args=(object(), "slow", 0.8, first_is_answer))
+        slow_done, waiting = threading.Event(), LiveStats()
+        slow = threading.Thread(target=forward, args=(object(), "slow", slow_done, first_is_answer))
         slow.start()
-        while not log:
-            time.sleep(0.01)
-        forward(object(), "other", 0.0, True)
+        wait_until(lambda: log)
+        clock.advance(STALE_S * 2)  # the forward runs longer than the lapse
+        other_done = threading.Event()
+        other_done.set()  # a forward that ends at once
+        other = threading.Thread(target=forward, args=(object(), "other", other_done, True, waiting))
+        other.start()
+        wait_until(lambda: waiting.phase == "waiting")  # refused at its first look, with the lapse long past
+        slow_done.set()
         slow.join()
+        other.join()
         assert log == [("slow", "in"), ("slow", "out"), ("other", "in"), ("other", "out")], first_is_answer

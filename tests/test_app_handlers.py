@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from app_fixtures import make_long_text, make_pdf, make_repo_zip
+from fake_clock import FakeClock
 from handler_fixtures import SETTINGS, drain, make_handlers, request
 
 
@@ -169,10 +170,11 @@ def test_sessions_belong_to_their_logged_in_user(runtime):
 
 
 def test_queued_work_keeps_its_session_and_a_swept_one_says_so(runtime, tmp_path):
-    handlers = make_handlers(runtime, session_timeout_s=0.05)
+    clock = FakeClock()
+    handlers = make_handlers(runtime, session_timeout_s=60, clock=clock)
     waiting = request("waiting")
     handlers.submit({"text": "", "files": [str(make_repo_zip(tmp_path / "r.zip"))]}, waiting)
-    time.sleep(0.1)  # B's upload waits in the queue past the time-out while another user's read runs
+    clock.advance(120)  # B's upload waits in the queue past the time-out while another user's read runs
     handlers.registry.sweep()
     session = handlers.registry.peek("waiting")
     assert session is not None and session.pending  # waiting is not idleness
@@ -180,7 +182,7 @@ def test_queued_work_keeps_its_session_and_a_swept_one_says_so(runtime, tmp_path
     view = drain(handlers.run(*SETTINGS, waiting))
     assert rows_of(view)["r.zip/demo_repo/src/greet.py"][1] == "✓ in context"
 
-    time.sleep(0.1)  # now really idle
+    clock.advance(120)  # now really idle
     assert "waiting" in handlers.registry.sweep()
     assert handlers.tick(waiting) == (gr.skip(),) * 5  # the panel timer does not start a new session
     with pytest.raises(gr.Error, match="freed after"):

@@ -45,6 +45,21 @@ def test_a_reopened_context_answers_exactly_as_the_one_never_closed(runtime, tmp
     shown = other.attach(workspace_id, request("reader"))
     reopened = other.registry.peek("reader")
     assert shown[0] == workspace_id and reopened is not session and reopened.name == "Pass keys"
+    _assert_the_same_context(reopened, session)
+
+    question = "Which page holds the pass key, and what is it?"
+    ask(handlers, req, question)
+    ask(other, request("reader"), question)
+    _assert_the_same_answer(reopened, session)
+    # And the caches are the same bit for bit: the same next logits with recall reading the middle store.
+    probe = list(session.engine.token_ids[100:140])
+    with torch.inference_mode():
+        logits = [runtime.forward(probe, s.engine.cache, topk=5) for s in (session, reopened)]
+    assert torch.equal(*logits)
+
+
+def _assert_the_same_context(reopened, session):
+    """The reopened workspace holds what the saved one held: tokens, state, spans, chat, documents, sources."""
     assert reopened.context_tokens == session.context_tokens
     assert list(reopened.engine.token_ids) == list(session.engine.token_ids)
     assert (reopened.engine.state, reopened.engine.carry) == (session.engine.state, session.engine.carry)
@@ -54,19 +69,14 @@ def test_a_reopened_context_answers_exactly_as_the_one_never_closed(runtime, tmp
         [(r.path, r.status, r.tokens) for r in session.documents]
     assert last_answer(reopened).citations == last_answer(session).citations
 
-    question = "Which page holds the pass key, and what is it?"
-    ask(handlers, req, question)
-    ask(other, request("reader"), question)
+
+def _assert_the_same_answer(reopened, session):
+    """The same question got the same answer, sources and context in both."""
     never_closed, after_reopen = last_answer(session), last_answer(reopened)
     assert after_reopen.text == never_closed.text and after_reopen.text
     assert after_reopen.stats["tokens"] == never_closed.stats["tokens"]
     assert after_reopen.citations == never_closed.citations
     assert list(reopened.engine.token_ids) == list(session.engine.token_ids)
-    # And the caches are the same bit for bit: the same next logits with recall reading the middle store.
-    probe = list(session.engine.token_ids[100:140])
-    with torch.inference_mode():
-        logits = [runtime.forward(probe, s.engine.cache, topk=5) for s in (session, reopened)]
-    assert torch.equal(*logits)
 
 
 def test_a_reload_reopens_the_workspace_the_browser_remembers(runtime, tmp_path):

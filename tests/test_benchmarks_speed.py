@@ -34,6 +34,17 @@ def test_kv_bytes_and_summary_table():
     by = {(r["method"], r["context"]): r for r in results}
     assert not any(r["error"] for r in results)
     assert all(r["prefill_s"] > 0 and r["decode_ms"] > 0 and r["peak_bytes"] >= 0 for r in results)
+    _check_kv_bytes(by)
+    # One process kept one model across the cells (as a CUDA worker does): a vanilla cell after LM-Infinite ones
+    # runs it unpatched.
+    measure_one("vanilla", 2 * WINDOW)
+    (model,) = measure._loaded.values()
+    assert lminfinite.get_state(model) is None and model.config._attn_implementation == "sdpa"
+    _check_halfway_times(by, results)
+    _check_summary_table(results)
+
+
+def _check_kv_bytes(by):
     rotation = set()
     for context in (2 * WINDOW, 4 * WINDOW):
         assert by[("vanilla", context)]["kv_bytes"] == kv_row_bytes() * (context + DECODE)
@@ -44,18 +55,17 @@ def test_kv_bytes_and_summary_table():
     assert len(rotation) == 1 and 0 < rotation.pop() < kv_row_bytes() * WINDOW
     topk_growth = by[("lminfinite-topk", 4 * WINDOW)]["kv_bytes"] - by[("lminfinite-topk", 2 * WINDOW)]["kv_bytes"]
     assert topk_growth > 0  # the middle store keeps every evicted token of the top-k layers
-    # One process kept one model across the cells (as a CUDA worker does): a vanilla cell after LM-Infinite ones
-    # runs it unpatched.
-    measure_one("vanilla", 2 * WINDOW)
-    (model,) = measure._loaded.values()
-    assert lminfinite.get_state(model) is None and model.config._attn_implementation == "sdpa"
 
+
+def _check_halfway_times(by, results):
     for method in ("lminfinite", "lminfinite-topk"):  # chunks of 2·L: the first half ends at a chunk boundary
         row = by[(method, 4 * WINDOW)]
         assert 0 < row["half_prefill_s"] < row["prefill_s"]
     assert by[("vanilla", 4 * WINDOW)]["half_prefill_s"] == 0  # one call: no halfway point
     assert scaling_note(results, WINDOW).startswith("Prefill scaling inside one prefill, t(n) / t(n/2): lminfinite ")
 
+
+def _check_summary_table(results):
     table = summary_table(results, WINDOW).splitlines()
     assert len(table) == 2 + len(results)
     assert "| vanilla | 128 |" in table[2] and "1.00×" in table[2]

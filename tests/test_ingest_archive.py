@@ -8,7 +8,7 @@ import warnings
 import zipfile
 
 import ingest
-from ingest.archive import unsafe_name
+from ingest.archive_members import unsafe_name
 from ingest_fixtures import make_pdf, make_zip, page_text, report_for
 
 

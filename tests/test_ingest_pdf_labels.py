@@ -68,6 +68,12 @@ def test_real_pdf_with_prefixed_and_roman_labels():
 
 
 def test_label_helpers():
+    _check_pdf_strings_decode()
+    _check_label_rules_number_pages()
+    _check_citation_labels()
+
+
+def _check_pdf_strings_decode():
     assert decode_pdf_string("<FEFF0031>") == "1"
     assert decode_pdf_string("<FEFF00310032>") == "12"
     assert decode_pdf_string("<feff 0078 0069>") == "xi"  # whitespace and lower-case hex
@@ -76,10 +82,16 @@ def test_label_helpers():
     assert decode_pdf_string("(\x84)") == "\u2014"  # PDFDocEncoding differs from Latin-1 at 0x80-0x9F
     assert decode_pdf_string("xii") == "xii" and decode_pdf_string("<b>") != ""
     assert decode_pdf_string("A-<FEFF0031>") == "A-1"  # PyMuPDF splices raw hex into a label
+
+
+def _check_label_rules_number_pages():
     assert parse_label_rule(r"<</S/r/P(A\)/B)/St 3>>") == {"style": "r", "prefix": "A)/B", "first": 3}
     assert parse_label_rule("<</Type/PageLabel/P<FEFF0041002D>/S/D>>")["prefix"] == "A-"
     assert page_labels([(0, "<</S/a>>")], 28)[25:] == ["z", "aa", "bb"]
     assert page_labels([(2, "<</S/D>>")], 3) == ["", "", "1"]  # pages before the first rule have no label
     assert page_labels([(0, "<</S/R/St 99999999999>>")], 1) == ["1000000000"]  # absurd numbers stay short
+
+
+def _check_citation_labels():
     assert ingest.citation_label("a.pdf", 5, "5") == "a.pdf p. 5"
     assert ingest.citation_label("a.pdf", 12, "xii") == "a.pdf p. 12 (xii)"

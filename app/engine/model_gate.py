@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
 from .metrics import LiveStats
@@ -25,7 +26,8 @@ ANSWERS_BEFORE_A_FEED = 1  # answers that may go while a feed waits before the f
 
 
 class ModelGate:
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock  # when a hold lapses and how long a session waited; a test's clock moves on its own
         self._cond = threading.Condition()
         self._holder: object | None = None
         self._depth = 0
@@ -55,7 +57,7 @@ class ModelGate:
         with self._cond:
             if self._holder is owner:
                 self._depth += 1
-                self._last_used = time.monotonic()
+                self._last_used = self._clock()
                 return
             self._count_waiting(answer, +1)
             try:
@@ -66,7 +68,7 @@ class ModelGate:
                 self._answers_passed = 0
             self._holder, self._depth, self._holder_stats = owner, 1, stats
             self._holder_answer = answer
-            self._last_used = time.monotonic()
+            self._last_used = self._clock()
 
     def _count_waiting(self, answer: bool, change: int) -> None:
         if answer:
@@ -86,18 +88,18 @@ class ModelGate:
         """An answer's hold lapses when it has sat between forwards for STALE_S (its generator was never resumed
         or closed); a forward in progress never does, however slow the model."""
         between_forwards = self._holder_answer and self._depth == 1
-        return between_forwards and time.monotonic() - self._last_used > STALE_S
+        return between_forwards and self._clock() - self._last_used > STALE_S
 
     def _wait_for_turn(self, answer: bool, stats: LiveStats | None) -> None:
         """Block (the condition's lock held) until free; meanwhile ``stats`` shows the measured wait."""
         if self._free_for(answer):
             return
-        started = time.monotonic()
+        started = self._clock()
         shown = (stats.phase, stats.detail) if stats is not None else None
         try:
             while not self._free_for(answer):
                 if stats is not None:
-                    stats.phase, stats.detail = "waiting", self._waiting_line(time.monotonic() - started)
+                    stats.phase, stats.detail = "waiting", self._waiting_line(self._clock() - started)
                 self._cond.wait(WAIT_TICK_S)
         finally:
             if shown is not None:
@@ -118,7 +120,7 @@ class ModelGate:
             if self._holder is not owner:
                 return
             self._depth -= 1
-            self._last_used = time.monotonic()
+            self._last_used = self._clock()
             if self._depth == 0:
                 if self._holder_answer and self._feeds_waiting:
                     self._answers_passed += 1

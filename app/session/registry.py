@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -52,8 +53,10 @@ class SessionExpired(Exception):
 class SessionRegistry:
     """All live sessions of one server, by tab and by workspace id."""
 
-    def __init__(self, runtime: ModelRuntime, config: AppConfig, budget: Budget, store: WorkspaceStore | None = None):
+    def __init__(self, runtime: ModelRuntime, config: AppConfig, budget: Budget, store: WorkspaceStore | None = None,
+                 *, clock: Callable[[], float] = time.monotonic):
         self.runtime = runtime
+        self._clock = clock  # idle time-outs and the grace period; sessions stamp last_active with time.monotonic
         self.config = config
         self.budget = budget
         self.store = store or WorkspaceStore(config.workspace_root)
@@ -275,7 +278,7 @@ class SessionRegistry:
             if session.tabs:
                 return
             session.stop()
-            session.detached_at = time.monotonic()
+            session.detached_at = self._clock()
             retire_now = not session.in_browser or self.grace_s <= 0
             session.retiring = retire_now
         if retire_now:
@@ -347,7 +350,7 @@ class SessionRegistry:
         longer than the time-out: never one that is working or has work waiting in a queue (waiting is not
         idleness: a user whose upload waits behind a long read must not lose it). Returns the freed tabs
         (workspace ids for sessions no tab showed)."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             due = [s for s in self._live.values() if self._due(s, now)]
             freed = []
@@ -414,7 +417,7 @@ class SessionRegistry:
         why, on the next visit; the sweep tries the save again after the grace period."""
         with self._lock:
             session.retiring = False
-            session.detached_at = time.monotonic()
+            session.detached_at = self._clock()
         session.keep_open(f"⚠ This workspace could not be saved when its tab closed ({type(error).__name__}: "
                           f"{error}); it is kept in memory, not freed: press Save in the Workspaces tab to keep it.")
 

@@ -236,25 +236,39 @@ class Handlers(WorkspaceEvents):
         again goes ahead), and the question's answer and the exchanges after it leave the chat."""
         session = self._session(request)
         index = edit.index if isinstance(edit.index, int) else None
-        with session.lock:
-            item = session.chat[index] if index is not None and 0 <= index < len(session.chat) else None
+        item = self._editable_question(session, index)
         text = clean_text(views.typed_text(edit.value)).strip()
-        if item is None or item.kind != ItemKind.QUESTION or not item.in_context or not item.text \
-                or session.engine is None or session.answer_to(item) is None:
+        if item is None:
             messages.warning("Only a question that was answered and is still in the context can be edited.")
             return self.view(session)
         if not text or text == item.text:
             return self.view(session)  # the chat shows the question as it was
         self._check_question(text)
+        cost, what = self._edit_cost(session, item)
+        if self._confirm_cost(session, ("edit", index, text), cost, what, "Make the same edit again to go ahead."):
+            session.new_work(WorkKind.EDIT, text, question_item=ChatItem("user", ItemKind.QUESTION, text), edited=item)
+        return self.view(session)
+
+    @staticmethod
+    def _editable_question(session: Session, index: int | None) -> ChatItem | None:
+        """The chat's item at ``index`` when it is a question that was answered and is still in the context."""
+        with session.lock:
+            item = session.chat[index] if index is not None and 0 <= index < len(session.chat) else None
+        if item is None or item.kind != ItemKind.QUESTION or not item.in_context or not item.text \
+                or session.engine is None or session.answer_to(item) is None:
+            return None
+        return item
+
+    @staticmethod
+    def _edit_cost(session: Session, item: ChatItem) -> tuple[int, str]:
+        """Tokens read again to ask ``item`` in new words (at least 1: the edit is always confirmed), and what
+        that does."""
         kept = session.exchanges_before(item)
         later = sum(1 for c in session.chat[session.chat.index(item):] if c.kind == ItemKind.ANSWER and c.in_context)
         cost = replay_cost(session.engine, before_exchange(kept))
         what = (f"Asking this question in new words reads the context again up to it (the "
                 f"{plural(later, 'exchange')} from it on leave the chat)")
-        if self._confirm_cost(session, ("edit", index, text), max(cost, 1), what,
-                              "Make the same edit again to go ahead."):
-            session.new_work(WorkKind.EDIT, text, question_item=ChatItem("user", ItemKind.QUESTION, text), edited=item)
-        return self.view(session)
+        return max(cost, 1), what
 
     def _confirm_cost(self, session: Session, action: tuple, cost: int, what: str,
                       again: str = "Click again to go ahead.") -> bool:

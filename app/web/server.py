@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no usage reports to Gradio's servers unless asked
 
@@ -49,7 +50,9 @@ def default_temperature(runtime: ModelRuntime) -> tuple[float, float]:
     return 0.0, 0.9
 
 
-def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = None) -> tuple[gr.Blocks, Handlers]:
+def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = None, *,
+              clock: Callable[[], float] = time.monotonic) -> tuple[gr.Blocks, Handlers]:
+    """The app and its event functions; ``clock`` times the sessions' idle time-outs (SessionRegistry)."""
     budget = budget or context_budget(runtime, config.context_budget, config.memory_budget)
     temperature, top_p = default_temperature(runtime)
     store = WorkspaceStore(config.workspace_root)
@@ -68,7 +71,7 @@ def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = 
         window=runtime.window, n_starting=runtime.lm_config.n_starting, browser_secret=store.browser_secret(),
         models=tuple(picker_choices()), model=runtime.bundled_name, model_switch=config.model_switch,
     )
-    registry = SessionRegistry(runtime, config, budget, store)
+    registry = SessionRegistry(runtime, config, budget, store, clock=clock)
     defaults = {name: getattr(info, name) for name in input_names(Handlers.run)}  # the Settings panel at start
     handlers = Handlers(registry, runtime, config, budget, upload_root=get_upload_folder(), default_settings=defaults)
     demo, components = build_layout(info)
