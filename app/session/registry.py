@@ -123,13 +123,9 @@ class SessionRegistry:
         self._check_tab_owner(session_hash, owner)
         while True:
             with self._workspace_lock(workspace_id):  # one reopen per workspace; other page loads go on
-                session, note = self._find(workspace_id, owner)
+                session, note = self._found_or_new(session_hash, workspace_id, owner, fallback_new, page_load)
                 if session is None:
-                    if not fallback_new:
-                        return None, note
-                    early = self._before_page_load(session_hash, owner) if page_load else None
-                    session = early if early is not None else self._new(owner)
-                    note = f"{note} A new one was started." if note else ""
+                    return None, note
                 with self._lock:
                     if session.closed or session.retiring:  # the sweep took it meanwhile: find it again (saved)
                         continue
@@ -149,6 +145,17 @@ class SessionRegistry:
         if previous is not None and previous is not session:  # what the tab showed before is left
             self._left(previous, session_hash)
         return session, note
+
+    def _found_or_new(self, session_hash: str, workspace_id: str | None, owner: str | None, fallback_new: bool,
+                      page_load: bool) -> tuple[Session | None, str]:
+        """``attach``'s workspace: found (live or reopened), else with ``fallback_new`` a new one (a page load's
+        early one when there is one), else (None, why)."""
+        session, note = self._find(workspace_id, owner)
+        if session is not None or not fallback_new:
+            return session, note
+        early = self._before_page_load(session_hash, owner) if page_load else None
+        session = early if early is not None else self._new(owner)
+        return session, f"{note} A new one was started." if note else ""
 
     @staticmethod
     def _is_owner(session: Session, owner: str | None) -> bool:
@@ -186,15 +193,20 @@ class SessionRegistry:
             live = self._live.get(workspace_id)
         if live is not None and not (live.closed or live.retiring) and live.owner == owner:
             return live, ""
-        if live is not None and (live.closed or live.retiring):  # its last save first: then the file is complete
-            deadline = time.monotonic() + 600
-            while (live.closed or live.retiring) and not live.released.wait(0.05) and time.monotonic() < deadline:
-                pass
-            if not (live.closed or live.retiring or live.released.is_set()) and live.owner == owner:
-                return live, ""  # that save failed: the workspace was kept live (_keep)
+        if live is not None and (live.closed or live.retiring) and self._kept_after_save(live, owner):
+            return live, ""  # its save failed: the workspace was kept live (_keep)
         if not self.store.exists(owner, workspace_id):  # never saved, or deleted: nothing to say on a page load
             return None, ""
         return self.reopen(workspace_id, owner)
+
+    @staticmethod
+    def _kept_after_save(live: Session, owner: str | None) -> bool:
+        """Wait for a workspace being saved and freed (then its file is complete); whether it was kept live instead,
+        its save having failed."""
+        deadline = time.monotonic() + 600
+        while (live.closed or live.retiring) and not live.released.wait(0.05) and time.monotonic() < deadline:
+            pass
+        return not (live.closed or live.retiring or live.released.is_set()) and live.owner == owner
 
     def will_reopen(self, workspace_id, owner: str | None) -> bool:
         """Whether showing ``workspace_id`` reads it back from disk: saved, and not live (or live but being saved
