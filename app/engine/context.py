@@ -25,10 +25,10 @@ from ingest.documents import without_page_markers
 from .chat_format import Carry, ChatFormat, TurnState
 from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, Ranking, cite, lead_with_answer_source
 from .document_choice import covers
-from .generation import GenerationSettings, LoopGuard, next_token, whole_sentences
+from .generation import Finish, GenerationSettings, LoopGuard, next_token, whole_sentences
 from .history import DocumentsFed, Exchange
 from .lexical import ChunkIndex, token_matches
-from .metrics import LiveStats, RateMeter
+from .metrics import Feeding, LiveStats, RateMeter
 from .native_memory import trim_heap
 from .quoting import QUOTED_CHUNKS, quote_budget, quoted_question
 from .reader import AnswerReader
@@ -157,7 +157,7 @@ class AnswerDelta:
 class AnswerResult:
     text: str
     tokens: int
-    finish: str  # "eos", "length" or "repetition" (LoopGuard)
+    finish: Finish
     citations: CitationReport
     ttft_s: float
     prefill_tps: float
@@ -249,7 +249,7 @@ class ContextEngine:
         except BaseException as exc:
             if self._open is not None and self._open[0] is token:
                 self._restore(saved)
-            self.stats.phase, self.stats.detail, self.stats.eta_s = "idle", "", None
+            self.stats.idle()
             if is_out_of_memory(exc):
                 raise ContextOutOfMemory(
                     "The device ran out of memory. The context was rolled back to its last consistent state; "
@@ -260,7 +260,7 @@ class ContextEngine:
             if self._open is not None and self._open[0] is token:
                 self._open = None
             trim_heap()  # what the operation freed goes back to the system (native_memory.py)
-        self.stats.phase, self.stats.detail, self.stats.eta_s = "idle", "", None
+        self.stats.idle()
 
     def _answering(self):
         """Hold the shared model from the question to the answer's last token (model_gate.py says why)."""
@@ -294,7 +294,7 @@ class ContextEngine:
             return [Piece(ids, SpanKind.FORMAT, TurnState.IN_TURN, carry)]
         return []
 
-    def _prefill(self, pieces: list[Piece], cancel, *, topk: int, phase: str) -> Iterator[LiveStats]:
+    def _prefill(self, pieces: list[Piece], cancel, *, topk: int, what: Feeding) -> Iterator[LiveStats]:
         """Feed ``pieces`` in forwards of ``prefill_chunk`` tokens, checking ``cancel`` before each.
 
         Pieces are packed: a forward may end one piece and start the next, so ten thousand small files
@@ -302,14 +302,14 @@ class ContextEngine:
         """
         total = sum(len(p.ids) for p in pieces)
         meter = RateMeter()
-        self.stats.phase, self.stats.detail, self.stats.done, self.stats.total = "prefill", phase, 0, total
+        self.stats.prefilling(what, total)
         step = self.runtime.prefill_chunk
         stream = [token for piece in pieces for token in piece.ids]
         ends = list(accumulate(len(p.ids) for p in pieces))
         start, finished = self.length, 0  # the context length before the pieces; pieces fully fed
         for lo in range(0, total, step):
             if cancel is not None and cancel.is_set():
-                raise Stopped(phase)
+                raise Stopped(what)
             ids = stream[lo : lo + step]
             self._logits = self._forward(ids, topk=topk)
             meter.add(len(ids))
@@ -355,7 +355,7 @@ class ContextEngine:
             plan = self.plan_documents(documents.chunks if plan is not None else documents)
         self._check_budget(plan.tokens, "These documents")
         with self._operation():
-            yield from self._prefill(list(plan.pieces), cancel, topk=0, phase="documents")
+            yield from self._prefill(list(plan.pieces), cancel, topk=0, what=Feeding.DOCUMENTS)
             if plan.chunks:
                 self.history.append(DocumentsFed(tuple(plan.chunks)))
 
@@ -385,11 +385,10 @@ class ContextEngine:
             raise ContextFull("The context budget is full: no room left for an answer. Start a new context.")
         answer: list[int] = []
         start = self.length
-        finish = "length"
+        finish = Finish.LENGTH
         loop, cut = LoopGuard(), None
         ttft = None
-        self.stats.phase, self.stats.detail, self.stats.done, self.stats.total = "decode", "answer", 0, max_new
-        self.stats.eta_s = None
+        self.stats.decoding(max_new)
         decode_meter = None
         while True:
             token = next_token(logits, answer, settings)
@@ -400,14 +399,14 @@ class ContextEngine:
             else:
                 decode_meter.add(1)
             if token in self.format.stop_ids:
-                finish = "eos"
+                finish = Finish.EOS
                 break
             answer.append(token)
             self.stats.done, self.stats.decode_tps = len(answer), decode_meter.rate
             yield AnswerDelta(self.format.decode_answer(answer), len(answer), ttft)
             cut = loop.repeat_from(answer)
             if cut is not None:
-                finish = "repetition"
+                finish = Finish.REPETITION
                 break
             if len(answer) >= max_new:
                 break
@@ -415,7 +414,7 @@ class ContextEngine:
                 raise Stopped("the answer")
             logits = feed([token])
         decode_tps = decode_meter.final_rate if decode_meter is not None else 0.0  # the sampling, not what follows
-        fed = len(answer) if finish == "eos" else len(answer) - 1  # the last sampled token was never fed
+        fed = len(answer) if finish is Finish.EOS else len(answer) - 1  # the last sampled token was never fed
         if cut is not None:
             answer, fed = answer[: whole_sentences(answer[:cut], self.format.decode_answer)], 0
             if not quoted:
@@ -423,7 +422,7 @@ class ContextEngine:
         if quoted:  # the context reads the question, then the answer, as history replays them
             before, question, _ = quoted
             self._restore(before)
-            for _ in self._prefill(self._exchange_pieces(question, answer), None, topk=0, phase="answer"):
+            for _ in self._prefill(self._exchange_pieces(question, answer), None, topk=0, what=Feeding.ANSWER):
                 pass
         else:
             closing, carry = self.format.close_answer(answer, self.carry)
@@ -537,15 +536,15 @@ class ContextEngine:
         neutral = RecallTally() if baseline and topk else None
         if neutral is not None:
             with self.runtime.observe_recall(neutral):
-                yield from self._prefill(baseline, cancel, topk=topk, phase="question")
+                yield from self._prefill(baseline, cancel, topk=topk, what=Feeding.QUESTION)
             self._restore(before)
         recalled = RecallTally()
         started = time.perf_counter()
         if topk:
             with self.runtime.observe_recall(recalled):
-                yield from self._prefill(pieces, cancel, topk=topk, phase="question")
+                yield from self._prefill(pieces, cancel, topk=topk, what=Feeding.QUESTION)
         else:
-            yield from self._prefill(pieces, cancel, topk=0, phase="question")
+            yield from self._prefill(pieces, cancel, topk=0, what=Feeding.QUESTION)
         seconds = time.perf_counter() - started
         self.chunk_index.refresh(self.spans, self._span_text)
         lexical = self.chunk_index.scores(question, earlier.question if earlier else "")
@@ -589,7 +588,7 @@ class ContextEngine:
         step = self.runtime.prefill_chunk
         for lo in range(0, len(ids), step):
             if cancel is not None and cancel.is_set():
-                raise Stopped("question")
+                raise Stopped(Feeding.QUESTION)
             reader.feed(ids[lo : lo + step])
             yield self.stats
         return reader
@@ -658,7 +657,7 @@ class ContextEngine:
         pieces = self._exchange_pieces(exchange.question, exchange.answer_ids)
         self._check_budget(sum(len(p.ids) for p in pieces), "This conversation")
         with self._operation():
-            yield from self._prefill(pieces, cancel, topk=0, phase="conversation")
+            yield from self._prefill(pieces, cancel, topk=0, what=Feeding.CONVERSATION)
             self.history.append(exchange)
 
     def _exchange_pieces(self, question: str, answer_ids: Sequence[int]) -> list[Piece]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Callable, Sequence
 
 import torch
@@ -83,6 +84,14 @@ def next_token(logits: torch.Tensor, answer_so_far: list[int], settings: Generat
     if settings.temperature == 0:
         return int(scores.argmax())
     return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
+
+
+class Finish(StrEnum):
+    """How an answer's decode stopped; the value is what an answer's saved numbers say (``stats["finish"]``)."""
+
+    EOS = "eos"  # the model ended its turn
+    LENGTH = "length"  # max new tokens, or the context budget
+    REPETITION = "repetition"  # it began to repeat itself (LoopGuard)
 
 
 class LoopGuard:

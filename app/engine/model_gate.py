@@ -17,7 +17,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-from .metrics import LiveStats
+from .metrics import LiveStats, Phase
 
 WAIT_TICK_S = 0.5  # how often a waiting session's "waited" line is refreshed
 STALE_S = 30.0  # an answer idle between forwards this long was abandoned (a generator never closed)
@@ -97,7 +97,7 @@ class ModelGate:
         try:
             while not self._free_for(answer):
                 if stats is not None:
-                    stats.phase, stats.detail = "waiting", self._waiting_line(time.monotonic() - started)
+                    stats.phase, stats.detail = Phase.WAITING, self._waiting_line(time.monotonic() - started)
                 self._cond.wait(WAIT_TICK_S)
         finally:
             if shown is not None:
@@ -107,7 +107,7 @@ class ModelGate:
         holder = self._holder_stats
         if holder is None:
             what = "work"
-        elif holder.phase == "decode" or holder.detail == "question":
+        elif holder.answering:
             what = "answer"
         else:
             what = "documents"
