@@ -94,6 +94,23 @@ class Finish(StrEnum):
     REPETITION = "repetition"  # it began to repeat itself (LoopGuard)
 
 
+@dataclass(frozen=True)
+class Decoded:
+    """What a decode drew: the tokens sampled (without the end of turn), how it stopped, and its timings. What
+    the context keeps of it is the caller's to decide (context.py)."""
+
+    tokens: list[int]
+    finish: Finish
+    repeat_from: int | None  # where the repeat began (Finish.REPETITION: LoopGuard.repeat_from)
+    ttft_s: float
+    decode_tps: float  # the sampling's rate, not what follows it
+
+    @property
+    def fed(self) -> int:
+        """Tokens fed back while decoding: all of them, unless it stopped on a token it sampled (never fed)."""
+        return len(self.tokens) if self.finish is Finish.EOS else len(self.tokens) - 1
+
+
 class LoopGuard:
     """Ends an answer that repeats itself: small models (SmolLM2-135M) often restate a sentence until max tokens.
 
