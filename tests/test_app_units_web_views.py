@@ -8,7 +8,7 @@ import re
 import pytest
 
 from app.engine.citations import Citation
-from app.engine.metrics import DeviceMemory, LiveStats, RateMeter, SessionSeries, device_memory
+from app.engine.metrics import DeviceMemory, Feeding, LiveStats, RateMeter, SessionSeries, device_memory
 from app.session.state import ChatItem
 from app.web import views
 from ingest import Provenance
@@ -78,9 +78,9 @@ def test_charts_plot_only_the_running_phase_and_idle_ticks_add_nothing():
     first = series.record(memory, stats)
     assert (first.prefill_tps, first.decode_tps) == (0, 0)
     assert series.record(memory, stats) is None and series.version == 1  # idle and unchanged: no new sample
-    stats.phase, stats.detail = "prefill", "question"  # a question's prefill measures latency, not throughput
+    stats.prefilling(Feeding.QUESTION, 0)  # a question's prefill measures latency, not throughput
     assert (series.record(memory, stats).prefill_tps, series.record(memory, stats).decode_tps) == (0, 0)
-    stats.detail = "documents"
+    stats.prefilling(Feeding.DOCUMENTS, 0)
     sample = series.record(memory, stats)
     assert (sample.prefill_tps, sample.decode_tps) == (5000, 0)
     stats.phase, stats.detail = "decode", "answer"

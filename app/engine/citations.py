@@ -215,58 +215,108 @@ def cite(question: RecallTally, spans: SpanIndex, *, baseline: RecallTally | Non
     part; ``may_cite(where)``: whether a chunk may be cited and quoted (a document the user switched off may not;
     None: all may). A citation's share is its part of the scores of the passages cited or not.
     """
-    positions, weights = question.totals()
-    total = sum(weights)
+    on_documents = _on_documents(spans, counts)
+    recalled, document_share = _recall_share(question, on_documents)
+    scores = relevance(question, baseline, on_documents) if recalled else {}
+    by_passage, peak = _recall_by_passage(scores, spans)
+    allowed, lexical = _citable(spans, lexical or {}, may_cite or (lambda where: True))
+    chunks = rank_chunks(allowed, by_passage, lexical, ranking)
+    best_chunk = _best_chunks(chunks)
+    if not best_chunk:
+        return CitationReport((), document_share, recalled=recalled)
+    hits = lexical_hits or (lambda start, end: {})
+    quoted = choose_quotes(chunks, spans, scores, hits, quote_budget, quotes) if quote_budget else []
+    always = max(1, passage_count(chunk.where for chunk, _ in quoted))  # the passages quoted are always cited
 
+    def shown(key: Provenance) -> str:
+        return _passage_snippet(snippet, peak.get(key), best_chunk[key][0], spans, hits)
+
+    return CitationReport(_citations(best_chunk, shown, always, limit, min_share), document_share, recalled=recalled,
+                          quote_spans=tuple(part for _, part in quoted),
+                          quote_sources=tuple(chunk.where for chunk, _ in quoted),
+                          **_rankings(by_passage, lexical))
+
+
+def _on_documents(spans: SpanIndex, counts: Callable[[int], bool] | None) -> Callable[[int], bool]:
+    """Whether the token at a position counts for the documents: it is in one, and a content token."""
     def on_documents(position: int) -> bool:
         span = spans.at(position)
         return span is not None and span.kind == SpanKind.DOCUMENT and (counts is None or counts(position))
+    return on_documents
 
-    document_share = sum(w for p, w in zip(positions, weights) if on_documents(p)) / total if total > 0 else 0.0
+
+def _recall_share(question: RecallTally, on_documents: Callable[[int], bool]) -> tuple[bool, float]:
+    """Whether recall picked any token, and the fraction of its weight that landed on documents."""
+    positions, weights = question.totals()
+    total = sum(weights)
+    if total <= 0:
+        return False, 0.0
+    return True, sum(w for p, w in zip(positions, weights) if on_documents(p)) / total
+
+
+def _citable(spans: SpanIndex, lexical: Mapping[Span, float], may_cite: Callable[[Provenance], bool]
+             ) -> tuple[list[Span], dict[Span, float]]:
+    """The document chunks that may be cited, and their BM25 scores."""
+    allowed = [s for s in spans.documents() if s.where is not None and may_cite(s.where)]
+    return allowed, {chunk: score for chunk, score in lexical.items() if may_cite(chunk.where)}
+
+
+def _recall_by_passage(scores: Mapping[int, float], spans: SpanIndex
+                       ) -> tuple[dict[Provenance, float], dict[Provenance, tuple[float, int, Span]]]:
+    """Each passage's summed relevance, and its most relevant token (score, position, span). PDF passages are
+    pages, text and code passages their chunks."""
     by_passage: dict[Provenance, float] = {}
-    peak: dict[Provenance, tuple[float, int, Span]] = {}  # the passage's most relevant token
-    scores = relevance(question, baseline, on_documents) if total > 0 else {}
+    peak: dict[Provenance, tuple[float, int, Span]] = {}
     for position, score in scores.items():
         span = spans.at(position)
-        key = span.where.page_only()  # PDF passages are cited per page, text and code per chunk
+        key = span.where.page_only()
         by_passage[key] = by_passage.get(key, 0.0) + score
         if score > peak.get(key, (float("-inf"),))[0]:
             peak[key] = (score, position, span)
-    allowed = [s for s in spans.documents() if s.where is not None and (may_cite is None or may_cite(s.where))]
-    lexical = {chunk: score for chunk, score in (lexical or {}).items() if may_cite is None or may_cite(chunk.where)}
-    chunks = rank_chunks(allowed, by_passage, lexical, ranking)
-    best_chunk: dict[Provenance, tuple[Span, float]] = {}  # each passage, in the order of its best chunk
-    for chunk, score in chunks:
-        best_chunk.setdefault(chunk.where.page_only(), (chunk, score))
-    if not best_chunk:
-        return CitationReport((), document_share, recalled=total > 0)
-    mass = sum(score for _, score in best_chunk.values())
-    hits = lexical_hits or (lambda start, end: {})
-    quoted = choose_quotes(chunks, spans, scores, hits, quote_budget, quotes) if quote_budget else []
+    return by_passage, peak
 
-    def peak_of(key: Provenance) -> tuple[int, Span] | None:
-        if key in peak and peak[key][0] > 0:
-            return peak[key][1:]
-        chunk = best_chunk[key][0]
+
+def _best_chunks(ranked: list[tuple[Span, float]]) -> dict[Provenance, tuple[Span, float]]:
+    """Each passage's best chunk and its score, the passages in the order of their best chunk."""
+    best: dict[Provenance, tuple[Span, float]] = {}
+    for chunk, score in ranked:
+        best.setdefault(chunk.where.page_only(), (chunk, score))
+    return best
+
+
+def _passage_snippet(snippet: Callable[[int, Span], str] | None, peak: tuple[float, int, Span] | None, chunk: Span,
+                     spans: SpanIndex, hits: Callable[[int, int], Mapping[int, float]]) -> str:
+    """The text shown for a passage, around its most relevant token, else the first of the question's words in its
+    best ``chunk``; none without either (or without ``snippet``)."""
+    if peak is not None and peak[0] > 0:
+        where = peak[1:]
+    else:
         first = min(hits(chunk.start, chunk.end), default=None)
-        return (first, spans.at(first)) if first is not None else None
+        where = (first, spans.at(first)) if first is not None else None
+    return snippet(*where) if snippet and where else ""
 
+
+def _citations(best_chunk: dict[Provenance, tuple[Span, float]], shown: Callable[[Provenance], str], always: int,
+               limit: int, min_share: float) -> tuple[Citation, ...]:
+    """The first ``always`` passages, then those among the first ``limit`` above ``min_share`` of the scores of the
+    passages cited or not; ``shown``: a passage's snippet."""
+    mass = sum(score for _, score in best_chunk.values())
     citations = []
-    always = max(1, passage_count(chunk.where for chunk, _ in quoted))  # the passages quoted are always cited
     for rank, (key, (_, score)) in enumerate(list(best_chunk.items())[:max(limit, always)]):
         if rank >= always and score / mass < min_share:  # the others above min_share
             continue
-        where = peak_of(key)
-        citations.append(Citation(key, score / mass, snippet(*where) if snippet and where else ""))
+        citations.append(Citation(key, score / mass, shown(key)))
+    return tuple(citations)
+
+
+def _rankings(attention: Mapping[Provenance, float], lexical: Mapping[Span, float]) -> dict:
+    """Each ranking's first ten passages and their scores, before fusion (CitationReport's, for the benchmarks)."""
     lexical_pages: dict[Provenance, float] = {}
     for chunk, score in sorted(lexical.items(), key=lambda item: -item[1]):
         lexical_pages.setdefault(chunk.where.page_only(), score)
-    return CitationReport(tuple(citations), document_share, recalled=total > 0,
-                          quote_spans=tuple(part for _, part in quoted),
-                          quote_sources=tuple(chunk.where for chunk, _ in quoted),
-                          attention_ranking=_top(by_passage), lexical_ranking=_top(lexical_pages),
-                          attention_scores=tuple(by_passage[k] for k in _top(by_passage)),
-                          lexical_scores=tuple(lexical_pages[k] for k in _top(lexical_pages)))
+    return {"attention_ranking": _top(attention), "lexical_ranking": _top(lexical_pages),
+            "attention_scores": tuple(attention[k] for k in _top(attention)),
+            "lexical_scores": tuple(lexical_pages[k] for k in _top(lexical_pages))}
 
 
 def lead_with_answer_source(report: CitationReport, support: Sequence[float]) -> CitationReport:

@@ -25,10 +25,10 @@ from ingest.documents import without_page_markers
 from .chat_format import Carry, ChatFormat, TurnState
 from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, Ranking, cite, lead_with_answer_source
 from .document_choice import covers
-from .generation import GenerationSettings, LoopGuard, next_token, whole_sentences
+from .generation import Decoded, Finish, GenerationSettings, LoopGuard, next_token, whole_sentences
 from .history import DocumentsFed, Exchange
 from .lexical import ChunkIndex, token_matches
-from .metrics import LiveStats, RateMeter
+from .metrics import Feeding, LiveStats, RateMeter
 from .native_memory import trim_heap
 from .quoting import QUOTED_CHUNKS, quote_budget, quoted_question
 from .reader import AnswerReader
@@ -139,8 +139,8 @@ class Turn:
     before: Saved | None
     after_question: Saved | None
     citations: CitationReport
-    end: int  # context length after the answer's </s>
     question_tokens: int  # the question as the context keeps it (its opening, the question, the answer's header)
+    end: int = 0  # context length after the answer's </s> (set as the answer is committed: ContextEngine._answer)
     quoted: str = ""  # the user turn the answer was drawn from when it quoted sources (quoting.py), read in a
     # context of its own (AnswerReader): regenerate reads it there again
     earlier: Exchange | None = None  # the exchange the reader held before that turn (reader.py)
@@ -157,7 +157,7 @@ class AnswerDelta:
 class AnswerResult:
     text: str
     tokens: int
-    finish: str  # "eos", "length" or "repetition" (LoopGuard)
+    finish: Finish
     citations: CitationReport
     ttft_s: float
     prefill_tps: float
@@ -249,7 +249,7 @@ class ContextEngine:
         except BaseException as exc:
             if self._open is not None and self._open[0] is token:
                 self._restore(saved)
-            self.stats.phase, self.stats.detail, self.stats.eta_s = "idle", "", None
+            self.stats.idle()
             if is_out_of_memory(exc):
                 raise ContextOutOfMemory(
                     "The device ran out of memory. The context was rolled back to its last consistent state; "
@@ -260,7 +260,7 @@ class ContextEngine:
             if self._open is not None and self._open[0] is token:
                 self._open = None
             trim_heap()  # what the operation freed goes back to the system (native_memory.py)
-        self.stats.phase, self.stats.detail, self.stats.eta_s = "idle", "", None
+        self.stats.idle()
 
     def _answering(self):
         """Hold the shared model from the question to the answer's last token (model_gate.py says why)."""
@@ -294,7 +294,7 @@ class ContextEngine:
             return [Piece(ids, SpanKind.FORMAT, TurnState.IN_TURN, carry)]
         return []
 
-    def _prefill(self, pieces: list[Piece], cancel, *, topk: int, phase: str) -> Iterator[LiveStats]:
+    def _prefill(self, pieces: list[Piece], cancel, *, topk: int, what: Feeding) -> Iterator[LiveStats]:
         """Feed ``pieces`` in forwards of ``prefill_chunk`` tokens, checking ``cancel`` before each.
 
         Pieces are packed: a forward may end one piece and start the next, so ten thousand small files
@@ -302,14 +302,14 @@ class ContextEngine:
         """
         total = sum(len(p.ids) for p in pieces)
         meter = RateMeter()
-        self.stats.phase, self.stats.detail, self.stats.done, self.stats.total = "prefill", phase, 0, total
+        self.stats.prefilling(what, total)
         step = self.runtime.prefill_chunk
         stream = [token for piece in pieces for token in piece.ids]
         ends = list(accumulate(len(p.ids) for p in pieces))
         start, finished = self.length, 0  # the context length before the pieces; pieces fully fed
         for lo in range(0, total, step):
             if cancel is not None and cancel.is_set():
-                raise Stopped(phase)
+                raise Stopped(what)
             ids = stream[lo : lo + step]
             self._logits = self._forward(ids, topk=topk)
             meter.add(len(ids))
@@ -355,7 +355,7 @@ class ContextEngine:
             plan = self.plan_documents(documents.chunks if plan is not None else documents)
         self._check_budget(plan.tokens, "These documents")
         with self._operation():
-            yield from self._prefill(list(plan.pieces), cancel, topk=0, phase="documents")
+            yield from self._prefill(list(plan.pieces), cancel, topk=0, what=Feeding.DOCUMENTS)
             if plan.chunks:
                 self.history.append(DocumentsFed(tuple(plan.chunks)))
 
@@ -364,83 +364,87 @@ class ContextEngine:
         return self.length, self.tokens_fed
 
     # -- decode --------------------------------------------------------------------------------
-    def _decode(self, after_question: Saved, settings: GenerationSettings, cancel, started: float,
-                prefill_tps: float, question_tokens: int, citations: CitationReport,
-                quoted: tuple[Saved, str, "AnswerReader"] | None = None) -> Iterator[AnswerDelta | AnswerResult]:
-        """Sample from ``after_question`` (the state the question's prefill left) until </s>, max tokens or a
-        repeat, feeding each token back; then close the answer with </s>.
-
-        An answer that began to repeat itself is cut where the repeat began (back to the end of its last whole
-        sentence), and the context goes back to ``after_question`` and reads the kept answer again: it holds
-        what the user is shown, no more. ``quoted``: the answer is drawn in the reader (the third item, whose
-        logits start it), without recall; the context, back at the state before the question (the first item),
-        then reads the question (the second) and the answer alone.
-        """
-        reader = quoted[2] if quoted else None
-        logits = reader.logits if reader else after_question.logits
-        feed = reader.feed if reader else (lambda ids: self._forward(ids, topk=settings.answer_topk))
+    def _answer(self, turn: Turn, question: str, settings: GenerationSettings, cancel, started: float,
+                prefill_tps: float, reader: AnswerReader | None = None) -> Generator[AnswerDelta, None, AnswerResult]:
+        """Draw the answer to ``question`` from the state its prefill left (``turn.after_question``), or in the
+        ``reader`` (its logits start it, without recall); keep it in the context and commit it with ``turn``, its end
+        set here: the one commit ask and regenerate share."""
+        if reader is not None:
+            logits, feed = reader.logits, reader.feed
+        else:
+            logits, feed = turn.after_question.logits, lambda ids: self._forward(ids, topk=settings.answer_topk)
         # Drawn in the reader, the answer joins the context after its question, which is not in it yet.
-        max_new = min(settings.max_new_tokens, self.budget - self.length - (question_tokens if reader else 0) - 2)
+        room = self.budget - self.length - (turn.question_tokens if reader else 0) - 2
+        decoded = yield from self._decode(logits, feed, settings, min(settings.max_new_tokens, room), cancel, started)
+        answer = self._keep(decoded, turn, question, settings.answer_topk, drawn_apart=reader is not None)
+        self.stats.decode_tps, self.stats.done = decoded.decode_tps, len(answer)
+        text = self.format.decode_answer(answer)
+        self.turns.append(replace(turn, end=self.length))
+        self.history.append(Exchange(question, tuple(answer)))
+        self._keep_undo_points()
+        return AnswerResult(
+            text=text, tokens=len(answer), finish=decoded.finish,
+            citations=self._answer_sources(turn.citations, text) if reader else turn.citations,
+            ttft_s=decoded.ttft_s, prefill_tps=prefill_tps, decode_tps=decoded.decode_tps,
+            question_tokens=turn.question_tokens, answer_ids=tuple(answer), quoted=reader is not None,
+        )
+
+    def _decode(self, logits, feed, settings: GenerationSettings, max_new: int, cancel,
+                started: float) -> Generator[AnswerDelta, None, Decoded]:
+        """Sample from ``logits`` until an end of turn, ``max_new`` tokens or a repeat, feeding each token back with
+        ``feed`` (gpt-fast's decode_n_tokens); stream the text so far. ``started``: when the user asked."""
         if max_new < 1:
             raise ContextFull("The context budget is full: no room left for an answer. Start a new context.")
         answer: list[int] = []
-        start = self.length
-        finish = "length"
-        loop, cut = LoopGuard(), None
-        ttft = None
-        self.stats.phase, self.stats.detail, self.stats.done, self.stats.total = "decode", "answer", 0, max_new
-        self.stats.eta_s = None
-        decode_meter = None
-        while True:
-            token = next_token(logits, answer, settings)
-            if ttft is None:
-                ttft = time.perf_counter() - started
-                self.stats.ttft_s = ttft
-                decode_meter = RateMeter()  # times the forwards that follow the first token
-            else:
-                decode_meter.add(1)
-            if token in self.format.stop_ids:
-                finish = "eos"
-                break
+        loop = LoopGuard()
+        self.stats.decoding(max_new)
+        token = next_token(logits, answer, settings)
+        ttft = self.stats.ttft_s = time.perf_counter() - started
+        meter = RateMeter()  # times the forwards that follow the first token
+        while token not in self.format.stop_ids:
             answer.append(token)
-            self.stats.done, self.stats.decode_tps = len(answer), decode_meter.rate
+            self.stats.done, self.stats.decode_tps = len(answer), meter.rate
             yield AnswerDelta(self.format.decode_answer(answer), len(answer), ttft)
             cut = loop.repeat_from(answer)
-            if cut is not None:
-                finish = "repetition"
-                break
-            if len(answer) >= max_new:
-                break
+            if cut is not None or len(answer) >= max_new:
+                finish = Finish.LENGTH if cut is None else Finish.REPETITION
+                return Decoded(answer, finish, cut, ttft, meter.final_rate)
             if cancel is not None and cancel.is_set():
                 raise Stopped("the answer")
-            logits = feed([token])
-        decode_tps = decode_meter.final_rate if decode_meter is not None else 0.0  # the sampling, not what follows
-        fed = len(answer) if finish == "eos" else len(answer) - 1  # the last sampled token was never fed
-        if cut is not None:
-            answer, fed = answer[: whole_sentences(answer[:cut], self.format.decode_answer)], 0
-            if not quoted:
-                self._restore(after_question)
-        if quoted:  # the context reads the question, then the answer, as history replays them
-            before, question, _ = quoted
-            self._restore(before)
-            for _ in self._prefill(self._exchange_pieces(question, answer), None, topk=0, phase="answer"):
+            token = next_token(feed([token]), answer, settings)
+            meter.add(1)
+        return Decoded(answer, Finish.EOS, None, ttft, meter.final_rate)
+
+    def _keep(self, decoded: Decoded, turn: Turn, question: str, topk: int, *, drawn_apart: bool) -> list[int]:
+        """Put the answer in the context as the user is shown it, closed with </s>; the tokens kept.
+
+        An answer that began to repeat itself is cut where the repeat began (back to the end of its last whole
+        sentence), and the context goes back to ``turn.after_question`` and reads the kept answer again: it holds
+        what the user is shown, no more. One ``drawn_apart`` (in the reader) is read after its question from the
+        state before it (``turn.before``), as history replays them.
+        """
+        answer, fed = decoded.tokens, decoded.fed
+        if decoded.repeat_from is not None:
+            answer, fed = answer[: whole_sentences(answer[: decoded.repeat_from], self.format.decode_answer)], 0
+            if not drawn_apart:
+                self._restore(turn.after_question)
+        if drawn_apart:
+            self._restore(turn.before)
+            for _ in self._prefill(self._exchange_pieces(question, answer), None, topk=0, what=Feeding.ANSWER):
                 pass
         else:
-            closing, carry = self.format.close_answer(answer, self.carry)
-            unfed = [*answer[fed:], *closing]
-            for lo in range(0, len(unfed), self.runtime.prefill_chunk):
-                self._forward(unfed[lo : lo + self.runtime.prefill_chunk], topk=settings.answer_topk)
-            self.spans.append(Span(start, self.length, SpanKind.ANSWER))
-            self.state, self.carry = TurnState.CLOSED, carry
-        self.stats.decode_tps, self.stats.done = decode_tps, len(answer)
-        text = self.format.decode_answer(answer)
-        if quoted:
-            citations = self._answer_sources(citations, text)
-        yield AnswerResult(
-            text=text, tokens=len(answer), finish=finish,
-            citations=citations, ttft_s=ttft or 0.0, prefill_tps=prefill_tps,
-            decode_tps=decode_tps, question_tokens=question_tokens, answer_ids=tuple(answer), quoted=bool(quoted),
-        )
+            self._close_answer(answer, fed, topk)
+        return answer
+
+    def _close_answer(self, answer: list[int], fed: int, topk: int) -> None:
+        """Feed what the decode did not (the answer's tokens from ``fed`` on) and the end of turn: the answer's span."""
+        start = self.length - fed
+        closing, carry = self.format.close_answer(answer, self.carry)
+        unfed = [*answer[fed:], *closing]
+        for lo in range(0, len(unfed), self.runtime.prefill_chunk):
+            self._forward(unfed[lo : lo + self.runtime.prefill_chunk], topk=topk)
+        self.spans.append(Span(start, self.length, SpanKind.ANSWER))
+        self.state, self.carry = TurnState.CLOSED, carry
 
     def _answer_sources(self, citations: CitationReport, answer: str) -> CitationReport:
         """The sources with the page of the quoted chunk the answer's words come from first (citations.py)."""
@@ -489,7 +493,6 @@ class ContextEngine:
         self._check_budget(planned + 2, "This question")
         baseline = self._neutral_pieces(settings, planned)
         earlier = self.last_exchange
-        result = None
         with self._answering(), self._operation() as before:
             citations, seconds = yield from self._read_question(question, pieces, baseline, settings.answer_topk,
                                                                 cancel, before, self._quote_budget(settings),
@@ -498,19 +501,11 @@ class ContextEngine:
             quoted, reader = "", None
             if citations.quote_spans or (switched_off and settings.quote):
                 quoted = self._quoted_turn(question, citations)
-                self._restore(before)  # the question is read again after the answer, with it (_decode)
+                self._restore(before)  # the question is read again after the answer, with it (_keep)
                 reader = yield from self._read_in_reader(quoted, cancel, earlier)
             after_question = self._save(self._logits) if reader is None else None
-            for item in self._decode(after_question, settings, cancel, started, prefill_tps, planned, citations,
-                                     (before, question, reader) if reader else None):
-                if isinstance(item, AnswerResult):
-                    self.turns.append(Turn(before, after_question, citations, self.length, planned, quoted,
-                                           earlier if quoted else None))
-                    self.history.append(Exchange(question, item.answer_ids))
-                    self._keep_undo_points()
-                    result = item
-                else:
-                    yield item
+            turn = Turn(before, after_question, citations, planned, quoted=quoted, earlier=earlier if quoted else None)
+            result = yield from self._answer(turn, question, settings, cancel, started, prefill_tps, reader)
             reader = None  # its cache is freed before the operation ends and trims the heap
         yield result  # after the commit: a consumer that stops here cannot roll the answer back
 
@@ -537,15 +532,15 @@ class ContextEngine:
         neutral = RecallTally() if baseline and topk else None
         if neutral is not None:
             with self.runtime.observe_recall(neutral):
-                yield from self._prefill(baseline, cancel, topk=topk, phase="question")
+                yield from self._prefill(baseline, cancel, topk=topk, what=Feeding.QUESTION)
             self._restore(before)
         recalled = RecallTally()
         started = time.perf_counter()
         if topk:
             with self.runtime.observe_recall(recalled):
-                yield from self._prefill(pieces, cancel, topk=topk, phase="question")
+                yield from self._prefill(pieces, cancel, topk=topk, what=Feeding.QUESTION)
         else:
-            yield from self._prefill(pieces, cancel, topk=0, phase="question")
+            yield from self._prefill(pieces, cancel, topk=0, what=Feeding.QUESTION)
         seconds = time.perf_counter() - started
         self.chunk_index.refresh(self.spans, self._span_text)
         lexical = self.chunk_index.scores(question, earlier.question if earlier else "")
@@ -589,7 +584,7 @@ class ContextEngine:
         step = self.runtime.prefill_chunk
         for lo in range(0, len(ids), step):
             if cancel is not None and cancel.is_set():
-                raise Stopped("question")
+                raise Stopped(Feeding.QUESTION)
             reader.feed(ids[lo : lo + step])
             yield self.stats
         return reader
@@ -632,22 +627,14 @@ class ContextEngine:
             raise EngineError("Nothing to regenerate: the last answer is no longer the end of the context.")
         turn, question = self.turns[-1], self.history[-1].question
         started = time.perf_counter() if started is None else started
-        result = None
         with self._answering(), self._operation(restore_to=turn.before):
-            after_question, reader = turn.after_question, None
+            reader = None
             if turn.quoted:  # drawn in a reader of its own: read the quoted turn there again
                 self._restore(turn.before)
                 reader = yield from self._read_in_reader(turn.quoted, cancel, turn.earlier)
             else:
-                self._restore(after_question)
-            for item in self._decode(after_question, settings, cancel, started, 0.0, turn.question_tokens,
-                                     turn.citations, (turn.before, question, reader) if reader else None):
-                if isinstance(item, AnswerResult):
-                    self.turns.append(replace(turn, after_question=after_question, end=self.length))
-                    self.history.append(Exchange(question, item.answer_ids))
-                    result = item
-                else:
-                    yield item
+                self._restore(turn.after_question)
+            result = yield from self._answer(turn, question, settings, cancel, started, 0.0, reader)
             reader = None  # as in ask
         yield result
 
@@ -658,7 +645,7 @@ class ContextEngine:
         pieces = self._exchange_pieces(exchange.question, exchange.answer_ids)
         self._check_budget(sum(len(p.ids) for p in pieces), "This conversation")
         with self._operation():
-            yield from self._prefill(pieces, cancel, topk=0, phase="conversation")
+            yield from self._prefill(pieces, cancel, topk=0, what=Feeding.CONVERSATION)
             self.history.append(exchange)
 
     def _exchange_pieces(self, question: str, answer_ids: Sequence[int]) -> list[Piece]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Callable, Sequence
 
 import torch
@@ -83,6 +84,31 @@ def next_token(logits: torch.Tensor, answer_so_far: list[int], settings: Generat
     if settings.temperature == 0:
         return int(scores.argmax())
     return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
+
+
+class Finish(StrEnum):
+    """How an answer's decode stopped; the value is what an answer's saved numbers say (``stats["finish"]``)."""
+
+    EOS = "eos"  # the model ended its turn
+    LENGTH = "length"  # max new tokens, or the context budget
+    REPETITION = "repetition"  # it began to repeat itself (LoopGuard)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """What a decode drew: the tokens sampled (without the end of turn), how it stopped, and its timings. What
+    the context keeps of it is the caller's to decide (context.py)."""
+
+    tokens: list[int]
+    finish: Finish
+    repeat_from: int | None  # where the repeat began (Finish.REPETITION: LoopGuard.repeat_from)
+    ttft_s: float
+    decode_tps: float  # the sampling's rate, not what follows it
+
+    @property
+    def fed(self) -> int:
+        """Tokens fed back while decoding: all of them, unless it stopped on a token it sampled (never fed)."""
+        return len(self.tokens) if self.finish is Finish.EOS else len(self.tokens) - 1
 
 
 class LoopGuard:

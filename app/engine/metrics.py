@@ -12,6 +12,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
 import psutil
 import torch
@@ -55,12 +56,32 @@ def device_memory(device_type: str) -> DeviceMemory:
     return DeviceMemory("cpu", rss, None, max(peak, rss), psutil.virtual_memory().total, "CPU (process RSS)")
 
 
+class Phase(StrEnum):
+    """What the session's work is now. The value is what the panel's JSON says; views.PHASE_LABELS says it in words."""
+
+    IDLE = "idle"
+    READING = "reading"  # ingest alone (``LiveStats.reading``): the panel names it while the model is idle
+    PREFILL = "prefill"
+    DECODE = "decode"
+    WAITING = "waiting"  # behind another session (model_gate.py)
+    SAVING = "saving"  # writing the workspace (model_work.py)
+
+
+class Feeding(StrEnum):
+    """What a prefill reads. The value is the panel's detail, and what a Stop says was under way."""
+
+    QUESTION = "question"  # a question (and the neutral one before it): its short prefill measures latency
+    DOCUMENTS = "documents"
+    ANSWER = "answer"  # an answer drawn in the reader, read into the context after its question
+    CONVERSATION = "conversation"  # an exchange fed as text (replay.py)
+
+
 @dataclass
 class LiveStats:
     """One session's latest figures; rates are those of the running phase, else of the last one."""
 
-    phase: str = "idle"  # the model's work: idle | prefill | decode | waiting (behind another session)
-    detail: str = ""
+    phase: Phase = Phase.IDLE  # the model's work (Phase.READING is never set here: ``reading`` says it)
+    detail: str = ""  # the phase's words: what is fed or answered, whom it waits behind, the workspace saved
     reading: str = ""  # ingest progress, on its own queue: may overlap the model's work
     context_tokens: int = 0
     kv_starting: int = 0
@@ -73,6 +94,25 @@ class LiveStats:
     done: int = 0  # units of the running phase finished / planned (tokens for prefill)
     total: int = 0
     eta_s: float | None = None
+    feeding: Feeding | None = None  # what the running prefill reads (not in the panel's JSON: ``detail`` says it)
+
+    def idle(self) -> None:
+        """Back to idle (the work ended, failed or was rolled back): no detail, no ETA."""
+        self.phase, self.detail, self.eta_s, self.feeding = Phase.IDLE, "", None, None
+
+    def prefilling(self, what: Feeding, total: int) -> None:
+        """A prefill of ``total`` tokens starts."""
+        self.phase, self.detail, self.feeding, self.done, self.total = Phase.PREFILL, what.value, what, 0, total
+
+    def decoding(self, total: int) -> None:
+        """An answer of at most ``total`` tokens starts."""
+        self.phase, self.detail, self.feeding = Phase.DECODE, "answer", None
+        self.done, self.total, self.eta_s = 0, total, None
+
+    @property
+    def answering(self) -> bool:
+        """An answer's work: its question's prefill, or its decode."""
+        return self.phase == Phase.DECODE or self.feeding is Feeding.QUESTION
 
     def set_kv(self, memory: dict[str, int]) -> None:
         self.kv_starting, self.kv_window = memory["starting"], memory["window"]
@@ -86,14 +126,14 @@ class LiveStats:
     @property
     def active(self) -> bool:
         """Reading or model work under way (the charts sample only then)."""
-        return self.phase != "idle" or bool(self.reading)
+        return self.phase != Phase.IDLE or bool(self.reading)
 
     @property
     def running_rates(self) -> tuple[float, float]:
         """(prefill, decode) tokens/s of the running phase only: an idle or other phase plots 0, not its
         last value. A question's short prefill measures latency, not throughput (engine.MEASURED_PREFILL)."""
-        prefill = self.prefill_tps if self.phase == "prefill" and self.detail != "question" else 0.0
-        return prefill, self.decode_tps if self.phase == "decode" else 0.0
+        prefill = self.prefill_tps if self.phase == Phase.PREFILL and self.feeding is not Feeding.QUESTION else 0.0
+        return prefill, self.decode_tps if self.phase == Phase.DECODE else 0.0
 
 
 MIN_RATE_S = 0.25  # a rate needs this much real time and work behind it: one token over microseconds
@@ -191,4 +231,7 @@ class SessionSeries:
 
 def stats_dict(stats: LiveStats, memory: DeviceMemory) -> dict:
     """Everything the panel shows, as JSON for the API and the tests."""
-    return {**asdict(stats), "kv_total": stats.kv_total, "memory": asdict(memory)}
+    numbers = {**asdict(stats), "kv_total": stats.kv_total, "memory": asdict(memory)}
+    numbers["phase"] = str(stats.phase)  # the plain word, as the panel always said it
+    del numbers["feeding"]  # the detail says it
+    return numbers

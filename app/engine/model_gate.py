@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from .metrics import LiveStats
+from .metrics import LiveStats, Phase
 
 WAIT_TICK_S = 0.5  # how often a waiting session's "waited" line is refreshed
 STALE_S = 30.0  # an answer idle between forwards this long was abandoned (a generator never closed)
@@ -99,7 +99,7 @@ class ModelGate:
         try:
             while not self._free_for(answer):
                 if stats is not None:
-                    stats.phase, stats.detail = "waiting", self._waiting_line(self._clock() - started)
+                    stats.phase, stats.detail = Phase.WAITING, self._waiting_line(self._clock() - started)
                 self._cond.wait(WAIT_TICK_S)
         finally:
             if shown is not None:
@@ -109,7 +109,7 @@ class ModelGate:
         holder = self._holder_stats
         if holder is None:
             what = "work"
-        elif holder.phase == "decode" or holder.detail == "question":
+        elif holder.answering:
             what = "answer"
         else:
             what = "documents"

@@ -19,7 +19,7 @@ from ..engine.context import AnswerDelta, AnswerResult, ContextEngine, EngineErr
 from ..engine.document_choice import covers
 from ..engine.replay import DOCUMENTS_ONLY, before_exchange, replay, replay_cost, without_source
 from ..engine.generation import GenerationSettings
-from ..engine.metrics import LiveStats, human_seconds
+from ..engine.metrics import LiveStats, Phase, human_seconds
 from ..engine.runtime import ModelRuntime, is_out_of_memory
 from .documents import RowStatus, fit_budget, plural, replace_rows, rows_summary, set_rows
 from .removal import removal_label
@@ -125,7 +125,7 @@ class ModelWork:
 
     def _save(self, session: Session):
         """Write the workspace (no model step of it runs meanwhile: this is one); say how big and how long."""
-        session.stats.phase, session.stats.detail = "saving", session.name
+        session.stats.phase, session.stats.detail = Phase.SAVING, session.name
         try:
             yield self.view(session)  # a request that ends here saves nothing (a closed tab saves on release)
             started = time.perf_counter()
@@ -138,7 +138,7 @@ class ModelWork:
         else:
             session.stop_note = f"Saved “{session.name}”: {human_bytes(size)} in {time.perf_counter() - started:.1f} s."
         finally:
-            session.stats.phase, session.stats.detail = "idle", ""
+            session.stats.idle()
 
     def _mark_not_done(self, session: Session, work: Work) -> None:
         """Say what a stopped action that never started left undone (nothing changed)."""
@@ -151,7 +151,7 @@ class ModelWork:
             work.question_item.in_context = False
             session.show(ChatItem("assistant", ItemKind.ANSWER, "", stopped=True, in_context=False), work)
         undone = {WorkKind.FORGET: "the chat was not cleared", WorkKind.RESET: "the context was not replaced",
-                  WorkKind.REMOVE: f"{work.question} was not removed"}.get(work.kind)
+                  WorkKind.REMOVE: f"{work.removing} was not removed"}.get(work.kind)
         if undone:
             session.show(ChatItem("assistant", ItemKind.STATUS, title=f"■ Stopped before it started: {undone}"), work)
         elif work.kind == WorkKind.SAVE:
@@ -320,7 +320,7 @@ class ModelWork:
 
     def _remove(self, session: Session, work: Work):
         """Remove a document: the context is built again from its history without the file's chunks."""
-        source = work.question
+        source = work.removing
         name = removal_label(source, session.documents)
         rebuilt = yield from self._rebuild(session, work, without_source(source), (
             f"Removing {name}", f"Removed {name}", f"⚠ {name} was not removed; the context is unchanged"))
@@ -363,7 +363,8 @@ class ModelWork:
         replaying = replay(engine, keep, work.cancel, session.stats)  # the panel follows the rebuild
 
         def unchanged(text: str) -> None:  # the old context is untouched: say why
-            session.stats.phase, session.stats.context_tokens = "idle", engine.length
+            session.stats.idle()
+            session.stats.context_tokens = engine.length
             session.stats.set_kv(engine.memory())
             note.title, note.pending, note.text = failed, False, text
 
@@ -390,7 +391,8 @@ class ModelWork:
             return False
         engine.close()
         session.engine = rebuilt
-        session.stats.phase, session.stats.context_tokens = "idle", rebuilt.length
+        session.stats.idle()
+        session.stats.context_tokens = rebuilt.length
         session.stats.set_kv(rebuilt.memory())
         note.title, note.pending = done, False
         note.text = f"{rebuilt.length:,} tokens in the context now."
@@ -416,7 +418,7 @@ class ModelWork:
         elif not item.citations:
             item.recall_note = "No passage drew more of the question's recall than any question draws: no sources."
         item.stats = {"ttft_s": round(result.ttft_s, 4), "decode_tps": round(result.decode_tps, 2),
-                      "prefill_tps": round(result.prefill_tps, 2), "tokens": result.tokens, "finish": result.finish,
+                      "prefill_tps": round(result.prefill_tps, 2), "tokens": result.tokens, "finish": str(result.finish),
                       "question_tokens": result.question_tokens, "quoted": result.quoted}
         if result.quoted:  # the first sources cited are those quoted to the model
             item.stats["quoted_sources"] = report.quoted_passages

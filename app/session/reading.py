@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass, field
 
 import ingest
 from ingest import IngestCancelled
@@ -66,6 +67,16 @@ def text_items(items):
     return [i for i in items if i.tokens_upper and not i.note.startswith("PDF")]
 
 
+@dataclass
+class ReadOutcome:
+    """What reading an action's sources came to (a corpus, Stop, or an error), and the sources refused unread."""
+
+    corpus: object = None  # ingest.Corpus, once read whole
+    cancelled: bool = False  # Stop, or the client went away
+    error: Exception | None = None
+    refused: dict[str, DocumentRow] = field(default_factory=dict)  # by source: too big to fit (Reader._screen)
+
+
 class Reader:
     def __init__(self, runtime: ModelRuntime, config: AppConfig, view):
         self.runtime = runtime
@@ -102,11 +113,9 @@ class Reader:
         session.documents.extend(placeholders)
         stats = session.stats
         stats.reading = "starting"
-        outcome: dict = {}
         started = time.monotonic()
         too_big = self._screen(session, work)
-        if too_big:
-            outcome["refused"] = too_big
+        outcome = ReadOutcome(refused=too_big)
         if not work.sources:  # every source was refused from its size alone: nothing to read
             stats.reading = ""
             self._finish(session, work, names, placeholders, outcome)
@@ -124,13 +133,13 @@ class Reader:
             try:
                 if orphan is not None:
                     orphan.join()
-                outcome["corpus"] = read_sources(work.sources, tokenizer=tokenizer,
+                outcome.corpus = read_sources(work.sources, tokenizer=tokenizer,
                                                  config=self.config, cancel=work.cancel, progress=on_progress)
-            except IngestCancelled as exc:
-                outcome["cancelled"] = exc
+            except IngestCancelled:
+                outcome.cancelled = True
             except Exception as exc:  # noqa: BLE001 - shown to the user; the session stays usable
                 log.exception("reading %s failed", work.sources)
-                outcome["error"] = exc
+                outcome.error = exc
 
         thread = threading.Thread(target=target, name=f"read-{session.workspace_id[:8]}", daemon=True)
         thread.start()
@@ -147,19 +156,19 @@ class Reader:
             if thread.is_alive():  # the client went away mid-read, or Stop: stop reading, do not block the queue
                 work.cancel.set()
                 self._orphan = thread
-                outcome = {"cancelled": True, **({"refused": too_big} if too_big else {})}
+                outcome = ReadOutcome(cancelled=True, refused=too_big)
             stats.reading = ""
             self._finish(session, work, names, placeholders, outcome)
 
     def _finish(self, session: Session, work: Work, names: list[str], placeholders: list[DocumentRow],
-                outcome: dict) -> None:
+                outcome: ReadOutcome) -> None:
         work.stage = Stage.READ
         if work not in session.pending:  # "New context" discarded this action while it was being read
             return
-        refused = list(outcome.get("refused", {}).values())
+        refused = list(outcome.refused.values())
         read_names = [n for n in names if n not in {r.path for r in refused}]
-        if "corpus" in outcome:
-            work.corpus = outcome["corpus"]
+        if outcome.corpus is not None:
+            work.corpus = outcome.corpus
             keep_uploads(session.sources, work.sources, work.corpus.reports)
         rows = refused + rows_after_reading(outcome, read_names)
         replace_rows(session.documents, placeholders, rows)
@@ -167,21 +176,21 @@ class Reader:
         if work.status_item is not None:
             ready = sum(1 for r in rows if r.status == RowStatus.QUEUED)
             read = f"Read {plural(len(names), 'upload')}: {plural(ready, 'file')} to add"
-            work.status_item.title = "■ Reading stopped: nothing was added" if "cancelled" in outcome else read
+            work.status_item.title = "■ Reading stopped: nothing was added" if outcome.cancelled else read
             work.status_item.text = rows_summary(rows)
 
 
-def rows_after_reading(outcome: dict, names: list[str]) -> list[DocumentRow]:
+def rows_after_reading(outcome: ReadOutcome, names: list[str]) -> list[DocumentRow]:
     """The Files table's rows for what reading ``names`` came to: a corpus, Stop, or an error."""
-    if "corpus" in outcome:
-        rows = [row_from_report(r) for r in outcome["corpus"].reports]
+    if outcome.corpus is not None:
+        rows = [row_from_report(r) for r in outcome.corpus.reports]
         for row in rows:
             row.wait_for_model()
         return rows
-    if "cancelled" in outcome:
+    if outcome.cancelled:
         return [DocumentRow(name, RowStatus.CANCELLED, reason="stopped while reading; nothing was added")
                 for name in names]
-    if "error" in outcome:
-        return [DocumentRow(name, RowStatus.ERROR, reason=f"could not be read: {outcome['error']}")
+    if outcome.error is not None:
+        return [DocumentRow(name, RowStatus.ERROR, reason=f"could not be read: {outcome.error}")
                 for name in names]
     return []

@@ -48,7 +48,7 @@ class WorkKind(StrEnum):
     FORGET = "forget"  # clear chat, keep documents
     RESET = "reset"  # new context
     SAVE = "save"  # write the workspace to disk, after the actions before it
-    REMOVE = "remove"  # take one document out of the context (its path is the Work's question)
+    REMOVE = "remove"  # take one document out of the context (the Work's ``removing``)
     EDIT = "edit"  # ask an earlier question in new words (the Work's question); what followed it goes
 
 
@@ -93,6 +93,7 @@ class Work:
     status_item: ChatItem | None = None
     question_item: ChatItem | None = None
     edited: ChatItem | None = None  # EDIT: the question asked anew; the exchanges before it stay
+    removing: str | None = None  # REMOVE: the file, or an archive's prefix ("repo.zip/": document_choice.covers)
     created: float = field(default_factory=time.perf_counter)  # when the user acted: time to first token starts here
 
     @property
@@ -168,7 +169,7 @@ class Session:
     # -- work ----------------------------------------------------------------------------------
     def new_work(self, kind: str, question: str | None = None, sources: list[str] | None = None, *,
                  question_item: ChatItem | None = None, status_item: ChatItem | None = None,
-                 refused: list[DocumentRow] = (), edited: ChatItem | None = None) -> Work:
+                 refused: list[DocumentRow] = (), edited: ChatItem | None = None, removing: str | None = None) -> Work:
         """Queue an action; one without files to read is ready for the model at once.
 
         Its chat items (and the rows of files refused at the door) join the chat and the table under the same
@@ -176,7 +177,7 @@ class Session:
         rows an earlier action's Stop cancelled stay in the table until now, so the user saw them.
         """
         work = Work(next(self._ids), kind, question, list(sources or []), question_item=question_item,
-                    status_item=status_item, edited=edited)
+                    status_item=status_item, edited=edited, removing=removing)
         if not work.sources:
             work.stage = Stage.READ
         with self.lock:

@@ -336,7 +336,7 @@ class Handlers(WorkspaceEvents):
         if self._confirm_cost(session, ("remove", source), max(cost, 1),
                               f"Removing {removal_label(source, session.documents)} reads the rest of the context "
                               "again"):
-            session.new_work(WorkKind.REMOVE, source)
+            session.new_work(WorkKind.REMOVE, removing=source)
         return self.view(session)
 
     @staticmethod

@@ -15,7 +15,8 @@ from ingest.results import Provenance
 from ingest.units import human_bytes
 
 from ..engine.budget import Budget
-from ..engine.metrics import DeviceMemory, LiveStats, Sample, human_seconds
+from ..engine.generation import Finish
+from ..engine.metrics import DeviceMemory, LiveStats, Phase, Sample, human_seconds
 from ..session.documents import STATUS_LABELS, DocumentRow, plural
 from ..session.state import ChatItem, ItemKind, Session
 from .messages import markdown_text
@@ -24,12 +25,14 @@ DOCUMENT_HEADERS = ["File", "Status", "Pages", "Tokens", "Note"]
 # The Files table's column widths (of the table's width): the file and the note (a skipped file's reason) get
 # the room and wrap; status, pages and tokens stay narrow but never break their header.
 DOCUMENT_COLUMN_WIDTHS = ["29%", "19%", "12%", "13%", "27%"]
-PHASE_LABELS = {"idle": "Idle", "reading": "Reading documents", "prefill": "Feeding the model",
-                "decode": "Answering", "waiting": "Waiting for the model", "saving": "Saving the workspace"}
+PHASE_LABELS = {Phase.IDLE: "Idle", Phase.READING: "Reading documents", Phase.PREFILL: "Feeding the model",
+                Phase.DECODE: "Answering", Phase.WAITING: "Waiting for the model", Phase.SAVING: "Saving the workspace"}
 
 
 Opens = Callable[[Provenance], "str | None"]  # a citation's link, or None (source_files.SourceFiles.url)
-FINISH_NOTES = {"length": " · stopped at max tokens", "repetition": " · cut where the answer began to repeat itself"}
+# An answer's saved numbers hold the Finish's value (a saved workspace's too): a StrEnum key finds it.
+FINISH_NOTES = {Finish.LENGTH: " · stopped at max tokens",
+                Finish.REPETITION: " · cut where the answer began to repeat itself"}
 
 
 
@@ -171,14 +174,14 @@ def activity_html(stats: LiveStats, queued: int = 0) -> str:
             '<div class="activity busy"><div class="activity-label">Reading documents</div>'
             '<div class="bar"><div class="bar-fill striped" style="width:100%"></div></div>'
             f'<div class="activity-detail">{html.escape(reading)}</div></div>')
-    if phase != "idle":
+    if phase != Phase.IDLE:
         label = PHASE_LABELS.get(phase, phase)
-        if phase == "prefill":
+        if phase == Phase.PREFILL:
             fraction = min(1.0, done / total) if total else 0.0
             bits = [f"{done:,} / {total:,} tokens ({fraction:.0%})", _fmt_rate(stats.prefill_tps),
                     f"ETA {fmt_seconds(stats.eta_s)}"]
             striped = ""
-        elif phase == "waiting":  # behind another session: the detail says behind what, and for how long
+        elif phase == Phase.WAITING:  # behind another session: the detail says behind what, and for how long
             fraction, bits, striped = 1.0, [], " striped"
         else:
             fraction = 1.0
@@ -220,8 +223,8 @@ def panel_html(stats: LiveStats, memory: DeviceMemory, budget: int, vanilla_kv: 
     ctx = _card("Context", f"{stats.context_tokens:,} tokens", f"budget {budget:,}")
     prefill = _card("Prefill", _fmt_rate(stats.prefill_tps), "documents and questions")
     decode = _card("Decode", _fmt_rate(stats.decode_tps), f"time to first token {fmt_seconds(stats.ttft_s)}")
-    reading_only = stats.phase == "idle" and stats.reading
-    now = PHASE_LABELS["reading"] if reading_only else PHASE_LABELS.get(stats.phase, stats.phase)
+    reading_only = stats.phase == Phase.IDLE and stats.reading
+    now = PHASE_LABELS[Phase.READING] if reading_only else PHASE_LABELS.get(stats.phase, stats.phase)
     phase = _card("Now", now, html.escape(stats.reading if reading_only else stats.detail))
     return f'<div class="stat-grid">{mem}{kv}{ctx}{prefill}{decode}{phase}</div>'
 
