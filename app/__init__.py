@@ -9,7 +9,7 @@ Three layers, from the model outwards; each imports only the ones before it:
   ``generation`` (sampling), ``citations`` and ``spans`` (where recalled tokens came from), ``metrics`` and
   ``budget``. Knows nothing of sessions or the UI.
 - ``session/``: one browser session's state and its work. ``state`` holds the chat, the documents table and
-  the queued actions (``SessionRegistry`` holds them all); ``documents`` reads uploads through ``ingest``;
+  the queued actions (``SessionRegistry`` holds them all); ``uploads`` reads uploads through ``ingest``;
   ``reading`` and ``model_work`` carry out an action's reading and model steps, turning engine events and errors
   into chat items; ``exporting`` writes Markdown and JSON. Never touches Gradio components.
 - ``web/``: Gradio. ``handlers`` are the event functions, ``views`` turn session state into component values,

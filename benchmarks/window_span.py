@@ -21,7 +21,7 @@ import torch
 from benchmarks.report import RESULTS, publish
 from ingest.tables import markdown_table
 from ingest.units import mib
-from lminfinite.context import KeyContext
+from lminfinite.key_context import KeyContext
 from lminfinite.fused import supports
 from lminfinite.window import WHOLE_SPAN_KERNELS, band_size, window_attention
 

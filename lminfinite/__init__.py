@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .observe import TopKObserver, TopKSelection, observe_topk
     from .patch import disable, enable
     from .persist import CacheFileError, CacheMismatch, cache_state, load_cache, restore_cache, save_cache
-    from .state import get_state
+    from .model_state import get_state
 
 _LAZY = {
     "CacheSnapshot": "cache",
@@ -44,7 +44,7 @@ _LAZY = {
     "load_cache": "persist",
     "restore_cache": "persist",
     "save_cache": "persist",
-    "get_state": "state",
+    "get_state": "model_state",
 }
 
 __all__ = sorted(["KVShape", "LMInfiniteConfig", "SpanBytes", "span_bytes", "suggested_topk_from_layer", *_LAZY])

@@ -14,9 +14,9 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .config import LMInfiniteConfig
-from .context import KeyContext
+from .key_context import KeyContext
 from .kernel import lm_infinite_attention
-from .state import InfiniteState
+from .model_state import InfiniteState
 
 ATTENTION_NAME = "lminfinite"
 

@@ -18,7 +18,7 @@ from .config import LMInfiniteConfig, require_int
 from .decode_step import DecodeStep
 from .layer import InfiniteLayer
 from .layer_state import LayerState
-from .state import get_state
+from .model_state import get_state
 
 
 def _free_share(model, config: LMInfiniteConfig) -> int | None:

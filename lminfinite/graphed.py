@@ -24,7 +24,7 @@ import torch
 
 from .cache import InfiniteCache
 from .modes import outside_inference_mode
-from .state import get_state
+from .model_state import get_state
 
 
 class CudaGraph:

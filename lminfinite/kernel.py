@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import LMInfiniteConfig
-from .context import KeyContext
+from .key_context import KeyContext
 from .fused import attend_with_lse
 from .kernel_choice import kernels_for
 from .recall import Recalled, recall_topk

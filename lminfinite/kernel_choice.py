@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from .context import KeyContext
+from .key_context import KeyContext
 from .fused import SPAN_KERNELS, float32_span, supports
 from .window import window_attention
 

@@ -27,7 +27,7 @@ import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from .config import LMInfiniteConfig
-from .context import KeyContext
+from .key_context import KeyContext
 from .decode_step import DecodeStep
 from .kv_bytes import row_bytes
 from .layer_state import MIDDLE_TENSORS, POSITIONS, TENSORS, LayerCounters, LayerState

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .state import get_state
+from .model_state import get_state
 
 
 @dataclass

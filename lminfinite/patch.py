@@ -27,7 +27,7 @@ from .attention import ATTENTION_NAME
 from .cache import InfiniteCache
 from .config import LMInfiniteConfig
 from .rotary import Rope, find_rotary_embedding, lookup_rows, rope_from_model
-from .state import InfiniteState, get_state, set_state
+from .model_state import InfiniteState, get_state, set_state
 
 
 def enable(model: nn.Module, config: LMInfiniteConfig | None = None, *, attention: str = ATTENTION_NAME) -> nn.Module:

@@ -27,7 +27,7 @@ from .layer_state import MIDDLE_TENSORS, TENSORS, LayerCounters
 from .tensor_file import TensorFile, write_tensors
 from .kv_bytes import KVShape
 from .modes import outside_inference_mode
-from .state import get_state
+from .model_state import get_state
 
 INFO_KEY = "lminfinite.cache"  # the metadata key holding the cache's info JSON; the caller's keys go beside it
 

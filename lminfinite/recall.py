@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .bounded_scan import copy_pays, scan_topk
-from .context import KeyContext
+from .key_context import KeyContext
 from .head_products import head_products
 from .rotary import Rope
 

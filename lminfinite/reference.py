@@ -17,7 +17,7 @@ import torch
 from transformers import AttentionInterface
 
 from .config import LMInfiniteConfig
-from .context import KeyContext
+from .key_context import KeyContext
 from .patch import enable
 
 REFERENCE_NAME = "lminfinite_reference"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .context import KeyContext
+from .key_context import KeyContext
 from .flash_window import flash_window_span
 from .flex_window import flex_window_span
 from .fused import BIAS_ALIGNMENT, attend_with_lse

@@ -15,7 +15,7 @@ import torch
 from app.engine import context as context_module, native_memory
 from app.engine.budget import Budget
 from app.engine.chat_format import TurnState
-from app.session.documents import DocumentRow, RowStatus
+from app.session.uploads import DocumentRow, RowStatus
 from app.session.source_files import SourceFiles
 from app.web import views
 from app.cli import AppConfig

@@ -143,7 +143,7 @@ def test_server_paths_stay_inside_the_allowed_roots(runtime, tmp_path):
 
 
 def test_git_clone_failures_say_nothing_about_the_network(runtime):
-    from app.session.documents import CLONE_FAILED, hide_network_details
+    from app.session.uploads import CLONE_FAILED, hide_network_details
     from ingest import FileReport
 
     reports = [FileReport("https://10.0.0.1/x.git", "error", reason="git clone failed: Failed to connect: "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from app import cli
 from app.engine.citations import Citation
-from app.session.documents import DocumentRow, fit_budget, screen_uploads
+from app.session.uploads import DocumentRow, fit_budget, screen_uploads
 from app.session.exporting import export_data, to_markdown, write_exports
 from app.session.registry import SessionRegistry
 from app.session.state import ChatItem

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from app.cli import AppConfig
 from app.engine.budget import Budget
 from app.engine.citations import Citation
-from app.session.documents import DocumentRow, RowStatus
+from app.session.uploads import DocumentRow, RowStatus
 from app.session.state import ChatItem, ItemKind, Session
 from app.session.workspace_file import (RECORD_KEY, Summary, WorkspaceFileError, check_compatible, read_summary,
                                         read_workspace, write_workspace)

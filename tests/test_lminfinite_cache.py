@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import lminfinite
-from lminfinite.context import KeyContext
+from lminfinite.key_context import KeyContext
 from lminfinite.layer_state import POSITIONS
 from lminfinite_models import FAMILIES, WINDOW, feed_in_chunks, held_bytes, random_ids, tiny_model
 

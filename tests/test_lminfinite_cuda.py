@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import lminfinite
-from lminfinite.context import KeyContext
+from lminfinite.key_context import KeyContext
 from lminfinite.kernel_choice import kernels_for
 from lminfinite.reference import ReferenceModel
 from lminfinite.window import window_attention

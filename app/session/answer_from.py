@@ -8,7 +8,7 @@ of the documents switched on (quoting.py), so it answers from those alone.
 
 from __future__ import annotations
 
-from .documents import DocumentRow
+from .uploads import DocumentRow
 from .removal import archive_counts, archive_prefix, in_context
 
 

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from ingest.tables import markdown_table
 
-from .documents import DocumentRow
+from .uploads import DocumentRow
 from .state import ChatItem
 
 

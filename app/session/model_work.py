@@ -21,7 +21,7 @@ from ..engine.replay import DOCUMENTS_ONLY, before_exchange, replay, replay_cost
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import LiveStats, Phase, human_seconds
 from ..engine.runtime import ModelRuntime, is_out_of_memory
-from .documents import RowStatus, fit_budget, plural, replace_rows, rows_summary, set_rows
+from .uploads import RowStatus, fit_budget, plural, replace_rows, rows_summary, set_rows
 from .removal import removal_label
 from .state import ChatItem, ItemKind, Session, Work, WorkKind
 from .workspace_quota import QuotaExceeded

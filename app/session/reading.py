@@ -18,7 +18,7 @@ from ingest.git_url import looks_like_url
 
 from ..cli import AppConfig
 from ..engine.runtime import ModelRuntime
-from .documents import (DocumentRow, RowStatus, limits_for, plural, progress_line, read_sources,
+from .uploads import (DocumentRow, RowStatus, limits_for, plural, progress_line, read_sources,
                         replace_rows, row_from_report, rows_summary)
 from .source_files import keep_uploads
 from .state import Session, Stage, Work

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ingest.archive import archive_type
 
 from ..engine.document_choice import covers
-from .documents import DocumentRow
+from .uploads import DocumentRow
 
 
 def archive_prefix(path: str) -> str | None:

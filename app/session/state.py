@@ -23,7 +23,7 @@ from ..engine.context import ContextEngine
 from ..engine.metrics import LiveStats, SessionSeries
 from ..engine.runtime import ModelRuntime, release_memory
 from .answer_from import answer_choices, still_off
-from .documents import DocumentRow, RowStatus, plural
+from .uploads import DocumentRow, RowStatus, plural
 from .source_files import SourceFiles
 from .temp_folders import session_temp_folder
 

@@ -29,7 +29,7 @@ from lminfinite.tensor_file import TensorFile, write_tensors
 
 from ..engine.citations import Citation
 from ..engine.context_file import ContextDamaged, ContextMismatch, check_identity, context_record, reopen_context
-from .documents import DocumentRow, RowStatus
+from .uploads import DocumentRow, RowStatus
 from .state import ChatItem, ItemKind, Session
 from .text import clean_strings
 from .workspace_record import MAX_HEADER_BYTES, RECORD, SUMMARY, Malformed, check_shape

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..engine.chat_format import TurnState
 from ..engine.spans import SpanKind
-from .documents import RowStatus
+from .uploads import RowStatus
 from .state import ItemKind
 
 

@@ -7,7 +7,7 @@ questions of it; the answer's sources are the passages top-k recall attended to 
 from __future__ import annotations
 
 from ..engine.citations import Citation
-from ..session.documents import DocumentRow
+from ..session.uploads import DocumentRow
 from ..session.state import ChatItem
 
 

@@ -26,7 +26,7 @@ from ..engine.generation import GenerationSettings
 from ..engine.metrics import device_memory, stats_dict
 from ..engine.replay import DOCUMENTS_ONLY, before_exchange, replay_cost, without_source
 from ..engine.runtime import ModelRuntime
-from ..session.documents import plural, screen_uploads, upload_paths
+from ..session.uploads import plural, screen_uploads, upload_paths
 from ..session.exporting import export_data, write_exports
 from ..session.model_work import ModelWork
 from ..session.question_limit import QuestionLimit

@@ -17,7 +17,7 @@ from ingest.units import human_bytes
 from ..engine.budget import Budget
 from ..engine.generation import Finish
 from ..engine.metrics import DeviceMemory, LiveStats, Phase, Sample, human_seconds
-from ..session.documents import STATUS_LABELS, DocumentRow, plural
+from ..session.uploads import STATUS_LABELS, DocumentRow, plural
 from ..session.state import ChatItem, ItemKind, Session
 from .messages import markdown_text
 

@@ -9,7 +9,7 @@ import gradio as gr
 
 from ingest.units import human_bytes
 
-from ..session.documents import upload_paths
+from ..session.uploads import upload_paths
 from ..session.registry import SessionDenied
 from ..session.state import Session, WorkKind
 from ..session.workspace_file import WorkspaceFileError, check_compatible
