@@ -129,14 +129,19 @@ def _fed_page(browser, url: str, notes: Path):
     return page, _messages(page)[-1]
 
 
+def _notes(tmp_path: Path) -> Path:
+    notes = tmp_path / "keys.txt"
+    notes.write_text(NOTES, encoding="utf-8")
+    return notes
+
+
 def _reload(page) -> None:
     page.goto(page.url)
     _wait_for_page_load(page)
 
 
 def test_a_stopped_replicas_user_goes_on_on_the_other_one_as_if_nothing_moved(cluster, tmp_path):
-    notes = tmp_path / "keys.txt"
-    notes.write_text(NOTES, encoding="utf-8")
+    notes = _notes(tmp_path)
     with chromium() as browser:
         page, first = _fed_page(browser, cluster.url, notes)
         served, other = _replica_of(page), {"a": "b", "b": "a"}[_replica_of(page)]
@@ -157,10 +162,8 @@ def test_a_stopped_replicas_user_goes_on_on_the_other_one_as_if_nothing_moved(cl
 
 
 def test_a_killed_replicas_workspace_opens_elsewhere_from_its_last_save_once_its_lease_ends(cluster, tmp_path):
-    notes = tmp_path / "keys.txt"
-    notes.write_text(NOTES, encoding="utf-8")
     with chromium() as browser:
-        page, first = _fed_page(browser, cluster.url, notes)
+        page, first = _fed_page(browser, cluster.url, _notes(tmp_path))
         served, other = _replica_of(page), {"a": "b", "b": "a"}[_replica_of(page)]
         page.get_by_role("tab", name="Workspaces").click()
         page.click("#save-button")
