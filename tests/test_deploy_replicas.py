@@ -2,7 +2,8 @@
 headless Chromium (docs/deploy.md). A replica stopped as a service manager stops it (SIGTERM) saves, and its user's
 next page load reopens the workspace on the other, answering the next question token for token as the context never
 moved would; a replica killed outright (SIGKILL) lets its workspaces go when their leases end, and they reopen
-elsewhere from their last save. Two replicas asked for one workspace at once: tests/test_app_workspace_leases.py."""
+elsewhere from their last save; two replicas asked to open one saved workspace at the same moment: one holds it, the
+other says which replica has it. The lease rules themselves: tests/test_app_workspace_leases.py."""
 
 from __future__ import annotations
 
@@ -182,3 +183,36 @@ def test_a_killed_replicas_workspace_opens_elsewhere_from_its_last_save_once_its
         texts = _messages(page)
         assert texts[-1] == first and not any("anything else in the drawer" in t for t in texts)
         assert f'"replica": "{other}"' in lease.read_text()
+
+
+def _open_listed(page, listed: str) -> None:
+    """Choose the saved workspace whose list line shows ``listed`` (Workspaces tab), ready for Open."""
+    page.get_by_role("tab", name="Workspaces").click()
+    page.locator("#workspaces-table .cell-wrap >> visible=true").filter(has_text=listed).first.click()
+    page.wait_for_function("() => document.querySelector('#workspace-choice input').value.length > 0",
+                           timeout=30_000)
+
+
+def test_two_replicas_asked_to_open_one_workspace_at_once_one_holds_it_the_other_says_which(cluster, tmp_path):
+    with chromium() as browser:
+        page, _ = _fed_page(browser, cluster.url, _notes(tmp_path))
+        served = _replica_of(page)
+        cluster.replicas[served].stop()  # saved, and its lease given back
+        cluster.start(served)  # back, on the same folder: both replicas can open it now
+        pages = {}
+        for name in ("a", "b"):  # each straight at its replica, past the proxy
+            pages[name] = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
+            pages[name].goto(cluster.replicas[name].url)
+            _wait_for_page_load(pages[name])
+            _open_listed(pages[name], "Where are the spare keys?")
+        for name in ("a", "b"):
+            pages[name].click("#open-workspace")
+        for name in ("a", "b"):
+            pages[name].wait_for_function(
+                "() => document.querySelector('#chat').innerText.includes('spare keys') || "
+                "document.body.innerText.includes('is open on replica')", timeout=60_000)
+        holders = [n for n in ("a", "b") if "spare keys" in pages[n].inner_text("#chat")]
+        assert len(holders) == 1, holders
+        other = {"a": "b", "b": "a"}[holders[0]]
+        assert f"is open on replica “{holders[0]}”" in pages[other].inner_text("body")
+        assert "spare keys" not in pages[other].inner_text("#chat")
