@@ -81,15 +81,15 @@ def feeding_line(stats: LiveStats) -> str:
 
 
 class ModelWork:
-    def __init__(self, runtime: ModelRuntime, budget: Budget, view, cache_bytes, save):
+    def __init__(self, runtime: ModelRuntime, budget: Budget, cache_bytes, save):
         self.runtime = runtime
         self.budget = budget
-        self.view = view  # session -> component values
         self.cache_bytes = cache_bytes  # () -> bytes all sessions' caches hold (the memory budget's measure)
         self.save = save  # session -> bytes written (SessionRegistry.save_now)
 
     def run(self, session: Session, work: Work, settings: GenerationSettings, system_prompt: str):
-        """Generator: carry out one ready action, yielding the session's view as it streams."""
+        """Generator: carry out one ready action, yielding whenever what its user sees changed (the web layer
+        sends each tab its own view)."""
         if work.cancel.is_set():  # Stop reached it while it waited: whatever it is, it does nothing
             self._mark_not_done(session, work)
             return
@@ -127,7 +127,7 @@ class ModelWork:
         """Write the workspace (no model step of it runs meanwhile: this is one); say how big and how long."""
         session.stats.phase, session.stats.detail = Phase.SAVING, session.name
         try:
-            yield self.view(session)  # a request that ends here saves nothing (a closed tab saves on release)
+            yield  # a request that ends here saves nothing (a closed tab saves on release)
             started = time.perf_counter()
             size = self.save(session)
         except QuotaExceeded as exc:  # checked before writing: nothing was written
@@ -207,7 +207,7 @@ class ModelWork:
         for stats in feeding:
             item.text = "Feeding " + feeding_line(stats)
             if throttle():
-                yield self.view(session)
+                yield
 
     @staticmethod
     def _feed_stopped(queued: list, item: ChatItem) -> None:
@@ -224,7 +224,7 @@ class ModelWork:
                 if isinstance(event, AnswerDelta):
                     item.text = event.text
                     if throttle():
-                        yield self.view(session)
+                        yield
                 elif isinstance(event, AnswerResult):
                     self._finish_answer(item, event)
                     finished = True
@@ -266,7 +266,7 @@ class ModelWork:
         item = ChatItem("assistant", ItemKind.ANSWER, pending=True)
         session.show(item, work)
         try:
-            yield self.view(session)
+            yield
         except GeneratorExit:  # ended before the question reached the model
             self._mark_stopped(item, work.question_item)
             raise
@@ -289,7 +289,7 @@ class ModelWork:
             settings = dataclasses.replace(settings, temperature=REGENERATE_TEMPERATURE, top_p=REGENERATE_TOP_P)
             sampling = f"regenerated with sampling, temperature {REGENERATE_TEMPERATURE}"
         try:
-            yield self.view(session)
+            yield
         except GeneratorExit:  # ended before the engine started: the old answer is still in the context
             item.text, item.citations, item.stats, item.recall_note, item.pending = old
             raise
@@ -378,7 +378,7 @@ class ModelWork:
                 if isinstance(item, LiveStats):
                     note.text = feeding_line(item)
                     if throttle():
-                        yield self.view(session)
+                        yield
                 else:
                     rebuilt = item
         except GeneratorExit:  # the request ended (API cancel, closed tab): exactly what Stop leaves

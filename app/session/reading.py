@@ -78,10 +78,9 @@ class ReadOutcome:
 
 
 class Reader:
-    def __init__(self, runtime: ModelRuntime, config: AppConfig, view):
+    def __init__(self, runtime: ModelRuntime, config: AppConfig):
         self.runtime = runtime
         self.config = config
-        self.view = view  # session -> component values
         self._orphan: threading.Thread | None = None  # a stopped reading thread that has not ended yet
 
     def _screen(self, session: Session, work: Work) -> dict[str, DocumentRow]:
@@ -106,7 +105,8 @@ class Reader:
         return refused
 
     def read(self, session: Session, work: Work):
-        """Generator: ingest the action's files in a thread, yielding the session's view while it reads."""
+        """Generator: ingest the action's files in a thread, yielding while it reads (the web layer sends each
+        tab its own view)."""
         work.reading = True
         names = [os.path.basename(p.rstrip("/")) or p for p in work.sources]
         placeholders = [DocumentRow(name, RowStatus.READING) for name in names]
@@ -151,7 +151,7 @@ class Reader:
                     stopped_at = stopped_at or time.monotonic()
                     if thread.is_alive() and time.monotonic() - stopped_at > CANCEL_GRACE_S:
                         break  # Stop answers now; the thread ends at its next check, its result unused
-                yield self.view(session)
+                yield
         finally:
             if thread.is_alive():  # the client went away mid-read, or Stop: stop reading, do not block the queue
                 work.cancel.set()

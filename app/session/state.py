@@ -131,8 +131,6 @@ class Session:
         self.system_prompt: str | None = None
         self.last_active = time.monotonic()
         self.stop_note = ""  # what Stop or a save said, until that work is over (Stop) or new work starts
-        self.exported: list | None = None  # the chat messages the shown export was made of
-        self.shown_rows: list | None = None  # the documents table this session's tab was last sent
         self.busy = 0
         self.model_step = False  # a request of this session is running its actions on the model
         self.closed = False
