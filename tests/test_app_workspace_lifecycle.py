@@ -50,7 +50,7 @@ def leave_and_start_the_sweeps_save(handlers, req, session, held_save):
     armed.set()
     handlers.registry.grace_s = 0.01
     handlers.unload(req)
-    session.detached_at -= 1  # past the grace period
+    session.lifecycle.detached_at -= 1  # past the grace period
     handlers.registry.sweep()  # saves in a thread of its own
     assert writing.wait(30)
 
@@ -101,7 +101,7 @@ def test_an_open_that_fails_leaves_the_tab_on_its_workspace_with_its_queued_work
     queued = session.pending[-1]
     with pytest.warns(UserWarning, match="could not be opened"):
         drain(handlers.open_workspace(damaged_id, req))
-    assert handlers.registry.peek("tab") is session and session.tabs == {"tab"} and not queued.cancel.is_set()
+    assert handlers.registry.peek("tab") is session and session.lifecycle.tabs == {"tab"} and not queued.cancel.is_set()
     with pytest.warns(UserWarning, match="no longer exists"):
         drain(handlers.open_workspace("0" * 32, req))
     assert handlers.registry.peek("tab") is session

@@ -23,6 +23,7 @@ from ..engine.context import ContextEngine
 from ..engine.metrics import LiveStats, SessionSeries
 from ..engine.runtime import ModelRuntime, release_memory
 from .answer_from import answer_choices, still_off
+from .lifecycle import Lifecycle
 from .uploads import DocumentRow, RowStatus, plural
 from .source_files import SourceFiles
 from .temp_folders import session_temp_folder
@@ -108,11 +109,8 @@ class Session:
         self.workspace_id = workspace_id
         self.name = name or "Workspace of " + time.strftime("%Y-%m-%d %H:%M")
         self.owner = owner  # the logged-in user who created it (with --auth); None without a login
-        self.tabs: set[str] = set()  # the browser tabs (Gradio session hashes) showing it now
-        self.in_browser = False  # a page load attached it: it is saved when left, and reopened on reload
-        self.changes = 0  # actions finished; compared with saved_changes to know whether a save is due
-        self.saved_changes = 0
-        self.detached_at: float | None = None  # when its last tab left (monotonic)
+        self.lifecycle = Lifecycle()  # tabs, leaving and saves: the registry's record, written by it only
+        self.changes = 0  # actions finished; compared with lifecycle.saved_changes to know whether a save is due
         self.released = threading.Event()  # set once its memory is freed (a reopen waits for a last save)
         self._before_release = None
         self._armed: tuple[tuple, float] | None = None  # a costly action asked for once, awaiting its confirmation
@@ -134,7 +132,6 @@ class Session:
         self.busy = 0
         self.model_step = False  # a request of this session is running its actions on the model
         self.closed = False
-        self.retiring = False  # the registry is saving and freeing it (registry._retire); set by the registry only
         self.lock = threading.RLock()
         self.tmpdir = session_temp_folder()  # under this server's own folder (temp_folders.py)
         self._ids = itertools.count(1)
@@ -286,7 +283,7 @@ class Session:
     @property
     def unsaved(self) -> bool:
         """Work finished since the last save (or never saved), and something to keep."""
-        return self.changes != self.saved_changes and bool(self.engine or self.chat or self.documents)
+        return self.changes != self.lifecycle.saved_changes and bool(self.engine or self.chat or self.documents)
 
     def finish_work(self, work: Work) -> None:
         with self.lock:
