@@ -18,8 +18,8 @@ from ingest.git_url import looks_like_url
 
 from ..cli import AppConfig
 from ..engine.runtime import ModelRuntime
-from .uploads import (DocumentRow, RowStatus, limits_for, plural, progress_line, read_sources,
-                        replace_rows, row_from_report, rows_summary)
+from .uploads import (DocumentRow, RowStatus, limits_for, plural, progress_line, read_sources, row_from_report,
+                        rows_summary)
 from .source_files import keep_uploads
 from .state import Session, Stage, Work
 
@@ -110,7 +110,7 @@ class Reader:
         work.reading = True
         names = [os.path.basename(p.rstrip("/")) or p for p in work.sources]
         placeholders = [DocumentRow(name, RowStatus.READING) for name in names]
-        session.documents.extend(placeholders)
+        session.add_rows(placeholders)
         stats = session.stats
         stats.reading = "starting"
         started = time.monotonic()
@@ -171,7 +171,7 @@ class Reader:
             work.corpus = outcome.corpus
             keep_uploads(session.sources, work.sources, work.corpus.reports)
         rows = refused + rows_after_reading(outcome, read_names)
-        replace_rows(session.documents, placeholders, rows)
+        session.replace_rows(placeholders, rows)
         work.rows = rows
         if work.status_item is not None:
             ready = sum(1 for r in rows if r.status == RowStatus.QUEUED)

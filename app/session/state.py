@@ -20,11 +20,12 @@ from ..cli import AppConfig
 from ..engine.budget import Budget
 from ..engine.citations import Citation
 from ..engine.context import ContextEngine
+from ..engine.document_choice import covers
 from ..engine.metrics import LiveStats, SessionSeries
 from ..engine.runtime import ModelRuntime, release_memory
 from .answer_from import answer_choices, still_off
 from .lifecycle import Lifecycle
-from .uploads import DocumentRow, RowStatus, plural
+from .uploads import DocumentRow, RowStatus, plural, replace_rows
 from .source_files import SourceFiles
 from .temp_folders import session_temp_folder
 
@@ -182,6 +183,35 @@ class Session:
             self.pending.append(work)
             self.chat.extend(work.items)
         return work
+
+    # -- chat and documents: changed here only, under the lock ----------------------------------
+    def drop_items(self, items) -> None:
+        """Take ``items`` (matched by identity) out of the chat."""
+        with self.lock:
+            gone = {id(i) for i in items}
+            self.chat[:] = [c for c in self.chat if id(c) not in gone]
+
+    def add_rows(self, rows: list[DocumentRow]) -> None:
+        """Rows join the documents table (files about to be read)."""
+        with self.lock:
+            self.documents.extend(rows)
+
+    def replace_rows(self, old: list[DocumentRow], new: list[DocumentRow]) -> None:
+        """``new`` rows take the place of ``old`` ones in the table (uploads.replace_rows)."""
+        with self.lock:
+            replace_rows(self.documents, old, new)
+
+    def drop_document(self, source: str) -> None:
+        """A Remove rebuilt the context without ``source`` (a file, or an archive's prefix): its rows in the context
+        leave the table, and its digests no longer skip the same text."""
+        with self.lock:
+            self.documents[:] = [r for r in self.documents if not (covers(source, r.path) and r.status.in_context)]
+            self.fed_digests = {d: path for d, path in self.fed_digests.items() if not covers(source, path)}
+
+    def restore(self, chat: list[ChatItem], rows: list[DocumentRow]) -> None:
+        """The chat and the documents table of a workspace read back from its file."""
+        with self.lock:
+            self.chat[:], self.documents[:] = chat, rows
 
     def switch_documents(self, on: list[str]) -> None:
         """The user's "Answer from" list: the documents in the context not in ``on`` are switched off. Nothing is

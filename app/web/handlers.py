@@ -227,7 +227,7 @@ class Handlers(WorkspaceEvents):
         elif question is not None and not question.in_context:
             with session.lock:
                 stopped = session.answer_to(question)
-                session.chat[:] = [c for c in session.chat if c is not question and c is not stopped]
+                session.drop_items([question, stopped])
                 session.new_work(WorkKind.TURN, question.text,
                                  question_item=ChatItem("user", ItemKind.QUESTION, question.text))
         else:
