@@ -28,6 +28,7 @@ from .lifecycle import Lifecycle
 from .uploads import DocumentRow, RowStatus, plural, replace_rows
 from .source_files import SourceFiles
 from .temp_folders import session_temp_folder
+from .work_queue import Stage, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +53,6 @@ class WorkKind(StrEnum):
     SAVE = "save"  # write the workspace to disk, after the actions before it
     REMOVE = "remove"  # take one document out of the context (the Work's ``removing``)
     EDIT = "edit"  # ask an earlier question in new words (the Work's question); what followed it goes
-
-
-class Stage(StrEnum):
-    """An action's way through the queues: queued -> (reading) -> read -> done."""
-
-    QUEUED = "queued"
-    READ = "read"
-    DONE = "done"
 
 
 @dataclass
@@ -125,15 +118,12 @@ class Session:
         self.fed_digests: dict[str, str] = {}  # content digest -> the file that brought it (duplicates are skipped)
         self.switched_off: set[str] = set()  # documents not cited nor quoted (answer_from.py); switch_documents
         self.sources = SourceFiles()  # the uploads its citations open (source_files.py)
-        self.pending: deque[Work] = deque()
         self.engine: ContextEngine | None = None
         self.system_prompt: str | None = None
         self.last_active = time.monotonic()
         self.stop_note = ""  # what Stop or a save said, until that work is over (Stop) or new work starts
-        self.busy = 0
-        self.model_step = False  # a request of this session is running its actions on the model
-        self.closed = False
         self.lock = threading.RLock()
+        self.queue = WorkQueue(self.lock)  # its actions, their model step, the operations in progress
         self.tmpdir = session_temp_folder()  # under this server's own folder (temp_folders.py)
         self._ids = itertools.count(1)
 
@@ -279,29 +269,19 @@ class Session:
         with self.lock:
             return next((w for w in self.pending if w.stage == stage), None)
 
+    @property
+    def pending(self) -> deque[Work]:
+        """Its actions waiting or running, oldest first (the queue's)."""
+        return self.queue.pending
+
     def claim_model_step(self) -> bool:
-        """Become the session's one model step; False when another request of this session is it already
-        (model steps of different sessions run side by side, one session's actions run in order)."""
-        with self.lock:
-            if self.model_step:
-                return False
-            self.model_step = True
-            return True
+        return self.queue.claim_model_step()
 
     def next_model_work(self) -> Work | None:
-        """The oldest action for the model step, or None, releasing the step, when there is none yet (or it is
-        still being read: that action's own model step comes after its reading step). One lock for both, so
-        an action queued meanwhile is never left without a step."""
-        with self.lock:
-            work = self.pending[0] if self.pending and not self.closed else None
-            if work is None or (work.stage == Stage.QUEUED and work.reading):
-                self.model_step = False
-                return None
-            return work
+        return self.queue.next_model_work()
 
     def release_model_step(self) -> None:
-        with self.lock:
-            self.model_step = False
+        self.queue.release_model_step()
 
     def last_prefill_rate(self) -> float:
         """The prefill rate the newest answer measured (0 when none did): what a cost estimate uses after a reopen,
@@ -356,27 +336,29 @@ class Session:
     @contextmanager
     def working(self):
         """Mark an operation in progress: idle sweeps skip the session, and a close waits for the end."""
-        with self.lock:
-            self.busy += 1
-        try:
+        with self.queue.working(self._release):
             yield self
-        finally:
-            with self.lock:
-                self.busy -= 1
-                release = self.closed and not self.busy
-            if release:
-                self._release()
+
+    @property
+    def busy(self) -> int:
+        """Operations in progress: a close waits for them, the idle sweep skips the session meanwhile."""
+        return self.queue.busy
 
     @property
     def pristine(self) -> bool:
         """Nothing was done in it yet."""
         return not (self.engine or self.chat or self.documents or self.pending)
 
+    @property
+    def closed(self) -> bool:
+        """Closed (freed, or to be freed when its last operation ends): its queue gives no more work."""
+        return self.queue.closed
+
     def close(self, before_release=None) -> None:
         """Free everything now, or, while an operation runs, stop it and free when it ends. ``before_release``
         (a save) runs first, once the session is idle, whichever thread that is."""
         with self.lock:
-            self.closed = True
+            self.queue.closed = True
             self._before_release = before_release or self._before_release
             self.stop()
             if self.busy:
@@ -386,7 +368,7 @@ class Session:
     def keep_open(self, note: str) -> None:
         """Undo a close whose last save failed: the session stays live with its work, and ``note`` tells its user."""
         with self.lock:
-            self.closed = False
+            self.queue.closed = False
             self._before_release = None
             self.stop_note = note
 
