@@ -37,7 +37,7 @@ def test_another_user_cannot_take_over_a_tab_by_its_session_hash_and_its_feed_ru
                      lambda: handlers.new_workspace(intruder)):
         with pytest.raises(gr.Error, match="belongs to another user"):
             takeover()
-    assert handlers.registry.peek("alice-tab") is session and "alice-tab" in session.tabs
+    assert handlers.registry.peek("alice-tab") is session and "alice-tab" in session.lifecycle.tabs
     assert not any(work.cancel.is_set() for work in session.pending), "bob's request stopped alice's feed"
 
     drain(step)

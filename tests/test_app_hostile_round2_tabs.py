@@ -50,7 +50,7 @@ def test_two_tabs_on_one_workspace_each_get_the_panel_change_and_the_plots_sampl
 
     handlers.tick(left)
     handlers.unload(right)  # the tab that left no longer has a record; the other's is as it was
-    assert handlers.panel_sent.get(session, "right") == {}
+    assert handlers.tab_sent.get(session, "right") == {}
     assert all(_is_skip(v) for v in handlers.tick(left))
 
 

@@ -69,7 +69,7 @@ def test_a_question_asked_after_clear_chat_stays_in_the_chat_and_the_context(run
     handlers.submit({"text": "Second question?", "files": []}, req)
     drain(step)
     session = handlers.registry.peek(req.session_hash)
-    assert clears()[0] == handlers.view(session)[0]  # it ended with the work, showing where it ended
+    assert clears()[0] == handlers.view(session, req.session_hash)[0]  # it ended with the work, showing where it ended
     assert [kind for kind, _ in chat_of(session)] == [ItemKind.QUESTION, ItemKind.ANSWER]
     assert chat_of(session)[0][1] == "Second question?" and session.chat[-1].in_context
     cached = questions_in_cache(session)

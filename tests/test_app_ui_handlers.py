@@ -129,7 +129,7 @@ def test_the_stop_note_and_the_buttons_are_read_together(handlers):
                 ended.wait(0.5)  # it ends now, unless the reader holds the lock that ends work
             return had_work
 
-    session.pending = EndsWhileRead(session.pending)
+    session.queue.pending = EndsWhileRead(session.queue.pending)
     note, stop, cancel = handlers.controls(req)
     assert (note, stop["interactive"]) in (before, after) and cancel["interactive"] == stop["interactive"]
     assert ended.wait(10)

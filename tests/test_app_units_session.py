@@ -101,7 +101,7 @@ def test_a_page_load_keeps_what_the_tab_did_before_it_landed(tmp_path):
     early = registry.get("tab")  # the drop's request came before the page load
     early.name = "dropped at once"
     shown, note = registry.attach("tab", None, None, page_load=True)  # a browser that remembers no workspace
-    assert shown is early and note == "" and shown.in_browser and not shown.closed and shown.name == "dropped at once"
+    assert shown is early and note == "" and shown.lifecycle.in_browser and not shown.closed and shown.name == "dropped at once"
 
     stray = registry.get("tab-2")  # a reload whose browser remembers a live workspace shows that one
     reloaded, _ = registry.attach("tab-2", early.workspace_id, None, page_load=True)
@@ -120,7 +120,7 @@ def test_a_page_load_never_shows_a_workspace_the_sweep_just_freed(tmp_path, monk
     finds = iter([(freed, ""), (registry._new(None), "")])  # the sweep frees the first find before it is bound
     monkeypatch.setattr(registry, "_find", lambda workspace_id, owner: next(finds))
     shown, _ = registry.attach("tab", None, None)
-    assert shown is not freed and not shown.closed and registry.peek("tab") is shown and shown.in_browser
+    assert shown is not freed and not shown.closed and registry.peek("tab") is shown and shown.lifecycle.in_browser
     assert early.closed and early.workspace_id not in {w for w in registry._live}  # the tab's stray session went
     monkeypatch.undo()
     registry.attach("tab", shown.workspace_id, None)  # a reload in the same tab: the same workspace, kept

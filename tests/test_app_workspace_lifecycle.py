@@ -50,7 +50,7 @@ def leave_and_start_the_sweeps_save(handlers, req, session, held_save):
     armed.set()
     handlers.registry.grace_s = 0.01
     handlers.unload(req)
-    session.detached_at -= 1  # past the grace period
+    session.lifecycle.detached_at -= 1  # past the grace period
     handlers.registry.sweep()  # saves in a thread of its own
     assert writing.wait(30)
 
@@ -101,7 +101,7 @@ def test_an_open_that_fails_leaves_the_tab_on_its_workspace_with_its_queued_work
     queued = session.pending[-1]
     with pytest.warns(UserWarning, match="could not be opened"):
         drain(handlers.open_workspace(damaged_id, req))
-    assert handlers.registry.peek("tab") is session and session.tabs == {"tab"} and not queued.cancel.is_set()
+    assert handlers.registry.peek("tab") is session and session.lifecycle.tabs == {"tab"} and not queued.cancel.is_set()
     with pytest.warns(UserWarning, match="no longer exists"):
         drain(handlers.open_workspace("0" * 32, req))
     assert handlers.registry.peek("tab") is session
@@ -120,7 +120,7 @@ def test_a_run_that_ends_after_its_tab_switched_workspace_sends_the_new_workspac
     handlers.new_workspace(req)
     new = handlers.registry.peek("tab")
     last = drain(step)
-    assert new is not old and last[0] == handlers.view(new)[0] == []
+    assert new is not old and last[0] == handlers.view(new, "tab")[0] == []
 
 
 def test_a_save_whose_name_index_cannot_be_written_is_still_a_save(runtime, tmp_path, monkeypatch):
@@ -143,7 +143,7 @@ def test_a_refused_remove_or_open_says_why_and_leaves_the_screen_as_it_was(runti
     req, workspace_id, session = fed(handlers, "tab", tmp_path)
     with pytest.warns(UserWarning, match="Choose a document that is in the context"):
         view = handlers.queue_remove(None, req)
-    assert view[0] == handlers.view(session)[0] and not session.pending
+    assert view[0] == handlers.view(session, req.session_hash)[0] and not session.pending
     with pytest.warns(UserWarning, match="Choose a saved workspace first"):
         shown = drain(handlers.open_workspace(None, req))
     assert shown[0] == workspace_id and shown[1] == view[0]

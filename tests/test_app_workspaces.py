@@ -431,4 +431,4 @@ def test_two_tabs_reopening_the_same_workspace_at_once_share_one_context(runtime
     for thread in threads:
         thread.join()
     left, right = handlers.registry.peek("left"), handlers.registry.peek("right")
-    assert left is right and left.workspace_id == workspace_id and left.tabs == {"left", "right"}
+    assert left is right and left.workspace_id == workspace_id and left.lifecycle.tabs == {"left", "right"}

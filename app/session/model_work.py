@@ -16,12 +16,11 @@ from ingest.units import human_bytes
 
 from ..engine.budget import Budget
 from ..engine.context import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
-from ..engine.document_choice import covers
 from ..engine.replay import DOCUMENTS_ONLY, before_exchange, replay, replay_cost, without_source
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import LiveStats, Phase, human_seconds
 from ..engine.runtime import ModelRuntime, is_out_of_memory
-from .uploads import RowStatus, fit_budget, plural, replace_rows, rows_summary, set_rows
+from .uploads import RowStatus, fit_budget, plural, rows_summary, set_rows
 from .removal import removal_label
 from .state import ChatItem, ItemKind, Session, Work, WorkKind
 from .workspace_quota import QuotaExceeded
@@ -81,15 +80,15 @@ def feeding_line(stats: LiveStats) -> str:
 
 
 class ModelWork:
-    def __init__(self, runtime: ModelRuntime, budget: Budget, view, cache_bytes, save):
+    def __init__(self, runtime: ModelRuntime, budget: Budget, cache_bytes, save):
         self.runtime = runtime
         self.budget = budget
-        self.view = view  # session -> component values
         self.cache_bytes = cache_bytes  # () -> bytes all sessions' caches hold (the memory budget's measure)
         self.save = save  # session -> bytes written (SessionRegistry.save_now)
 
     def run(self, session: Session, work: Work, settings: GenerationSettings, system_prompt: str):
-        """Generator: carry out one ready action, yielding the session's view as it streams."""
+        """Generator: carry out one ready action, yielding whenever what its user sees changed (the web layer
+        sends each tab its own view)."""
         if work.cancel.is_set():  # Stop reached it while it waited: whatever it is, it does nothing
             self._mark_not_done(session, work)
             return
@@ -127,7 +126,7 @@ class ModelWork:
         """Write the workspace (no model step of it runs meanwhile: this is one); say how big and how long."""
         session.stats.phase, session.stats.detail = Phase.SAVING, session.name
         try:
-            yield self.view(session)  # a request that ends here saves nothing (a closed tab saves on release)
+            yield  # a request that ends here saves nothing (a closed tab saves on release)
             started = time.perf_counter()
             size = self.save(session)
         except QuotaExceeded as exc:  # checked before writing: nothing was written
@@ -161,7 +160,7 @@ class ModelWork:
         """Prefill the read documents that fit the budget; returns False when nothing could be committed."""
         plan = engine.plan_documents(work.corpus.chunks)
         fitted = fit_budget(work.corpus, session.free_tokens, plan.tokens_by_source(), session.fed_digests)
-        replace_rows(session.documents, work.rows, fitted.rows)
+        session.replace_rows(work.rows, fitted.rows)
         work.rows = fitted.rows
         item = work.status_item or ChatItem("assistant", ItemKind.STATUS)
         if not fitted.chunks:
@@ -207,7 +206,7 @@ class ModelWork:
         for stats in feeding:
             item.text = "Feeding " + feeding_line(stats)
             if throttle():
-                yield self.view(session)
+                yield
 
     @staticmethod
     def _feed_stopped(queued: list, item: ChatItem) -> None:
@@ -224,7 +223,7 @@ class ModelWork:
                 if isinstance(event, AnswerDelta):
                     item.text = event.text
                     if throttle():
-                        yield self.view(session)
+                        yield
                 elif isinstance(event, AnswerResult):
                     self._finish_answer(item, event)
                     finished = True
@@ -266,7 +265,7 @@ class ModelWork:
         item = ChatItem("assistant", ItemKind.ANSWER, pending=True)
         session.show(item, work)
         try:
-            yield self.view(session)
+            yield
         except GeneratorExit:  # ended before the question reached the model
             self._mark_stopped(item, work.question_item)
             raise
@@ -289,7 +288,7 @@ class ModelWork:
             settings = dataclasses.replace(settings, temperature=REGENERATE_TEMPERATURE, top_p=REGENERATE_TOP_P)
             sampling = f"regenerated with sampling, temperature {REGENERATE_TEMPERATURE}"
         try:
-            yield self.view(session)
+            yield
         except GeneratorExit:  # ended before the engine started: the old answer is still in the context
             item.text, item.citations, item.stats, item.recall_note, item.pending = old
             raise
@@ -306,7 +305,7 @@ class ModelWork:
         def clear() -> None:  # questions asked after Clear stay, even while it re-reads: they come after it
             with session.lock:  # one step: a question asked meanwhile is in ``later`` or not yet in the chat
                 later = session.queued_items(after=work)
-                session.chat[:] = [c for c in session.chat if id(c) in statuses or id(c) in later]
+                session.drop_items([c for c in session.chat if id(c) not in statuses and id(c) not in later])
 
         if engine is None or engine.forget_conversation():
             clear()
@@ -325,9 +324,7 @@ class ModelWork:
         rebuilt = yield from self._rebuild(session, work, without_source(source), (
             f"Removing {name}", f"Removed {name}", f"⚠ {name} was not removed; the context is unchanged"))
         if rebuilt:
-            session.documents[:] = [r for r in session.documents
-                                    if not (covers(source, r.path) and r.status.in_context)]
-            session.fed_digests = {d: path for d, path in session.fed_digests.items() if not covers(source, path)}
+            session.drop_document(source)
 
     def _edit(self, session: Session, work: Work, settings: GenerationSettings):
         """Ask an earlier question in new words: the context is built again with the exchanges before it, the
@@ -345,9 +342,8 @@ class ModelWork:
             return
         with session.lock:
             start, later = session.chat.index(edited), session.queued_items(after=work)
-            dropped = {id(c) for c in session.chat[start:] if c.kind != ItemKind.STATUS and id(c) not in later
-                       and c is not work.question_item}
-            session.chat[:] = [c for c in session.chat if id(c) not in dropped]
+            session.drop_items([c for c in session.chat[start:] if c.kind != ItemKind.STATUS and id(c) not in later
+                                and c is not work.question_item])
         yield from self._answer(session, work, session.engine, settings)
 
     def _rebuild(self, session: Session, work: Work, keep, titles: tuple[str, str, str]):
@@ -378,7 +374,7 @@ class ModelWork:
                 if isinstance(item, LiveStats):
                     note.text = feeding_line(item)
                     if throttle():
-                        yield self.view(session)
+                        yield
                 else:
                     rebuilt = item
         except GeneratorExit:  # the request ended (API cancel, closed tab): exactly what Stop leaves

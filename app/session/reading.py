@@ -18,8 +18,8 @@ from ingest.git_url import looks_like_url
 
 from ..cli import AppConfig
 from ..engine.runtime import ModelRuntime
-from .uploads import (DocumentRow, RowStatus, limits_for, plural, progress_line, read_sources,
-                        replace_rows, row_from_report, rows_summary)
+from .uploads import (DocumentRow, RowStatus, limits_for, plural, progress_line, read_sources, row_from_report,
+                        rows_summary)
 from .source_files import keep_uploads
 from .state import Session, Stage, Work
 
@@ -78,10 +78,9 @@ class ReadOutcome:
 
 
 class Reader:
-    def __init__(self, runtime: ModelRuntime, config: AppConfig, view):
+    def __init__(self, runtime: ModelRuntime, config: AppConfig):
         self.runtime = runtime
         self.config = config
-        self.view = view  # session -> component values
         self._orphan: threading.Thread | None = None  # a stopped reading thread that has not ended yet
 
     def _screen(self, session: Session, work: Work) -> dict[str, DocumentRow]:
@@ -106,11 +105,12 @@ class Reader:
         return refused
 
     def read(self, session: Session, work: Work):
-        """Generator: ingest the action's files in a thread, yielding the session's view while it reads."""
+        """Generator: ingest the action's files in a thread, yielding while it reads (the web layer sends each
+        tab its own view)."""
         work.reading = True
         names = [os.path.basename(p.rstrip("/")) or p for p in work.sources]
         placeholders = [DocumentRow(name, RowStatus.READING) for name in names]
-        session.documents.extend(placeholders)
+        session.add_rows(placeholders)
         stats = session.stats
         stats.reading = "starting"
         started = time.monotonic()
@@ -151,7 +151,7 @@ class Reader:
                     stopped_at = stopped_at or time.monotonic()
                     if thread.is_alive() and time.monotonic() - stopped_at > CANCEL_GRACE_S:
                         break  # Stop answers now; the thread ends at its next check, its result unused
-                yield self.view(session)
+                yield
         finally:
             if thread.is_alive():  # the client went away mid-read, or Stop: stop reading, do not block the queue
                 work.cancel.set()
@@ -171,7 +171,7 @@ class Reader:
             work.corpus = outcome.corpus
             keep_uploads(session.sources, work.sources, work.corpus.reports)
         rows = refused + rows_after_reading(outcome, read_names)
-        replace_rows(session.documents, placeholders, rows)
+        session.replace_rows(placeholders, rows)
         work.rows = rows
         if work.status_item is not None:
             ready = sum(1 for r in rows if r.status == RowStatus.QUEUED)

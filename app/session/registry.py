@@ -81,8 +81,8 @@ class SessionRegistry:
         """Under the lock: the tab shows ``session``."""
         self._tabs[session_hash] = session
         self._live[session.workspace_id] = session
-        session.tabs.add(session_hash)
-        session.detached_at = None
+        session.lifecycle.tabs.add(session_hash)
+        session.lifecycle.detached_at = None
 
     # -- tabs ------------------------------------------------------------------------------------
     def get(self, session_hash: str, *, touch: bool = True, owner: str | None = None) -> Session:
@@ -127,7 +127,7 @@ class SessionRegistry:
                 if session is None:
                     return None, note
                 with self._lock:
-                    if session.closed or session.retiring:  # the sweep took it meanwhile: find it again (saved)
+                    if self._going(session):  # the sweep took it meanwhile: find it again (saved)
                         continue
                     previous = self._tabs.get(session_hash)
                     denied = previous is not None and not self._is_owner(previous, owner)  # bound meanwhile
@@ -135,11 +135,11 @@ class SessionRegistry:
                         break
                     self._expired.pop(session_hash, None)
                     session.touch()  # before it is bound, so the sweep never sees it shown and idle
-                    session.in_browser = True
+                    session.lifecycle.in_browser = True
                     self._bind(session_hash, session)
                     break
         if denied:
-            if not session.tabs and not self.is_open(session.workspace_id):  # found for nobody: free it
+            if not session.lifecycle.tabs and not self.is_open(session.workspace_id):  # found for nobody: free it
                 session.close()
             raise SessionDenied(session_hash)
         if previous is not None and previous is not session:  # what the tab showed before is left
@@ -158,6 +158,11 @@ class SessionRegistry:
         return session, f"{note} A new one was started." if note else ""
 
     @staticmethod
+    def _going(session: Session) -> bool:
+        """Closed, or being saved and freed (``retiring``): no tab is to be given it."""
+        return session.closed or session.lifecycle.retiring
+
+    @staticmethod
     def _is_owner(session: Session, owner: str | None) -> bool:
         """``owner`` may use ``session`` (without --auth sessions have no owner, and anyone may)."""
         return session.owner is None or session.owner == owner
@@ -173,7 +178,7 @@ class SessionRegistry:
         """The session a tab's requests got before its page load attached one (never shown in a browser)."""
         with self._lock:
             session = self._tabs.get(session_hash)
-        if session is None or session.in_browser or session.owner != owner or session.closed or session.retiring:
+        if session is None or session.lifecycle.in_browser or session.owner != owner or self._going(session):
             return None
         return session
 
@@ -191,9 +196,9 @@ class SessionRegistry:
             return None, ""
         with self._lock:
             live = self._live.get(workspace_id)
-        if live is not None and not (live.closed or live.retiring) and live.owner == owner:
+        if live is not None and not self._going(live) and live.owner == owner:
             return live, ""
-        if live is not None and (live.closed or live.retiring) and self._kept_after_save(live, owner):
+        if live is not None and self._going(live) and self._kept_after_save(live, owner):
             return live, ""  # its save failed: the workspace was kept live (_keep)
         if not self.store.exists(owner, workspace_id):  # never saved, or deleted: nothing to say on a page load
             return None, ""
@@ -204,9 +209,9 @@ class SessionRegistry:
         """Wait for a workspace being saved and freed (then its file is complete); whether it was kept live instead,
         its save having failed."""
         deadline = time.monotonic() + 600
-        while (live.closed or live.retiring) and not live.released.wait(0.05) and time.monotonic() < deadline:
+        while SessionRegistry._going(live) and not live.released.wait(0.05) and time.monotonic() < deadline:
             pass
-        return not (live.closed or live.retiring or live.released.is_set()) and live.owner == owner
+        return not (SessionRegistry._going(live) or live.released.is_set()) and live.owner == owner
 
     def will_reopen(self, workspace_id, owner: str | None) -> bool:
         """Whether showing ``workspace_id`` reads it back from disk: saved, and not live (or live but being saved
@@ -215,7 +220,7 @@ class SessionRegistry:
             return False
         with self._lock:
             live = self._live.get(workspace_id)
-        return live is None or live.closed or live.retiring
+        return live is None or self._going(live)
 
     def reopen(self, workspace_id: str, owner: str | None) -> tuple[Session | None, str]:
         """A saved workspace as a new live session; (None, why) when its file cannot be opened. The user knows it
@@ -264,7 +269,7 @@ class SessionRegistry:
     def other_tabs(self, session_hash: str) -> int:
         """How many other browser tabs are connected (what a restart would interrupt besides ``session_hash``)."""
         with self._lock:
-            return sum(1 for tab, session in self._tabs.items() if tab != session_hash and session.in_browser)
+            return sum(1 for tab, session in self._tabs.items() if tab != session_hash and session.lifecycle.in_browser)
 
     def forget_expired(self, session_hash: str) -> None:
         """The user was told the session expired: the tab may start a new session now."""
@@ -286,13 +291,13 @@ class SessionRegistry:
         the grace period (at once when it was never in a browser: an API client's, or what a tab did before its
         page load reopened the workspace its browser remembers)."""
         with self._lock:
-            session.tabs.discard(session_hash)
-            if session.tabs:
+            session.lifecycle.tabs.discard(session_hash)
+            if session.lifecycle.tabs:
                 return
             session.stop()
-            session.detached_at = self._clock()
-            retire_now = not session.in_browser or self.grace_s <= 0
-            session.retiring = retire_now
+            session.lifecycle.detached_at = self._clock()
+            retire_now = not session.lifecycle.in_browser or self.grace_s <= 0
+            session.lifecycle.retiring = retire_now
         if retire_now:
             self._retire(session)
         else:
@@ -367,18 +372,18 @@ class SessionRegistry:
             due = [s for s in self._live.values() if self._due(s, now)]
             freed = []
             for session in due:
-                session.retiring = True  # stays in _live until saved and freed (_retire): a reload waits for it
-                for tab in list(session.tabs):
+                session.lifecycle.retiring = True  # stays in _live until saved and freed (_retire): a reload waits
+                for tab in list(session.lifecycle.tabs):
                     del self._tabs[tab]
                     self._expired[tab] = now
                     freed.append(tab)
-                if not session.tabs:
+                if not session.lifecycle.tabs:
                     freed.append(session.workspace_id)
-                session.tabs.clear()
+                session.lifecycle.tabs.clear()
             while len(self._expired) > EXPIRED_KEPT:
                 self._expired.popitem(last=False)
         for session in due:
-            if session.in_browser and session.unsaved:  # a save can take seconds: not in this request's thread
+            if session.lifecycle.in_browser and session.unsaved:  # a save can take seconds: not in this request
                 threading.Thread(target=self._retire, args=(session,), name="save-and-free", daemon=True).start()
             else:
                 self._retire(session)
@@ -388,16 +393,17 @@ class SessionRegistry:
         """Save and free, now, a workspace its tab left for a new one (New context), so that the Workspaces list
         shows it at once rather than after the grace period. One that a tab still shows stays live."""
         with self._lock:
-            if session.tabs or session.retiring or session.closed:
+            if session.lifecycle.tabs or self._going(session):
                 return
-            session.retiring = True
+            session.lifecycle.retiring = True
         self._retire(session)
 
     def _due(self, session: Session, now: float) -> bool:
         """Idle past the time-out, or left by its last tab past the grace period; never while it works or waits."""
-        if session.retiring or session.busy or session.waiting():
+        lifecycle = session.lifecycle
+        if lifecycle.retiring or session.busy or session.waiting():
             return False
-        left = not session.tabs and session.detached_at is not None and now - session.detached_at > self.grace_s
+        left = not lifecycle.tabs and lifecycle.detached_at is not None and now - lifecycle.detached_at > self.grace_s
         return left or now - session.last_active > self.config.session_timeout_s
 
     def _retire(self, session: Session) -> None:
@@ -405,7 +411,7 @@ class SessionRegistry:
 
         It stays in ``_live`` (``retiring``) until saved: a reload or a delete meanwhile finds it there (and
         waits, or is refused) rather than the file it is about to replace."""
-        save = session.in_browser and session.unsaved
+        save = session.lifecycle.in_browser and session.unsaved
 
         def before_release(retired: Session) -> None:
             if save:
@@ -428,8 +434,8 @@ class SessionRegistry:
         """A workspace whose save failed as it was being freed stays live, left by its tabs: its user finds it, and
         why, on the next visit; the sweep tries the save again after the grace period."""
         with self._lock:
-            session.retiring = False
-            session.detached_at = self._clock()
+            session.lifecycle.retiring = False
+            session.lifecycle.detached_at = self._clock()
         session.keep_open(f"⚠ This workspace could not be saved when its tab closed ({type(error).__name__}: "
                           f"{error}); it is kept in memory, not freed: press Save in the Workspaces tab to keep it.")
 
@@ -440,13 +446,13 @@ class SessionRegistry:
         many were saved."""
         self.stop_sweeping()  # no sweep starts a save of its own meanwhile
         with self._lock:
-            sessions = [s for s in self._live.values() if s.in_browser]
+            sessions = [s for s in self._live.values() if s.lifecycle.in_browser]
         for session in sessions:
             session.stop()
         deadline = time.monotonic() + wait_s
         saved = 0
         for session in sessions:
-            if session.retiring:  # being saved and freed already (_retire): let that save finish
+            if session.lifecycle.retiring:  # being saved and freed already (_retire): let that save finish
                 session.released.wait(max(0.0, deadline - time.monotonic()))
                 continue
             while session.busy and time.monotonic() < deadline:
@@ -470,7 +476,7 @@ class SessionRegistry:
         path = self._save_target(session)
         size = write_workspace(path, session, session.name, middle_dtype=MIDDLE_DTYPES[self.config.save_middle])
         self.leases.saved(path)
-        session.saved_changes = changes  # the file is written: a failure below loses a display name, not the save
+        session.lifecycle.saved_changes = changes  # the file is written: a failure below loses a name, not the save
         try:
             self.store.set_name(session.owner, session.workspace_id, session.name)
         except (OSError, ValueError) as exc:

@@ -20,12 +20,15 @@ from ..cli import AppConfig
 from ..engine.budget import Budget
 from ..engine.citations import Citation
 from ..engine.context import ContextEngine
+from ..engine.document_choice import covers
 from ..engine.metrics import LiveStats, SessionSeries
 from ..engine.runtime import ModelRuntime, release_memory
 from .answer_from import answer_choices, still_off
-from .uploads import DocumentRow, RowStatus, plural
+from .lifecycle import Lifecycle
+from .uploads import DocumentRow, RowStatus, plural, replace_rows
 from .source_files import SourceFiles
 from .temp_folders import session_temp_folder
+from .work_queue import Stage, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +53,6 @@ class WorkKind(StrEnum):
     SAVE = "save"  # write the workspace to disk, after the actions before it
     REMOVE = "remove"  # take one document out of the context (the Work's ``removing``)
     EDIT = "edit"  # ask an earlier question in new words (the Work's question); what followed it goes
-
-
-class Stage(StrEnum):
-    """An action's way through the queues: queued -> (reading) -> read -> done."""
-
-    QUEUED = "queued"
-    READ = "read"
-    DONE = "done"
 
 
 @dataclass
@@ -108,11 +103,8 @@ class Session:
         self.workspace_id = workspace_id
         self.name = name or "Workspace of " + time.strftime("%Y-%m-%d %H:%M")
         self.owner = owner  # the logged-in user who created it (with --auth); None without a login
-        self.tabs: set[str] = set()  # the browser tabs (Gradio session hashes) showing it now
-        self.in_browser = False  # a page load attached it: it is saved when left, and reopened on reload
-        self.changes = 0  # actions finished; compared with saved_changes to know whether a save is due
-        self.saved_changes = 0
-        self.detached_at: float | None = None  # when its last tab left (monotonic)
+        self.lifecycle = Lifecycle()  # tabs, leaving and saves: the registry's record, written by it only
+        self.changes = 0  # actions finished; compared with lifecycle.saved_changes to know whether a save is due
         self.released = threading.Event()  # set once its memory is freed (a reopen waits for a last save)
         self._before_release = None
         self._armed: tuple[tuple, float] | None = None  # a costly action asked for once, awaiting its confirmation
@@ -126,18 +118,12 @@ class Session:
         self.fed_digests: dict[str, str] = {}  # content digest -> the file that brought it (duplicates are skipped)
         self.switched_off: set[str] = set()  # documents not cited nor quoted (answer_from.py); switch_documents
         self.sources = SourceFiles()  # the uploads its citations open (source_files.py)
-        self.pending: deque[Work] = deque()
         self.engine: ContextEngine | None = None
         self.system_prompt: str | None = None
         self.last_active = time.monotonic()
         self.stop_note = ""  # what Stop or a save said, until that work is over (Stop) or new work starts
-        self.exported: list | None = None  # the chat messages the shown export was made of
-        self.shown_rows: list | None = None  # the documents table this session's tab was last sent
-        self.busy = 0
-        self.model_step = False  # a request of this session is running its actions on the model
-        self.closed = False
-        self.retiring = False  # the registry is saving and freeing it (registry._retire); set by the registry only
         self.lock = threading.RLock()
+        self.queue = WorkQueue(self.lock)  # its actions, their model step, the operations in progress
         self.tmpdir = session_temp_folder()  # under this server's own folder (temp_folders.py)
         self._ids = itertools.count(1)
 
@@ -187,6 +173,35 @@ class Session:
             self.pending.append(work)
             self.chat.extend(work.items)
         return work
+
+    # -- chat and documents: changed here only, under the lock ----------------------------------
+    def drop_items(self, items) -> None:
+        """Take ``items`` (matched by identity) out of the chat."""
+        with self.lock:
+            gone = {id(i) for i in items}
+            self.chat[:] = [c for c in self.chat if id(c) not in gone]
+
+    def add_rows(self, rows: list[DocumentRow]) -> None:
+        """Rows join the documents table (files about to be read)."""
+        with self.lock:
+            self.documents.extend(rows)
+
+    def replace_rows(self, old: list[DocumentRow], new: list[DocumentRow]) -> None:
+        """``new`` rows take the place of ``old`` ones in the table (uploads.replace_rows)."""
+        with self.lock:
+            replace_rows(self.documents, old, new)
+
+    def drop_document(self, source: str) -> None:
+        """A Remove rebuilt the context without ``source`` (a file, or an archive's prefix): its rows in the context
+        leave the table, and its digests no longer skip the same text."""
+        with self.lock:
+            self.documents[:] = [r for r in self.documents if not (covers(source, r.path) and r.status.in_context)]
+            self.fed_digests = {d: path for d, path in self.fed_digests.items() if not covers(source, path)}
+
+    def restore(self, chat: list[ChatItem], rows: list[DocumentRow]) -> None:
+        """The chat and the documents table of a workspace read back from its file."""
+        with self.lock:
+            self.chat[:], self.documents[:] = chat, rows
 
     def switch_documents(self, on: list[str]) -> None:
         """The user's "Answer from" list: the documents in the context not in ``on`` are switched off. Nothing is
@@ -254,29 +269,19 @@ class Session:
         with self.lock:
             return next((w for w in self.pending if w.stage == stage), None)
 
+    @property
+    def pending(self) -> deque[Work]:
+        """Its actions waiting or running, oldest first (the queue's)."""
+        return self.queue.pending
+
     def claim_model_step(self) -> bool:
-        """Become the session's one model step; False when another request of this session is it already
-        (model steps of different sessions run side by side, one session's actions run in order)."""
-        with self.lock:
-            if self.model_step:
-                return False
-            self.model_step = True
-            return True
+        return self.queue.claim_model_step()
 
     def next_model_work(self) -> Work | None:
-        """The oldest action for the model step, or None, releasing the step, when there is none yet (or it is
-        still being read: that action's own model step comes after its reading step). One lock for both, so
-        an action queued meanwhile is never left without a step."""
-        with self.lock:
-            work = self.pending[0] if self.pending and not self.closed else None
-            if work is None or (work.stage == Stage.QUEUED and work.reading):
-                self.model_step = False
-                return None
-            return work
+        return self.queue.next_model_work()
 
     def release_model_step(self) -> None:
-        with self.lock:
-            self.model_step = False
+        self.queue.release_model_step()
 
     def last_prefill_rate(self) -> float:
         """The prefill rate the newest answer measured (0 when none did): what a cost estimate uses after a reopen,
@@ -288,7 +293,7 @@ class Session:
     @property
     def unsaved(self) -> bool:
         """Work finished since the last save (or never saved), and something to keep."""
-        return self.changes != self.saved_changes and bool(self.engine or self.chat or self.documents)
+        return self.changes != self.lifecycle.saved_changes and bool(self.engine or self.chat or self.documents)
 
     def finish_work(self, work: Work) -> None:
         with self.lock:
@@ -331,27 +336,29 @@ class Session:
     @contextmanager
     def working(self):
         """Mark an operation in progress: idle sweeps skip the session, and a close waits for the end."""
-        with self.lock:
-            self.busy += 1
-        try:
+        with self.queue.working(self._release):
             yield self
-        finally:
-            with self.lock:
-                self.busy -= 1
-                release = self.closed and not self.busy
-            if release:
-                self._release()
+
+    @property
+    def busy(self) -> int:
+        """Operations in progress: a close waits for them, the idle sweep skips the session meanwhile."""
+        return self.queue.busy
 
     @property
     def pristine(self) -> bool:
         """Nothing was done in it yet."""
         return not (self.engine or self.chat or self.documents or self.pending)
 
+    @property
+    def closed(self) -> bool:
+        """Closed (freed, or to be freed when its last operation ends): its queue gives no more work."""
+        return self.queue.closed
+
     def close(self, before_release=None) -> None:
         """Free everything now, or, while an operation runs, stop it and free when it ends. ``before_release``
         (a save) runs first, once the session is idle, whichever thread that is."""
         with self.lock:
-            self.closed = True
+            self.queue.closed = True
             self._before_release = before_release or self._before_release
             self.stop()
             if self.busy:
@@ -361,7 +368,7 @@ class Session:
     def keep_open(self, note: str) -> None:
         """Undo a close whose last save failed: the session stays live with its work, and ``note`` tells its user."""
         with self.lock:
-            self.closed = False
+            self.queue.closed = False
             self._before_release = None
             self.stop_note = note
 

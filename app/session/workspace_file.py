@@ -195,7 +195,7 @@ def read_workspace(path: Path, session: Session) -> None:
         raise WorkspaceFileError(f"{Path(path).name} is damaged or incomplete ({type(exc).__name__}: {exc})") from exc
     except ValueError as exc:  # a model or setting mismatch, or parts that disagree: the message says which
         raise WorkspaceFileError(f"{Path(path).name} cannot be opened here: {exc}") from exc
-    session.chat[:], session.documents[:] = chat, rows
+    session.restore(chat, rows)
     restore_sources(session, uploads)
     session.fed_digests.update(digests)
     session.switched_off = switched_off

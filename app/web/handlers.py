@@ -39,8 +39,8 @@ from ..session.text import clean_text
 from . import messages, views
 from .api import answer_json
 from .model_switch import ModelSwitch
-from .panel_sent import PanelSent
 from .replica_cookie import served_elsewhere
+from .tab_sent import TabSent
 from .workspace_handlers import WorkspaceEvents
 
 
@@ -60,11 +60,11 @@ class Handlers(WorkspaceEvents):
         self.upload_root = upload_root
         # What an unpatched model's cache adds per token: the panel's "a full cache would hold" figure.
         self.vanilla_token_bytes = lminfinite.KVShape.from_config(runtime.model.config).token_bytes(runtime.dtype)
-        self.reader = Reader(runtime, config, self.progress_view)
-        self.model_work = ModelWork(runtime, budget, self.progress_view, registry.cache_bytes, registry.save_now)
+        self.reader = Reader(runtime, config)
+        self.model_work = ModelWork(runtime, budget, registry.cache_bytes, registry.save_now)
         self.default_settings = default_settings or {}  # run's settings by name, as the Settings panel starts
         self.question_limit = QuestionLimit(runtime.tokenizer, config.max_question_tokens)
-        self.panel_sent = PanelSent()  # per tab: several tabs can show one workspace
+        self.tab_sent = TabSent()  # per tab: several tabs can show one workspace
 
     # -- helpers ---------------------------------------------------------------------------------
     def _session(self, request: gr.Request, *, touch: bool = True) -> Session:
@@ -102,21 +102,22 @@ class Handlers(WorkspaceEvents):
         """The logged-in user (with --auth); None without a login."""
         return getattr(request, "username", None) or None
 
-    def view(self, session: Session, *, full: bool = True) -> tuple:
+    def view(self, session: Session, tab: str, *, full: bool = True) -> tuple:
         """The outputs of every work event: chat, documents table, context summary and activity, then the
         controls that follow the work: the stop note, the export's files (hidden once the chat has moved on
         from what they hold), and Stop and Cancel (active only while this session has work to stop).
 
-        ``full=False`` (progress while reading and feeding) skips the documents table when this tab was
+        ``full=False`` (progress while reading and feeding) skips the documents table when ``tab`` was
         already sent it: a 10,000-file archive's table costs Gradio more to post-process than the model
         takes to read the files.
         """
         chat, rows, context, activity = views.session_view(session, self.budget)
-        shown_rows = gr.skip() if not full and rows == session.shown_rows else rows
-        session.shown_rows = rows
+        sent = self.tab_sent.get(session, tab)
+        shown_rows = gr.skip() if not full and rows == sent.get("rows") else rows
+        self.tab_sent.update(session, tab, rows=rows)
         export = gr.skip()
-        if session.exported is not None and session.exported != chat:
-            session.exported = None
+        if sent.get("exported") is not None and sent["exported"] != chat:
+            self.tab_sent.update(session, tab, exported=None)
             export = gr.update(value=None, visible=False)
         note, busy = self._controls_state(session)
         return (chat, shown_rows, context, activity, note, export, gr.update(interactive=busy),
@@ -140,9 +141,13 @@ class Handlers(WorkspaceEvents):
         note, busy = session.controls_state()
         return messages.markdown_text(note), busy
 
-    def progress_view(self, session: Session) -> tuple:
+    def progress_view(self, session: Session, tab: str) -> tuple:
         """The view while work streams: only what changed is post-processed and sent."""
-        return self.view(session, full=False)
+        return self.view(session, tab, full=False)
+
+    def _progress(self, request: gr.Request, session: Session, steps):
+        """``steps`` (a reading or model step) streamed as this tab's view of ``session``."""
+        return relayed(steps, lambda: self.progress_view(session, request.session_hash))
 
     def _queue_sources(self, session: Session, question: str | None, paths: list[str], *, uploads: bool) -> Work:
         names = [os.path.basename(p.rstrip("/")) or p for p in paths]
@@ -168,10 +173,10 @@ class Handlers(WorkspaceEvents):
         text = clean_text(str(message.get("text") or "")).strip()
         files = upload_paths(message.get("files"))
         if not text and not files:
-            return (gr.MultimodalTextbox(value=None, interactive=True), *self.view(session))
+            return (gr.MultimodalTextbox(value=None, interactive=True), *self.view(session, request.session_hash))
         self._check_question(text)
         self._queue_sources(session, text or None, files, uploads=True)
-        return (gr.MultimodalTextbox(value=None, interactive=False), *self.view(session))
+        return (gr.MultimodalTextbox(value=None, interactive=False), *self.view(session, request.session_hash))
 
     def add_files(self, files, request: gr.Request):
         """Documents panel: queue uploaded files (no question)."""
@@ -179,7 +184,7 @@ class Handlers(WorkspaceEvents):
         paths = upload_paths(files)
         if paths:
             self._queue_sources(session, None, paths, uploads=True)
-        return (None, *self.view(session))
+        return (None, *self.view(session, request.session_hash))
 
     def add_server_path(self, path: str, request: gr.Request):
         """A folder, file or git URL on the server; only with --allow-local-paths."""
@@ -196,7 +201,7 @@ class Handlers(WorkspaceEvents):
             path = str(resolved)  # read what was checked, not a link that could change in between
         if path:
             self._queue_sources(session, None, [path], uploads=False)
-        return ("", *self.view(session))
+        return ("", *self.view(session, request.session_hash))
 
     def stop(self, request: gr.Request):
         """Stop this session's running and queued work (the engine rolls back within a chunk or token)."""
@@ -222,13 +227,13 @@ class Handlers(WorkspaceEvents):
         elif question is not None and not question.in_context:
             with session.lock:
                 stopped = session.answer_to(question)
-                session.chat[:] = [c for c in session.chat if c is not question and c is not stopped]
+                session.drop_items([question, stopped])
                 session.new_work(WorkKind.TURN, question.text,
                                  question_item=ChatItem("user", ItemKind.QUESTION, question.text))
         else:
             messages.warning("Nothing to regenerate: ask a question first (documents added after the last answer "
                              "make it permanent).")
-        return self.view(session)
+        return self.view(session, request.session_hash)
 
     def edit_question(self, edit: gr.EditData, request: gr.Request):
         """The user edited one of their questions in the chat: ask it in the new words where it was asked. The
@@ -240,14 +245,14 @@ class Handlers(WorkspaceEvents):
         text = clean_text(views.typed_text(edit.value)).strip()
         if item is None:
             messages.warning("Only a question that was answered and is still in the context can be edited.")
-            return self.view(session)
+            return self.view(session, request.session_hash)
         if not text or text == item.text:
-            return self.view(session)  # the chat shows the question as it was
+            return self.view(session, request.session_hash)  # the chat shows the question as it was
         self._check_question(text)
         cost, what = self._edit_cost(session, item)
         if self._confirm_cost(session, ("edit", index, text), cost, what, "Make the same edit again to go ahead."):
             session.new_work(WorkKind.EDIT, text, question_item=ChatItem("user", ItemKind.QUESTION, text), edited=item)
-        return self.view(session)
+        return self.view(session, request.session_hash)
 
     @staticmethod
     def _editable_question(session: Session, index: int | None) -> ChatItem | None:
@@ -323,7 +328,7 @@ class Handlers(WorkspaceEvents):
         if self._confirm_cost(session, ("forget",), cost,
                               "Clearing the chat reads the documents again without the conversation"):
             session.new_work(WorkKind.FORGET)
-        return self.view(session)
+        return self.view(session, request.session_hash)
 
     def queue_remove(self, source, request: gr.Request):
         """Remove one document, or an archive's files: the rest of the context (documents and conversation) is
@@ -331,13 +336,13 @@ class Handlers(WorkspaceEvents):
         session = self._session(request)
         if not source or session.engine is None or source not in self._removable(session):
             messages.warning("Choose a document that is in the context.")  # no error: it would paint the chat red
-            return self.view(session)
+            return self.view(session, request.session_hash)
         cost = replay_cost(session.engine, without_source(source))
         if self._confirm_cost(session, ("remove", source), max(cost, 1),
                               f"Removing {removal_label(source, session.documents)} reads the rest of the context "
                               "again"):
             session.new_work(WorkKind.REMOVE, removing=source)
-        return self.view(session)
+        return self.view(session, request.session_hash)
 
     @staticmethod
     def _removable(session: Session) -> list[str]:
@@ -352,11 +357,11 @@ class Handlers(WorkspaceEvents):
         session = self._session(request)
         session.stop()
         session.new_work(WorkKind.RESET)
-        return self.view(session)
+        return self.view(session, request.session_hash)
 
     def show(self, request: gr.Request):
         """The session as it is (page load, and for API clients)."""
-        return self.view(self._session(request))
+        return self.view(self._session(request), request.session_hash)
 
     def enable_input(self, request: gr.Request):
         """After the model step: unlock the chat box, and settle the stop note and Stop / Cancel."""
@@ -366,7 +371,7 @@ class Handlers(WorkspaceEvents):
         session = self._session(request)
         data = export_data(model=self.runtime.name, system_prompt=session.system_prompt,
                            documents=session.documents, chat=session.chat, context_tokens=session.context_tokens)
-        session.exported = views.chat_messages(session.chat)
+        self.tab_sent.update(session, request.session_hash, exported=views.chat_messages(session.chat))
         return gr.File(value=write_exports(data, session.tmpdir), visible=True)
 
     def _panel_numbers(self, session: Session) -> tuple[str, dict, object]:
@@ -384,8 +389,8 @@ class Handlers(WorkspaceEvents):
         session = self._session(request, touch=False)
         html, data, memory = self._panel_numbers(session)
         memory_frame, prefill_frame, decode_frame = views.plot_frames(session.series.snapshot(), memory.kind)
-        self.panel_sent.set(session, request.session_hash,
-                            {"html": html, "data": views.panel_key(html, data), "plots": session.series.version})
+        self.tab_sent.update(session, request.session_hash, html=html, data=views.panel_key(html, data),
+                             plots=session.series.version)
         return html, memory_frame, prefill_frame, data, decode_frame
 
     def tick(self, request: gr.Request):
@@ -399,12 +404,12 @@ class Handlers(WorkspaceEvents):
         except gr.Error:  # freed or not this user's: the panel just stops changing (actions say why)
             return (gr.skip(),) * 5
         html, data, memory = self._panel_numbers(session)
-        shown = self.panel_sent.get(session, request.session_hash)
+        shown = self.tab_sent.get(session, request.session_hash)
         version, key = session.series.version, views.panel_key(html, data)
         plots = (gr.skip(), gr.skip(), gr.skip())
         if shown.get("plots") != version:
             plots = views.plot_frames(session.series.snapshot(), memory.kind)
-        self.panel_sent.set(session, request.session_hash, {"html": html, "data": key, "plots": version})
+        self.tab_sent.update(session, request.session_hash, html=html, data=key, plots=version)
         memory_plot, prefill_plot, decode_plot = plots
         return (html if shown.get("html") != html else gr.skip(), memory_plot, prefill_plot,
                 data if shown.get("data") != key else gr.skip(), decode_plot)
@@ -413,7 +418,7 @@ class Handlers(WorkspaceEvents):
         """The tab disconnected: stop its work and free its context."""
         if request is not None and request.session_hash:
             if self.registry.close(request.session_hash, owner=self._user(request), as_user=True):
-                self.panel_sent.forget(request.session_hash)
+                self.tab_sent.forget(request.session_hash)
 
     def ask(self, question, files, request: gr.Request):
         """API ``/ask``: add ``files`` (may be empty) to this session's context, then answer ``question``.
@@ -447,7 +452,7 @@ class Handlers(WorkspaceEvents):
         work = session.next_work(Stage.QUEUED)
         if work is not None and not work.reading:
             with session.working():
-                yield from self.reader.read(session, work)
+                yield from self._progress(request, session, self.reader.read(session, work))
         yield self._tab_view(request, session)
 
     # -- model queue -----------------------------------------------------------------------------
@@ -462,20 +467,21 @@ class Handlers(WorkspaceEvents):
             raise messages.error(f"Invalid setting: {exc}") from exc
         prompt = clean_text(str(system_prompt or ""))  # the Settings' text, from a client: UTF-8 only
         with session.working():
-            if (yield from self._claim_or_follow(session)):
+            if (yield from self._claim_or_follow(request, session)):
                 try:
                     while (work := session.next_model_work()) is not None:
-                        if work.stage == Stage.QUEUED:
-                            yield from self.reader.read(session, work)  # a client that skipped the reading step
+                        if work.stage == Stage.QUEUED:  # a client that skipped the reading step
+                            yield from self._progress(request, session, self.reader.read(session, work))
                         try:
-                            yield from self.model_work.run(session, work, settings, prompt)
+                            yield from self._progress(request, session,
+                                                      self.model_work.run(session, work, settings, prompt))
                         finally:
                             session.finish_work(work)
                 finally:
                     session.release_model_step()
         yield self._tab_view(request, session)
 
-    def _claim_or_follow(self, session: Session):
+    def _claim_or_follow(self, request: gr.Request, session: Session):
         """Become the session's model step (True), or, while another request of it (a button, another tab) runs
         its actions, this one's included, follow it until they are done (False): this request's chat box and
         Stop then settle with the work, not before it."""
@@ -483,20 +489,25 @@ class Handlers(WorkspaceEvents):
             if not session.has_work or session.closed:
                 return False
             time.sleep(FOLLOW_S)
-            yield self.progress_view(session)
+            yield self.progress_view(session, request.session_hash)
         return True
 
     def _tab_view(self, request: gr.Request, session: Session) -> tuple:
         """The view of what the tab shows now: a tab switched to another workspace while ``session``'s step ran
         must not be sent the old chat."""
-        return self.view(self.registry.peek(request.session_hash) or session)
+        return self.view(self.registry.peek(request.session_hash) or session, request.session_hash)
 
 
-def unsent(steps):
-    """A step's progress with nothing sent (``gr.skip()``): each yield is where Gradio may close the request.
+def relayed(steps, each):
+    """A step's progress sent as ``each()`` at each of its yields: each is where Gradio may close the request.
     Closing this closes ``steps`` at once, so its work rolls back now, not when it is collected."""
     try:
         for _ in steps:
-            yield gr.skip()
+            yield each()
     finally:
         steps.close()
+
+
+def unsent(steps):
+    """A step's progress with nothing sent (``gr.skip()``)."""
+    return relayed(steps, gr.skip)

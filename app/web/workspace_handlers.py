@@ -28,11 +28,11 @@ class WorkspaceEvents:
         return (session.name, workspace_note(session, mine), workspace_rows(saved, session.workspace_id, self.runtime.name),
                 gr.Dropdown(choices=workspace_choices(saved), value=None))
 
-    def _shown(self, session: Session, note: str = "") -> tuple:
+    def _shown(self, request: gr.Request, session: Session, note: str = "") -> tuple:
         """After a page load or a switch: the workspace id the browser keeps, and everything on screen."""
         if note:
             messages.info(note)
-        return (session.workspace_id, *self.view(session), *self.workspace_view(session))
+        return (session.workspace_id, *self.view(session, request.session_hash), *self.workspace_view(session))
 
     def _attach(self, request: gr.Request, workspace_id, **how) -> tuple:
         """registry.attach for this request's tab and user; a tab showing another user's session is refused."""
@@ -46,7 +46,7 @@ class WorkspaceEvents:
     def attach(self, workspace_id, request: gr.Request):
         """Page load: show the workspace this browser had open (reopened from disk if it was freed)."""
         session, note = self._attach(request, workspace_id, page_load=True)
-        return self._shown(session, note)
+        return self._shown(request, session, note)
 
     def page_load(self, workspace_id, request: gr.Request):
         """The page-load event: ``attach``, showing meanwhile which saved workspace is being read back."""
@@ -73,7 +73,7 @@ class WorkspaceEvents:
         """A switch that cannot be made: say why and show the tab's workspace as it was (a gr.Error would mark
         every output, the chat included, as failed)."""
         messages.warning(why)
-        return self._shown(self._session(request))
+        return self._shown(request, self._session(request))
 
     def open_workspace(self, choice, request: gr.Request):
         """Open a saved workspace in this tab; the one it leaves is saved. Always answers: the one already shown
@@ -83,7 +83,7 @@ class WorkspaceEvents:
             return
         current = self.registry.peek(request.session_hash) if request is not None else None
         if current is not None and current.workspace_id == choice:
-            yield self._shown(current, f"“{current.name}” is the workspace open in this tab.")
+            yield self._shown(request, current, f"“{current.name}” is the workspace open in this tab.")
             return
         reopening = self._reopening(choice, request)
         if reopening is not None:
@@ -92,12 +92,12 @@ class WorkspaceEvents:
         if session is None:  # the tab keeps its workspace and its queued work; the note says why
             yield self._refused(note or "That workspace no longer exists.", request)
             return
-        yield self._shown(session, note)
+        yield self._shown(request, session, note)
 
     def new_workspace(self, request: gr.Request):
         """An empty workspace in this tab; the one it leaves is saved."""
         session, _ = self._attach(request, None)
-        return self._shown(session)
+        return self._shown(request, session)
 
     def new_context(self, request: gr.Request):
         """New context: a new, empty workspace in this tab, the one left saved and kept in the list. Emptying it in
@@ -107,8 +107,8 @@ class WorkspaceEvents:
         session, _ = self._attach(request, None)
         if kept and left is not session:
             self.registry.retire_left(left)  # saved now: the list shows it on this screen
-        return self._shown(session, f"“{left.name}” is kept in Workspaces, saved as you left it; this is a new, "
-                                    "empty workspace." if kept and left is not session else "")
+        return self._shown(request, session, f"“{left.name}” is kept in Workspaces, saved as you left it; this is a "
+                                             "new, empty workspace." if kept and left is not session else "")
 
     def queue_save(self, name, request: gr.Request):
         """Save after the actions queued before it (the model step writes the file, then records the name: a save
@@ -116,7 +116,7 @@ class WorkspaceEvents:
         session = self._session(request)
         self._name(session, name, record=False)
         session.new_work(WorkKind.SAVE)
-        return self.view(session)
+        return self.view(session, request.session_hash)
 
     def rename(self, name, request: gr.Request):
         """Name this workspace: on one line, cleaned of what UTF-8 cannot hold, cut (saying so) when too long."""
@@ -182,7 +182,7 @@ class WorkspaceEvents:
             return None, *self._refused(f"Not imported: {note}", request)
         if cut:
             note += f" Its name had more than {MAX_NAME_CHARS} characters and was cut."
-        return None, *self._shown(session, note)
+        return None, *self._shown(request, session, note)
 
     def workspace_panel(self, request: gr.Request):
         return self.workspace_view(self._session(request, touch=False))
