@@ -175,7 +175,8 @@ def _answer_all(runtime, documents, args, rows_path: Path) -> list[Row]:
 # -- the app ---------------------------------------------------------------------------------------------
 def answer_with_app(runtime, document, path: Path, args):
     from app.engine.citations import Ranking
-    from app.engine.context import AnswerResult, ContextEngine
+    from app.engine.context import ContextEngine
+    from app.engine.context_records import AnswerResult
     from app.engine.generation import GenerationSettings
     from ingest import ingest
 

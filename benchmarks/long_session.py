@@ -44,7 +44,8 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     from app.cli import AppConfig
-    from app.engine.context import AnswerResult, ContextEngine
+    from app.engine.context import ContextEngine
+    from app.engine.context_records import AnswerResult
     from app.engine.generation import GenerationSettings
     from app.engine.model_loading import load_runtime
     from ingest import ingest

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from app.cli import AppConfig
-from app.engine.context import AnswerResult, ContextEngine, ContextOutOfMemory
+from app.engine.context import ContextEngine
+from app.engine.context_records import AnswerResult, ContextOutOfMemory
 from app.engine.generation import GenerationSettings
 from app.engine.metrics import device_memory
 from app.engine.model_loading import ModelChoice, load_runtime

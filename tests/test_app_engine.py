@@ -19,7 +19,8 @@ from app.session.uploads import DocumentRow, RowStatus
 from app.session.source_files import SourceFiles
 from app.web import views
 from app.cli import AppConfig
-from app.engine.context import AnswerDelta, AnswerResult, ContextEngine, ContextFull, ContextOutOfMemory, EngineError, Stopped
+from app.engine.context import ContextEngine
+from app.engine.context_records import AnswerDelta, AnswerResult, ContextFull, ContextOutOfMemory, EngineError, Stopped
 from app.engine.citations import CARRIED_TOKENS, NEUTRAL_QUESTION, lead_with_answer_source
 from app.engine.generation import GenerationSettings
 from app.engine.history import Exchange

@@ -10,7 +10,8 @@ import torch
 
 from app.cli import AppConfig
 from app.engine.citations import Ranking
-from app.engine.context import AnswerResult, ContextEngine
+from app.engine.context import ContextEngine
+from app.engine.context_records import AnswerResult
 from app.engine.generation import GenerationSettings
 from app.engine.model_loading import UNMEASURED_WINDOW, ModelChoice, load_runtime
 from chat_templates import CHATML, byte_level

@@ -65,7 +65,7 @@ def test_citations_rank_what_the_question_recalls_beyond_a_neutral_question():
 
 def test_an_answer_without_sources_says_why():
     from app.engine.citations import CitationReport
-    from app.engine.context import AnswerResult
+    from app.engine.context_records import AnswerResult
     from app.session.model_work import ModelWork
 
     def note(report: CitationReport) -> str:

@@ -17,13 +17,14 @@ from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
-from typing import Generator, Iterator, Protocol, Sequence
+from typing import Generator, Iterator, Sequence
 
-from ingest import Provenance
 from ingest.documents import without_page_markers
 
 from .chat_format import Carry, ChatFormat, TurnState
 from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, Ranking, cite, lead_with_answer_source
+from .context_records import (AnswerDelta, AnswerResult, ContextFull, ContextOutOfMemory, DocumentChunk,
+                              DocumentPlan, EngineError, Piece, Saved, Stopped, Turn)
 from .document_choice import covers
 from .generation import Decoded, Finish, GenerationSettings, LoopGuard, next_token, whole_sentences
 from .history import DocumentsFed, Exchange
@@ -52,119 +53,6 @@ def words_after_header(text: str) -> str:
 
 
 SNIPPET_BEFORE, SNIPPET_AFTER = 16, 24  # tokens of context shown around a cited passage's most relevant token
-
-
-class EngineError(Exception):
-    """A refused or failed operation; the context is unchanged. The message is for the user."""
-
-
-class Stopped(EngineError):
-    def __init__(self, during: str):
-        super().__init__(f"Stopped during {during}; the context is back where it was before.")
-        self.during = during
-
-
-class ContextFull(EngineError):
-    pass
-
-
-class ContextOutOfMemory(EngineError):
-    pass
-
-
-class DocumentChunk(Protocol):
-    """What the engine needs of an ingested chunk (``ingest.Chunk`` has it): its text and where it came from."""
-
-    text: str
-    where: Provenance
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Tokens to feed, the span they will occupy, and the turn state and carry once they are fed."""
-
-    ids: list[int]
-    kind: SpanKind
-    state: TurnState
-    carry: Carry = Carry()
-    chunk: DocumentChunk | None = None
-
-
-@dataclass(frozen=True)
-class DocumentPlan:
-    """Documents as they would be fed now: the pieces (with the opening a turn needs), and the context they
-    were planned against (a plan is only fed unchanged while the context has not moved since)."""
-
-    pieces: tuple[Piece, ...]
-    version: tuple[int, int]
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(p.ids) for p in self.pieces)
-
-    @property
-    def chunks(self) -> list:
-        return [p.chunk for p in self.pieces if p.chunk is not None]
-
-    def tokens_by_source(self) -> dict[str, int]:
-        """Document tokens per file; the opening's tokens are under None."""
-        totals: dict = {}
-        for piece in self.pieces:
-            source = piece.chunk.where.source if piece.chunk is not None else None
-            totals[source] = totals.get(source, 0) + len(piece.ids)
-        return totals
-
-
-@dataclass(frozen=True)
-class Saved:
-    """A consistent state of the context: cache snapshot, token count, spans, turn state, logits."""
-
-    snapshot: object
-    n_tokens: int
-    n_spans: int
-    state: TurnState
-    carry: Carry  # text held back for the next piece, and the end of the text fed (see chat_format)
-    n_turns: int
-    n_history: int
-    logits: object = None  # next-token logits, kept only right after a question's prefill
-
-
-@dataclass
-class Turn:
-    """An answered question: states before the question and between question and answer (regenerate), and
-    the sources its question's recall found (an answer drawn again cites the same question). Only the first
-    turn's ``before`` (clearing the chat) and the last turn's states (regenerate) are kept: each holds the window
-    as it was, so keeping every turn's would grow memory by a window per question (``_keep_undo_points``)."""
-
-    before: Saved | None
-    after_question: Saved | None
-    citations: CitationReport
-    question_tokens: int  # the question as the context keeps it (its opening, the question, the answer's header)
-    end: int = 0  # context length after the answer's </s> (set as the answer is committed: ContextEngine._answer)
-    quoted: str = ""  # the user turn the answer was drawn from when it quoted sources (quoting.py), read in a
-    # context of its own (AnswerReader): regenerate reads it there again
-    earlier: Exchange | None = None  # the exchange the reader held before that turn (reader.py)
-
-
-@dataclass(frozen=True)
-class AnswerDelta:
-    text: str
-    tokens: int
-    ttft_s: float | None
-
-
-@dataclass(frozen=True)
-class AnswerResult:
-    text: str
-    tokens: int
-    finish: Finish
-    citations: CitationReport
-    ttft_s: float
-    prefill_tps: float
-    decode_tps: float
-    question_tokens: int
-    answer_ids: tuple[int, ...] = ()  # as sampled, without the end of turn (history.Exchange)
-    quoted: bool = False  # drawn with the first source quoted before the question, recall off (quoting.py)
 
 
 @dataclass

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from ingest.units import human_bytes
 
 from ..engine.budget import Budget
-from ..engine.context import AnswerDelta, AnswerResult, ContextEngine, EngineError, Stopped
+from ..engine.context import ContextEngine
+from ..engine.context_records import AnswerDelta, AnswerResult, EngineError, Stopped
 from ..engine.replay import DOCUMENTS_ONLY, before_exchange, replay, replay_cost, without_source
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import LiveStats, Phase, human_seconds
