@@ -9,10 +9,7 @@ from __future__ import annotations
 from collections import deque
 from contextlib import contextmanager
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .state import Work
+from typing import Protocol
 
 
 class Stage(StrEnum):
@@ -23,10 +20,17 @@ class Stage(StrEnum):
     DONE = "done"
 
 
+class QueuedAction(Protocol):
+    """What the queue reads of an action (state.Work): how far it got, and whether its files are being read."""
+
+    stage: Stage
+    reading: bool
+
+
 class WorkQueue:
     def __init__(self, lock) -> None:
         self.lock = lock  # the session's
-        self.pending: deque[Work] = deque()
+        self.pending: deque[QueuedAction] = deque()
         self.model_step = False  # a request of this session is running its actions on the model
         self.busy = 0  # operations in progress (``working``)
         self.closed = False  # no model step takes work; the last operation to end frees the session
@@ -40,7 +44,7 @@ class WorkQueue:
             self.model_step = True
             return True
 
-    def next_model_work(self) -> Work | None:
+    def next_model_work(self) -> QueuedAction | None:
         """The oldest action for the model step, or None, releasing the step, when there is none yet (or it is
         still being read: that action's own model step comes after its reading step). One lock for both, so
         an action queued meanwhile is never left without a step."""
