@@ -192,3 +192,63 @@ def test_a_save_never_replaces_another_replicas_newer_save(runtime, tmp_path):
     assert listed == {workspace_id: "Keys", session.workspace_id: "Keys (copy: saved elsewhere meanwhile)"}
     b.registry.save_all()
     a.registry.save_all()
+
+
+# -- a tab whose page another replica served ------------------------------------------------------
+def _cookie_request(name: str, replica: str | None):
+    req = request(name)
+    req.cookies = {} if replica is None else {"lminfinite_replica": replica}
+    return req
+
+
+def test_a_tab_served_by_a_replica_that_stopped_is_told_to_reload_not_given_an_empty_context(runtime, tmp_path):
+    import gradio as gr
+
+    b = make_handlers(runtime, workspaces=str(tmp_path / "ws"), replica="b")
+    with pytest.raises(gr.Error, match="served by replica “a:7860”.*reload the page"):
+        b.show(_cookie_request("tab-from-a", "a%3A7860"))  # the cookie as the page set it (quoted)
+    assert b.registry.peek("tab-from-a") is None  # no empty session was made for it
+    b.show(_cookie_request("tab-of-b", "b"))  # its own page: served
+    b.show(_cookie_request("api-client", None))  # no page at all (a script): served, as before
+    b.attach(None, _cookie_request("tab-from-a", "a%3A7860"))  # the reload's page load attaches it here ...
+    b.show(_cookie_request("tab-from-a", "a%3A7860"))  # ... and then its requests are this replica's
+    assert b.registry.peek("tab-from-a") is not None
+
+
+def test_the_page_names_its_replica_in_a_cookie_and_nothing_else_does():
+    import asyncio
+
+    from app.web.replica_cookie import ReplicaCookie
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/html")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def headers_of(method: str, path: str) -> list:
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        asyncio.run(ReplicaCookie(app, "host:7860")({"type": "http", "method": method, "path": path}, None, send))
+        return sent[0]["headers"]
+
+    assert (b"set-cookie", b"lminfinite_replica=host%3A7860; Path=/; HttpOnly; SameSite=Lax") in headers_of("GET", "/")
+    assert all(name != b"set-cookie" for name, _ in headers_of("GET", "/gradio_api/info"))
+    assert all(name != b"set-cookie" for name, _ in headers_of("POST", "/"))
+
+
+def test_the_proxy_configuration_routes_each_replica_by_its_cookie_with_the_others_as_backups():
+    import argparse
+
+    from deploy.nginx_config import parse_replica, render
+
+    text = render([("a", "10.0.0.5:7860"), ("b:1", "10.0.0.6:7860")], "443", 2_000_000, ("c.pem", "k.pem"))
+    assert '"a" lminfinite_a;' in text and '"b%3A1" lminfinite_b_1;' in text  # the cookie's value, as quoted
+    assert "upstream lminfinite_a {\n    server 10.0.0.5:7860 max_fails=1 fail_timeout=5s;\n" \
+           "    server 10.0.0.6:7860 backup;\n}" in text
+    assert "client_max_body_size 2000000;" in text and "listen 443 ssl;" in text and "proxy_buffering off;" in text
+    with pytest.raises(ValueError):
+        render([("a", "h:1"), ("a", "h:2")], "80", 1)
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_replica("a=no-port")
