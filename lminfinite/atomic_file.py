@@ -44,3 +44,34 @@ def _fsync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def create_whole(path: str | Path, text: str, mode: int = 0o644) -> bool:
+    """Write ``text`` to ``path`` unless something is there already; whether this call wrote it. Written beside and
+    hard-linked into place (the link fails when the name exists: one writer wins, on local disks and on NFS, and no
+    reader sees half of it); where the file system has no hard links, created exclusively (O_EXCL) and written."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.chmod(tmp, mode)
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links here (some FUSE, SMB or exFAT mounts)
+            return _create_exclusively(path, text, mode)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _create_exclusively(path: Path, text: str, mode: int) -> bool:
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, mode)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(text)
+    return True

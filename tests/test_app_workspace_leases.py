@@ -252,3 +252,21 @@ def test_the_proxy_configuration_routes_each_replica_by_its_cookie_with_the_othe
         render([("a", "h:1"), ("a", "h:2")], "80", 1)
     with pytest.raises(argparse.ArgumentTypeError):
         parse_replica("a=no-port")
+
+
+def test_where_the_file_system_has_no_hard_links_an_exclusive_create_takes_the_lease(tmp_path, monkeypatch):
+    import os
+
+    def no_links(source, target):
+        raise PermissionError(1, "Operation not permitted")  # as some FUSE, SMB and exFAT mounts answer
+
+    monkeypatch.setattr(os, "link", no_links)
+    workspace, clock = tmp_path / "a.lmiw", Clock()
+    a, b = Leases("a", 30, clock), Leases("b", 30, clock)
+    a.take(workspace)
+    with pytest.raises(WorkspaceHeld, match="replica “a”"):
+        b.take(workspace)
+    clock.now += 31
+    b.take(workspace)  # ended: broken and taken here too
+    assert b.holds(workspace) and '"replica": "b"' in Leases.lease_path(workspace).read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.lease"]  # nothing left beside it

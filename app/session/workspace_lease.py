@@ -3,7 +3,7 @@
 A replica that opens a workspace takes its lease: a small file ``<id>.lease`` beside the workspace, naming the
 replica and when the lease ends. It is taken atomically (written beside, then hard-linked to its name, which fails
 when the name exists: the classic lock that NFS also keeps), renewed while the workspace is live, and removed when
-it is freed. A replica that crashed stops renewing: its leases end after ``ttl_s`` and another replica takes them,
+it is freed (where a file system has no hard links, an exclusive create stands in). A replica that crashed stops renewing: its leases end after ``ttl_s`` and another replica takes them,
 reopening the workspace from its last save. A replica restarted under the same name takes its own leases back at
 once. Lease times are wall-clock times, compared across machines: keep their clocks in step (NTP) and the time-to-live
 well above any skew.
@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from lminfinite.atomic_file import create_whole
 
 log = logging.getLogger(__name__)
 
@@ -216,15 +218,7 @@ class Leases:
 
     def _create(self, path: Path, token: str) -> bool:
         """Write our lease at ``path`` unless one is there: whole or not at all, atomically."""
-        tmp = path.with_name(f".{path.name}.{token}.tmp")
-        tmp.write_text(self._lease(token).text(), encoding="utf-8")
-        try:
-            os.link(tmp, path)
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
+        return create_whole(path, self._lease(token).text())
 
     def _is_ours(self, held: _Held) -> bool:
         current = _LeaseFile.read(held.path)
@@ -251,8 +245,5 @@ class Leases:
             return
         moved = _LeaseFile.read(aside)
         if moved is not None and moved != ended:
-            try:
-                os.link(aside, path)  # put back, unless a newer one is there already
-            except FileExistsError:
-                pass
+            create_whole(path, moved.text())  # put back, unless a newer one is there already
         aside.unlink(missing_ok=True)

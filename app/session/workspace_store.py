@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import re
 import secrets
 import shutil
@@ -21,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lminfinite.atomic_file import replacing, write_text
+from lminfinite.atomic_file import create_whole, replacing, write_text
 
 from .downloads import Downloads
 from .text import clean_text
@@ -221,14 +220,5 @@ class WorkspaceStore:
             return path.read_text(encoding="ascii").strip()
         except OSError:
             pass
-        # Written beside, then linked: replicas starting together agree on the first one written.
-        tmp = self.root / f".{SECRET}.{secrets.token_hex(4)}.tmp"
-        tmp.write_text(secrets.token_urlsafe(24), encoding="ascii")
-        os.chmod(tmp, 0o600)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink(missing_ok=True)
+        create_whole(path, secrets.token_urlsafe(24), mode=0o600)  # replicas starting together agree on the first
         return path.read_text(encoding="ascii").strip()
