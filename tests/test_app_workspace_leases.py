@@ -270,3 +270,20 @@ def test_where_the_file_system_has_no_hard_links_an_exclusive_create_takes_the_l
     b.take(workspace)  # ended: broken and taken here too
     assert b.holds(workspace) and '"replica": "b"' in Leases.lease_path(workspace).read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.lease"]  # nothing left beside it
+
+
+def test_a_shared_folder_that_cannot_be_written_refuses_the_reopen_and_keeps_the_file(runtime, tmp_path, monkeypatch):
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"), replica="a")
+    workspace_id = _saved_workspace(handlers, tmp_path)
+    handlers.registry.save_all()
+    path = handlers.registry.store.path(None, workspace_id)
+    saved = path.read_bytes()
+    reader = make_handlers(runtime, workspaces=str(tmp_path / "ws"), replica="b")
+
+    def read_only(self, workspace_file, wait_s, poll_s=0.25):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Leases, "take_waiting", read_only)
+    session, why = reader.registry.reopen(workspace_id, None)
+    assert session is None and why == "“Keys” could not be opened: its folder cannot be written (PermissionError)."
+    assert path.read_bytes() == saved

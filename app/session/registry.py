@@ -232,6 +232,9 @@ class SessionRegistry:
             self.leases.take_waiting(path, min(self.leases.ttl_s + 1, LEASE_WAIT_S))
         except WorkspaceHeld as exc:
             return None, f"{saved} was not opened here: {exc}. Reload this page to try again."
+        except OSError as exc:  # the shared folder is away or read-only: the file stays as it is
+            log.warning("could not take the lease of workspace %s: %s", workspace_id, exc)
+            return None, f"{saved} could not be opened: its folder cannot be written ({type(exc).__name__})."
         session = self._new(owner, workspace_id, name)
         started = time.perf_counter()
         try:
