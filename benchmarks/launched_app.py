@@ -64,3 +64,30 @@ def start_app(*args: str, timeout_s: float = 180, port: int | None = None) -> Ap
             time.sleep(0.5)
     server.stop()
     raise RuntimeError(f"app did not start within {timeout_s} s:\n{server.log()}")
+
+
+NGINX = "/usr/sbin/nginx"
+
+
+def start_proxy(replicas: dict[str, int], prefix: Path, *, timeout_s: float = 30) -> tuple[subprocess.Popen, str]:
+    """nginx in front of the loopback ``replicas`` (name -> port), configured by deploy/nginx_config.py as a user
+    configures it, everything it writes under ``prefix``; returns the process and its address once it answers."""
+    port = free_port()
+    config = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "nginx_config.py"), "--listen", f"127.0.0.1:{port}",
+         "--max-file-size", "2MB", "--standalone", str(prefix), *(f"{n}=127.0.0.1:{p}" for n, p in replicas.items())],
+        check=True, capture_output=True, text=True).stdout
+    (prefix / "nginx.conf").write_text(config)
+    process = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return process, url
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"nginx did not answer:\n{(prefix / 'error.log').read_text(errors='replace')}")
+            time.sleep(0.2)

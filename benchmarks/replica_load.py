@@ -12,18 +12,15 @@ from __future__ import annotations
 import argparse
 import http.cookiejar
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from benchmarks.launched_app import ROOT, free_port, start_app
+from benchmarks.launched_app import start_app, start_proxy
 from benchmarks.report import publish
 from ingest.tables import markdown_table
 
-NGINX = "/usr/sbin/nginx"
 QUESTIONS = ["Which function parses the header?", "What does it return when the value is empty?",
              "Which exception does it raise for a bad date?", "What is the default port?"]
 
@@ -35,18 +32,6 @@ def document(folder: Path, user: int) -> Path:
     path = folder / f"user{user}_cookiejar_part.py"
     path.write_text("\n".join(lines[start:start + 150]) + "\n", encoding="utf-8")
     return path
-
-
-def proxy(replica_port: int, folder: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    config = subprocess.run([sys.executable, str(ROOT / "deploy" / "nginx_config.py"), "--listen",
-                             f"127.0.0.1:{port}", "--standalone", str(folder), f"r1=127.0.0.1:{replica_port}"],
-                            check=True, capture_output=True, text=True).stdout
-    (folder / "nginx.conf").write_text(config)
-    process = subprocess.Popen([NGINX, "-p", str(folder), "-c", str(folder / "nginx.conf")],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-    time.sleep(1.0)
-    return process, f"http://127.0.0.1:{port}/"
 
 
 def one_user(url: str, doc: Path, questions: int, waits: list, failures: list) -> None:
@@ -98,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     folder = Path(tempfile.mkdtemp(prefix="replica-load-"))
     server = start_app("--model", args.model, "--cpu-threads", str(args.cpu_threads), "--workspaces",
                        str(folder / "ws"), "--replica", "r1", timeout_s=900)
-    nginx, url = proxy(int(server.url.rsplit(":", 1)[1].strip("/")), folder)
+    nginx, url = start_proxy({"r1": int(server.url.rsplit(":", 1)[1].strip("/"))}, folder)
     try:
         rows = []
         for users in args.users:

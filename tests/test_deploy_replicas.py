@@ -9,21 +9,17 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from app_fixtures import ROOT, start_server
-from benchmarks.launched_app import AppServer, free_port
+from app_fixtures import start_server
+from benchmarks.launched_app import NGINX, AppServer, free_port, start_proxy
 from test_app_browser import _table_includes, _wait_for_page_load, chromium, drop_and_ask
 
-NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 LEASE_S = "3"
 NOTES = "The spare keys are in the blue drawer, behind the atlas.\n" * 30
 
@@ -40,7 +36,7 @@ class Cluster:
         self.replicas: dict[str, AppServer] = {}
         self.prefix = tmp_path / "nginx"
         self.prefix.mkdir()
-        self.url = f"http://127.0.0.1:{free_port()}/"
+        self.url = ""  # the proxy's, once started
         self.proxy: subprocess.Popen | None = None
 
     def start(self, name: str) -> AppServer:
@@ -49,24 +45,7 @@ class Cluster:
         return self.replicas[name]
 
     def start_proxy(self) -> None:
-        listen = self.url.split("//")[1].rstrip("/")
-        config = subprocess.run(
-            [sys.executable, str(ROOT / "deploy" / "nginx_config.py"), "--listen", listen, "--max-file-size", "2MB",
-             "--standalone", str(self.prefix), *(f"{n}=127.0.0.1:{p}" for n, p in self.ports.items())],
-            check=True, capture_output=True, text=True).stdout
-        (self.prefix / "nginx.conf").write_text(config)
-        self.proxy = subprocess.Popen([NGINX, "-p", str(self.prefix), "-c", str(self.prefix / "nginx.conf")],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(self.url, timeout=2) as response:
-                    assert response.status == 200
-                    return
-            except OSError:
-                assert self.proxy.poll() is None, (self.prefix / "error.log").read_text()
-                assert time.monotonic() < deadline, "nginx did not answer"
-                time.sleep(0.2)
+        self.proxy, self.url = start_proxy(self.ports, self.prefix)
 
     def kill(self, name: str) -> None:
         """SIGKILL: no save, no lease given back."""

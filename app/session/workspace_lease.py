@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from lminfinite.atomic_file import create_whole
+from lminfinite.atomic_file import create_whole, write_text
 
 log = logging.getLogger(__name__)
 
@@ -230,9 +230,7 @@ class Leases:
             with self._lock:
                 self._held = {k: v for k, v in self._held.items() if v is not held}
             return False
-        tmp = held.path.with_name(f".{held.path.name}.{secrets.token_hex(4)}.tmp")  # unique: renewals may cross
-        tmp.write_text(self._lease(held.token).text(), encoding="utf-8")
-        os.replace(tmp, held.path)
+        write_text(self._lease(held.token).text(), held.path)  # replaced whole (atomic_file)
         return True
 
     def _break(self, path: Path, ended: _LeaseFile) -> None:
