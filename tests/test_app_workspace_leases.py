@@ -122,6 +122,32 @@ def test_replicas_racing_for_one_lease_across_processes_one_wins(tmp_path, ended
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
 
 
+def test_a_late_breaker_leaves_the_lease_taken_in_place_of_the_ended_one(tmp_path):
+    """Two replicas saw the same lease end; the first broke it and took it. The second breaks only under the lock
+    and only what has ended, so the new lease stays (the CI failure of 2026-11-28: a second rename moved it aside,
+    and a third replica took the name meanwhile, so two held it). While a live lock says someone else is breaking,
+    a take waits for it and then finds who holds the lease; a lock left by a replica that died ends like a lease."""
+    workspace, clock = tmp_path / "a.lmiw", Clock()
+    lease = Leases.lease_path(workspace)
+    lease.write_text('{"replica": "gone", "token": "x", "expires": 1}')
+    a, b, c = (Leases(name, 30, clock) for name in "abc")
+    a.take(workspace)
+    assert b._break(lease)  # b, late, still thinks the lease has ended
+    assert a.holds(workspace) and '"replica": "a"' in lease.read_text()
+    with pytest.raises(WorkspaceHeld, match="replica “a”"):
+        c.take(workspace)
+
+    clock.now += 31  # a died; c died while breaking its lease, leaving the lock
+    lock = lease.with_name(lease.name + ".breaking")
+    lock.write_text(f'{{"replica": "c", "token": "break", "expires": {clock.now + 10}}}')
+    with pytest.raises(WorkspaceHeld, match="replica “a”"):
+        b.take(workspace)  # the lock is live: b waited its 2 s and gave up, breaking nothing
+    assert '"replica": "a"' in lease.read_text()
+    clock.now += 11  # the lock has ended too
+    b.take(workspace)
+    assert b.holds(workspace) and not lock.exists() and '"replica": "b"' in lease.read_text()
+
+
 # -- two replicas' registries on one folder (in one process: the real servers are in test_deploy_replicas) ------
 def _replica(runtime, folder: Path, name: str):
     handlers = make_handlers(runtime, workspaces=str(folder), replica=name, lease_s=3.0)

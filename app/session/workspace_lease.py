@@ -3,9 +3,10 @@
 A replica that opens a workspace takes its lease: a small file ``<id>.lease`` beside the workspace, naming the
 replica and when the lease ends. It is taken atomically (written beside, then hard-linked to its name, which fails
 when the name exists: the classic lock that NFS also keeps), renewed while the workspace is live, and removed when
-it is freed (where a file system has no hard links, an exclusive create stands in). A replica that crashed stops renewing: its leases end after ``ttl_s`` and another replica takes them,
-reopening the workspace from its last save. A replica restarted under the same name takes its own leases back at
-once. Lease times are wall-clock times, compared across machines: keep their clocks in step (NTP) and the time-to-live
+it is freed (where a file system has no hard links, an exclusive create stands in). A replica that crashed stops
+renewing: its leases end after ``ttl_s`` and another replica breaks them (one at a time, through a lock file) and
+takes them, reopening the workspace from its last save. A replica restarted under the same name takes its own leases
+back at once. Lease times are wall-clock times, compared across machines: keep their clocks in step (NTP) and the time-to-live
 well above any skew.
 
 Each lease also remembers the file's version (inode, size, mtime) as this replica last read or wrote it: a save
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import secrets
 import threading
 import time
@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 LEASE_SUFFIX = ".lease"
 DEFAULT_TTL_S = 30.0
+BREAK_SUFFIX = ".breaking"  # beside a lease: the replica removing an ended lease
+BREAK_TTL_S = 10.0  # a break takes milliseconds; a lock older than this was left by a replica that died
+BREAK_WAIT_S = 2.0  # how long ``take`` waits for another replica's break to finish
 
 
 class WorkspaceHeld(Exception):
@@ -109,20 +112,19 @@ class Leases:
             return
         path = self.lease_path(workspace_file)
         token = secrets.token_hex(8)
-        for _ in range(3):  # a lease that ended is broken, then taken; another replica may win either step
+        deadline = time.monotonic() + BREAK_WAIT_S
+        while True:  # a lease that ended is broken, then taken; another replica may win either step
             if self._create(path, token):
                 with self._lock:
                     self._held[workspace_file] = _Held(path, token)
                     self._versions.setdefault(workspace_file, file_version(workspace_file))
                 return
             current = _LeaseFile.read(path)
-            if current is None:
-                continue  # given back meanwhile
-            if current.replica != self.replica and current.expires > self.clock():
+            if current is not None and current.replica != self.replica and current.expires > self.clock():
                 raise WorkspaceHeld(current.replica, current.expires - self.clock())
-            self._break(path, current)
-        current = _LeaseFile.read(path)
-        raise WorkspaceHeld(current.replica if current else "?", self.ttl_s)
+            if current is not None and not self._break(path) and time.monotonic() >= deadline:
+                raise WorkspaceHeld(current.replica, self.ttl_s)  # another replica has been breaking it all along
+            # given back meanwhile, broken by us, or being broken by another replica: try to take it again
 
     def take_waiting(self, workspace_file: Path, wait_s: float, poll_s: float = 0.25) -> None:
         """``take``, trying again for up to ``wait_s`` while another replica holds it (it may be saving and
@@ -213,8 +215,8 @@ class Leases:
         return lost
 
     # -- the file --------------------------------------------------------------------------------
-    def _lease(self, token: str) -> _LeaseFile:
-        return _LeaseFile(self.replica, token, self.clock() + self.ttl_s)
+    def _lease(self, token: str, ttl_s: float | None = None) -> _LeaseFile:
+        return _LeaseFile(self.replica, token, self.clock() + (self.ttl_s if ttl_s is None else ttl_s))
 
     def _create(self, path: Path, token: str) -> bool:
         """Write our lease at ``path`` unless one is there: whole or not at all, atomically."""
@@ -233,15 +235,22 @@ class Leases:
         write_text(self._lease(held.token).text(), held.path)  # replaced whole (atomic_file)
         return True
 
-    def _break(self, path: Path, ended: _LeaseFile) -> None:
-        """Move an ended lease out of the way. The rename succeeds for one replica only; a lease that turns out to
-        be a fresh one (taken between our read and the rename) is put back."""
-        aside = path.with_name(f".{path.name}.{secrets.token_hex(4)}.broken")
+    def _break(self, path: Path) -> bool:
+        """Remove the lease at ``path`` if it has ended (or is ours, from before a restart); whether this call
+        looked. Breakers take turns through a lock file beside it: two replicas that both saw the lease end must
+        not both remove a lease, or the second would remove the one the first has just taken in its place (both
+        would then think they hold it). A lock left by a replica that died while breaking ends like a lease."""
+        lock = path.with_name(path.name + BREAK_SUFFIX)
+        if not create_whole(lock, self._lease("break", BREAK_TTL_S).text()):
+            stale = _LeaseFile.read(lock)
+            if stale is not None and stale.expires <= self.clock():
+                lock.unlink(missing_ok=True)
+            time.sleep(0.005)
+            return False
         try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return
-        moved = _LeaseFile.read(aside)
-        if moved is not None and moved != ended:
-            create_whole(path, moved.text())  # put back, unless a newer one is there already
-        aside.unlink(missing_ok=True)
+            current = _LeaseFile.read(path)  # read again: under the lock, only its owner may change it now
+            if current is not None and (current.replica == self.replica or current.expires <= self.clock()):
+                path.unlink(missing_ok=True)
+        finally:
+            lock.unlink(missing_ok=True)
+        return True
