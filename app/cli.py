@@ -84,7 +84,7 @@ class AppConfig:
                                      "every user; app/web/model_switch.py)"),
     })
     cuda_graphs: bool = flag(True, group=MODEL, switches={
-        "--no-cuda-graphs": (False, "on CUDA, decode answers without recall through the model's own forward "
+        "--no-cuda-graphs": (False, "on CUDA, decode answers through the model's own forward "
                                     "rather than a recorded CUDA graph (lminfinite.GraphedDecoder)"),
     })
 

@@ -16,6 +16,7 @@ from transformers.cache_utils import Cache
 
 from .config import LMInfiniteConfig, require_int
 from .decode_step import DecodeStep
+from .forward_rotation import ForwardRotation
 from .layer import InfiniteLayer
 from .layer_state import LayerState
 from .model_state import get_state
@@ -52,10 +53,13 @@ class InfiniteCache(Cache):
     ``middle_device_bytes`` (default: the config's ``middle_device_share`` of the free GPU memory, on a GPU) bounds
     what the middle stores hold on the model's device before their rows go to pinned CPU pages; ``topk``
     (default None: the model's) is the recall k of this cache's forwards, and may change between them.
+    ``recall_fixed_shapes`` (default None: on a GPU) makes a steady decode step scan each middle store's whole
+    buffer with its spare rows masked, so a CUDA graph can stand for a step that recalls (MiddleStore.fixed_view).
     """
 
     def __init__(self, model, keep_middle: bool | None = None, offload_middle: bool | None = None,
-                 topk: int | None = None, middle_device_bytes: int | None = None):
+                 topk: int | None = None, middle_device_bytes: int | None = None,
+                 recall_fixed_shapes: bool | None = None):
         state = get_state(model)
         if state is None:
             raise ValueError("InfiniteCache needs an LM-Infinite model: call lminfinite.enable(model) first")
@@ -65,7 +69,8 @@ class InfiniteCache(Cache):
         keeping = [keep and i >= self.config.topk_from_layer for i in range(state.num_layers)]
         total = middle_device_bytes if middle_device_bytes is not None else _free_share(model, self.config)
         budget = None if total is None or not any(keeping) else total // sum(keeping)
-        layers = [InfiniteLayer(self.config, state.rope, keeps, offload, budget) for keeps in keeping]
+        layers = [InfiniteLayer(self.config, state.rope, keeps, offload, budget, recall_fixed_shapes)
+                  for keeps in keeping]
         super().__init__(layers=layers)
         self._model = weakref.ref(model)  # to refuse clearly a forward after lminfinite.disable(model)
         self.topk = topk
@@ -73,23 +78,47 @@ class InfiniteCache(Cache):
         self._recall_config: tuple | None = None  # (model config, topk, that config with this k)
         self._step: DecodeStep | None = None  # the next steady decode step's slot and rotations (decode_step.py)
         self._recording = False
+        self._forward_plan: ForwardRotation | None = None  # the forward under way's (plan_rotation)
+        self._rotated = False  # this forward's queries and keys came rotated into the frame (forward_rotation.py)
 
     def __getstate__(self) -> dict:
         """A pickled cache (torch.save) leaves its model behind: a weak reference does not pickle."""
-        return {**self.__dict__, "_model": None, "_step": None}
+        return {**self.__dict__, "_model": None, "_step": None, "_forward_plan": None}
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         """Every layer of a forward: its keys and values in, its KeyContext out (layer.py). Before the first
         layer, what the whole forward needs: a model still LM-Infinite, the frames re-based when due, and for a
         decode step its DecodeStep, unless the forward is being recorded (``recording``)."""
         if layer_idx == 0:
-            model = self._model() if self._model is not None else None
-            if model is not None and get_state(model) is None:
-                raise RuntimeError("this InfiniteCache's model is no longer LM-Infinite (lminfinite.disable): enable "
-                                   "it again to go on, or use a new cache of the plain model")
-            if not self._recording:
-                self.prepare_forward(key_states.shape[-2])
-        return self.layers[layer_idx].update(key_states, value_states, self._step, advance=not self._recording)
+            plan = self._forward_plan
+            if plan is None:  # the model's rotary embedding did not run a plan of ours: prepared here
+                self._check_model()
+                if not self._recording:
+                    self.prepare_forward(key_states.shape[-2])
+            self._rotated = plan is not None and plan.applied
+        return self.layers[layer_idx].update(key_states, value_states, self._step, advance=not self._recording,
+                                             rotated=self._rotated)
+
+    def plan_rotation(self, tokens: int) -> ForwardRotation:
+        """Before a forward of ``tokens`` tokens (patch.py's hook on the model): prepare it, unless it is being
+        recorded, and say how its queries and keys are rotated into the frame (forward_rotation.py)."""
+        self._check_model()
+        if not self._recording:
+            self.prepare_forward(tokens)
+        first = self.layers[0]
+        steady = tokens == 1 and first.is_initialized and first.steady and self._step is not None
+        self._forward_plan = ForwardRotation(self, first.seen - first.frame, self._step if steady else None)
+        return self._forward_plan
+
+    def end_forward(self) -> None:
+        """After the forward (patch.py's hook, also when it raised): its plan is done with."""
+        self._forward_plan = None
+
+    def _check_model(self) -> None:
+        model = self._model() if self._model is not None else None
+        if model is not None and get_state(model) is None:
+            raise RuntimeError("this InfiniteCache's model is no longer LM-Infinite (lminfinite.disable): enable "
+                               "it again to go on, or use a new cache of the plain model")
 
     def prepare_forward(self, tokens: int) -> None:
         """Before a forward of ``tokens`` tokens: re-base the frames that are due, and load the DecodeStep if it is
@@ -103,21 +132,32 @@ class InfiniteCache(Cache):
                 self._step = DecodeStep.allocate(ring.shape[-1], ring.dtype, ring.device)
             first.load_step(self._step)
 
-    def replay_buffers(self, model_config: LMInfiniteConfig) -> tuple[torch.Tensor, ...] | None:
-        """The tensors a recorded steady decode step of this cache reads and writes, or None when its next step
+    def replay_buffers(self, model_config: LMInfiniteConfig, observed: bool = False) -> tuple | None:
+        """The recall k and the tensors a recorded steady decode step of this cache reads and writes (a recording
+        stands for a step only while they are the same), or None when its next step
         cannot be replayed from a recording: the last forward was not a steady decode step (so the DecodeStep may
-        not be the one the next step loads, e.g. after a rollback or a reset), a layer recalls (it scans a store
-        that grows), or a snapshot holds a ring (the step must copy it before writing). Middle tokens kept without
-        recall are fine: ``advance`` moves the evicted one into the store after the step."""
+        not be the one the next step loads, e.g. after a rollback or a reset), a snapshot holds a ring (the step
+        must copy it before writing), or a layer recalls from a store without a fixed-shape view
+        (MiddleStore.fixed_view: on the CPU by default, or rows in pages) or while ``observed`` (the model's
+        observers are told what recall picks; a replay runs no Python to tell them). A recalling layer's store
+        buffers and its count of rows are among the tensors: when the store grows, the step is recorded again.
+        Middle tokens kept without recall are fine: ``advance`` moves the evicted one into the store after the step."""
         config, first = self._with_topk(model_config), self.layers[0]
         if self._step is None or self._step.position != first.seen - 1 or not first.steady:
             return None
         if not self._step.fits(first.ring_k.dtype, first.ring_k.device):
             return None
-        if any(config.uses_topk(i) or layer.shared for i, layer in enumerate(self.layers)):
-            return None
+        recall = []
+        for i, layer in enumerate(self.layers):
+            if layer.shared:
+                return None
+            if config.uses_topk(i):
+                fixed = None if observed or layer.middle is None else layer.middle.fixed_view()
+                if fixed is None:
+                    return None
+                recall.extend(fixed)
         rings = (t for layer in self.layers for t in layer.tensors())
-        return (*self._step.tensors, *rings)
+        return (config.topk, *self._step.tensors, *rings, *recall)
 
     @contextmanager
     def recording(self):

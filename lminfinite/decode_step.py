@@ -21,26 +21,29 @@ from .rotary import Rope, rotation_dtype
 class DecodeStep:
     """slot (1,) int64: the ring row the token goes to. cos, sin (1, head_dim), keys' dtype: the token's key and
     query into the frame (offset position - frame). start_cos, start_sin, float32 at least: the start keys to
-    distance ``window`` from the token (offset position - frame - window). position: the token they were last
-    loaded for (-1: never)."""
+    distance ``window`` from the token (offset position - frame - window). recall_cos, recall_sin, float32 at
+    least: the query from its frame rotation to ``topk_distance``, where recall scores the unrotated middle keys
+    (offset topk_distance - (position - frame)). position: the token they were last loaded for (-1: never)."""
 
     slot: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
     start_cos: torch.Tensor
     start_sin: torch.Tensor
+    recall_cos: torch.Tensor
+    recall_sin: torch.Tensor
     position: int = -1
 
     @classmethod
     def allocate(cls, head_dim: int, dtype: torch.dtype, device) -> "DecodeStep":
         with outside_inference_mode():  # written in place at every step, whatever the caller's mode
-            rows = [torch.zeros(1, head_dim, dtype=kind, device=device)
-                    for kind in (dtype, dtype, rotation_dtype(dtype), rotation_dtype(dtype))]
+            kinds = (dtype, dtype, *[rotation_dtype(dtype)] * 4)
+            rows = [torch.zeros(1, head_dim, dtype=kind, device=device) for kind in kinds]
             return cls(torch.zeros(1, dtype=torch.long, device=device), *rows)
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.slot, self.cos, self.sin, self.start_cos, self.start_sin
+        return self.slot, self.cos, self.sin, self.start_cos, self.start_sin, self.recall_cos, self.recall_sin
 
     @property
     def nbytes(self) -> int:
@@ -49,13 +52,15 @@ class DecodeStep:
     def fits(self, dtype: torch.dtype, device) -> bool:
         return self.cos.dtype == dtype and self.cos.device == torch.device(device)
 
-    def load(self, rope: Rope, *, position: int, frame: int, slot: int, window: int) -> None:
+    def load(self, rope: Rope, *, position: int, frame: int, slot: int, window: int, recall_distance: int) -> None:
         """Fill in place for the token at ``position``: device copies only, no sync."""
         self.position = position
         self.slot.fill_(slot)
         _fill(self.cos, self.sin, rope.row(position - frame, self.cos.dtype, self.cos.device))
         start = rope.row(position - frame - window, self.start_cos.dtype, self.cos.device)
         _fill(self.start_cos, self.start_sin, start)
+        recall = rope.row(recall_distance - (position - frame), self.recall_cos.dtype, self.cos.device)
+        _fill(self.recall_cos, self.recall_sin, recall)
 
 
 def _fill(cos: torch.Tensor, sin: torch.Tensor, row: tuple[torch.Tensor, torch.Tensor]) -> None:

@@ -5,8 +5,10 @@ attention); launched one by one from Python, they take longer to launch than the
 graph launches a recorded forward at once. It records kernels and their arguments, not Python, so it may stand
 for a step only while that step would run the same kernels on the same buffers. An InfiniteCache's steady
 decode step does (decode_step.py: what depends on the position is loaded into tensors before it), provided
-  - no layer recalls (recall scans a store that grows with the context; the evicted token a layer keeps for
-    later recall goes into its store after each replay, in Python, as after a step the model ran);
+  - a layer that recalls reads its middle store through a fixed-shape view (on a GPU by default: the store's
+    whole buffer, spare rows masked by a count kept on the device, MiddleStore.fixed_view), and nobody observes
+    what recall picks; when the store grows into a new buffer the step is recorded again. The evicted token a
+    layer keeps goes into its store after each replay, in Python, as after a step the model ran;
   - the cache's buffers are those the graph was recorded with, none of them held by a snapshot (a snapshot, a
     rollback or a copy-on-write changes them: the next step is recorded again);
   - the model's LM-Infinite state and the input's shape are those it was recorded with.
@@ -122,13 +124,13 @@ class GraphedDecoder:
         state = get_state(self.model)
         if state is None or next_ids.shape[-1] != 1:
             return None
-        buffers = self.cache.replay_buffers(state.config)
+        buffers = self.cache.replay_buffers(state.config, observed=bool(state.observers))
         return None if buffers is None else (state, next_ids.shape, next_ids.device, *buffers)
 
 
 def _same(needs: tuple, recorded: tuple) -> bool:
-    """Tensors and the state by identity (a graph holds their storage), shapes and devices by value."""
+    """Tensors and the state by identity (a graph holds their storage); shapes, devices and numbers by value."""
+    by_value = (torch.Size, torch.device, int)
     return len(needs) == len(recorded) and all(
-        a is b if isinstance(a, torch.Tensor) or not isinstance(a, (torch.Size, torch.device)) else a == b
-        for a, b in zip(needs, recorded)
+        a == b if isinstance(a, by_value) and isinstance(b, by_value) else a is b for a, b in zip(needs, recorded)
     )

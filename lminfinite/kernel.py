@@ -22,7 +22,7 @@ from .key_context import KeyContext
 from .fused import attend_with_lse
 from .kernel_choice import kernels_for
 from .recall import Recalled, recall_topk
-from .rotary import Rope
+from .rotary import Rope, apply_rotation
 from .window import window_attention
 
 
@@ -58,10 +58,10 @@ def lm_infinite_attention(
         )
 
     first_pos = ctx.end - c
-    query_pos = torch.arange(first_pos, ctx.end, device=query.device)
     kernels = kernels_for(config.window_kernel, query.device, query.dtype, dim)
     if ctx.decode_keys is None and ctx.recent_start == 0 and ctx.end <= config.window_ and kernels.window != "float32":
         return within_window(query, ctx, scale, groups)
+    query_pos = torch.arange(first_pos, ctx.end, device=query.device)
 
     # Query head h reads key/value head h // groups, as HF's repeat_kv lays them out.
     q_frame = query.view(batch, kv_heads, groups, c, dim)
@@ -136,7 +136,10 @@ def _attend_block(q_frame, query_pos, p0: int, ctx: KeyContext, config, rope: Ro
     # Middle tokens: the top-k logits at distance topk_distance, per query row and head.
     recalled: Recalled | None = None
     if config.uses_topk(layer_idx):
-        q_mid = _rotate_to(q_frame, config.topk_distance, p0, ctx.frame, rope)
+        if ctx.decode_recall_rotation is not None:  # a decode step: its rotation loaded as tensors (DecodeStep)
+            q_mid = apply_rotation(q_frame, *ctx.decode_recall_rotation)
+        else:
+            q_mid = _rotate_to(q_frame, config.topk_distance, p0, ctx.frame, rope)
         recalled = recall_topk(
             q_mid, query_pos, p0, ctx, rope, k=config.topk, n_starting=config.n_starting, window=window, scale=scale
         )

@@ -29,10 +29,13 @@ class KeyContext:
         the first ones (middle_k/v) where the store keeps them (the model's device, or the CPU for a CPU model),
         the rest (``middle_pages``) in pinned CPU pages, in position order, where a GPU store spilled beyond its
         budget or was offloaded (middle_store.py). ``middle_scan``: the store's bfloat16 copy of middle_k, which
-        recall scans where there is one (scan_copy.py).
+        recall scans where there is one (scan_copy.py). ``middle_live``, where set (a steady decode step of a store
+        with fixed shapes, MiddleStore.fixed_view): middle_k/v are the store's whole buffers, and only their first
+        middle_live rows (a count on their device) are in use.
     decode_keys/values: steady-state decoding of one query: the n_starting start keys rotated to
         distance ``window`` from it, then the last ``window`` keys in the frame, all valid, in any order.
     decode_rotation: with them, (cos, sin) of the query's rotation into the frame, as its key got it.
+    decode_recall_rotation: with them, (cos, sin) from the query's frame rotation to ``topk_distance``.
     """
 
     recent_k: torch.Tensor
@@ -45,19 +48,17 @@ class KeyContext:
     middle_v: torch.Tensor | None = None
     middle_scan: ScanKeys | None = None
     middle_pages: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
+    middle_live: torch.Tensor | None = None
     decode_keys: torch.Tensor | None = None
     decode_values: torch.Tensor | None = None
     decode_rotation: tuple[torch.Tensor, torch.Tensor] | None = None
+    decode_recall_rotation: tuple[torch.Tensor, torch.Tensor] | None = None
+    queries_rotated: bool = False  # the call's queries arrive rotated into the frame (forward_rotation.py)
 
     @property
     def end(self) -> int:
         """One past the position of the last query."""
         return self.recent_start + self.recent_k.shape[-2]
-
-    @property
-    def middle_len(self) -> int:
-        primary = 0 if self.middle_k is None else self.middle_k.shape[-2]
-        return primary + sum(keys.shape[-2] for keys, _ in self.middle_pages)
 
     def raw_recent(self, lo: int, hi: int, rope: Rope) -> torch.Tensor:
         """Unrotated keys at positions [lo, hi) of recent (for top-k scoring at a fixed distance)."""
@@ -65,7 +66,10 @@ class KeyContext:
         return rope.rotate_range(keys, self.frame - lo, -1)
 
     def rotate_queries(self, query: torch.Tensor, rope: Rope) -> torch.Tensor:
-        """The call's queries, as projected: the last c tokens of recent, rotated into the frame, R(i - frame)·q_i."""
+        """The call's queries, as projected: the last c tokens of recent, rotated into the frame, R(i - frame)·q_i
+        (unless the model's rotary embedding did that already)."""
+        if self.queries_rotated:
+            return query
         if self.decode_rotation is not None:
             return apply_rotation(query, *self.decode_rotation)
         return rope.rotate_from(query, self.end - query.shape[-2] - self.frame)

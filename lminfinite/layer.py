@@ -60,10 +60,11 @@ class InfiniteLayer(CacheLayerMixin):
     is_croppable = False
 
     def __init__(self, config: LMInfiniteConfig, rope: Rope, keep_middle: bool, offload: bool = False,
-                 device_budget: int | None = None):
+                 device_budget: int | None = None, fixed_shapes: bool | None = None):
         super().__init__()
         self.config, self.rope = config, rope
-        self.middle = MiddleStore(offload, device_budget, config.recall_scan_copy) if keep_middle else None
+        self.middle = MiddleStore(offload, device_budget, config.recall_scan_copy, fixed_shapes) if keep_middle \
+            else None
         self.start_k = self.start_v = None  # unrotated, positions [0, min(seen, n_starting))
         # Rows [0, n_starting): start keys placed for the current decode step; then the ring, slot(p) below.
         self.ring_k = self.ring_v = None
@@ -85,20 +86,24 @@ class InfiniteLayer(CacheLayerMixin):
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, step: DecodeStep | None = None,
-        advance: bool = True,
+        advance: bool = True, rotated: bool = False,
     ) -> tuple[KeyContext, KeyContext]:
-        """Keep what later calls need of the new keys (as projected) and values; return what this call attends to.
+        """Keep what later calls need of the new keys (as projected, or ``rotated`` into the frame already, with the
+        call's queries, by the model's rotary embedding: forward_rotation.py) and values; return what this call
+        attends to.
 
         A steady decode step reads ``step``, loaded for its position; ``advance=False`` leaves the counters to
         whoever replays a recorded step (graphed.py)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[-2] == 1 and self.steady:
-            ctx = self._decode_step(key_states, value_states, step)
+            ctx = self._decode_step(key_states, value_states, step, rotated)
             if advance:
                 self.advance()
         else:
-            ctx = self._prefill(self.rope.rotate_from(key_states, self.seen - self.frame), value_states)
+            keys = key_states if rotated else self.rope.rotate_from(key_states, self.seen - self.frame)
+            ctx = self._prefill(keys, value_states)
+        ctx.queries_rotated = rotated
         return ctx, ctx
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -113,7 +118,7 @@ class InfiniteLayer(CacheLayerMixin):
     def reset(self) -> None:
         middle = self.middle
         self.__init__(self.config, self.rope, middle is not None, middle is not None and middle.offload,
-                      None if middle is None else middle.device_budget)
+                      None if middle is None else middle.device_budget, None if middle is None else middle.fixed_shapes)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise NotImplementedError("InfiniteCache does not support beam search")
@@ -130,7 +135,7 @@ class InfiniteLayer(CacheLayerMixin):
     def load_step(self, step: DecodeStep) -> None:
         """Fill ``step`` for this layer's next token (every layer of a cache is at the same position and frame)."""
         step.load(self.rope, position=self.seen, frame=self.frame, slot=self._slot(self.seen),
-                  window=self.config.window_)
+                  window=self.config.window_, recall_distance=self.config.topk_distance)
 
     def rebase_if_due(self) -> None:
         if self.seen - self.frame > rebase_interval(self.config.window_):
@@ -203,22 +208,26 @@ class InfiniteLayer(CacheLayerMixin):
             setattr(self, name, getattr(counters, name))
 
     # -- the two phases ---------------------------------------------------------------------------
-    def _decode_step(self, key_states, value_states, step: DecodeStep) -> KeyContext:
+    def _decode_step(self, key_states, value_states, step: DecodeStep, rotated_already: bool) -> KeyContext:
         """One token once the window is full: write it into the free slot (``advance`` evicts the oldest). Its
         slot and rotations come from ``step``, so these are the same operations at every position."""
         n_starting = self.config.n_starting
         self._writable()
-        rotated = apply_rotation(key_states, step.cos, step.sin)  # R(p - frame)·k_p
+        rotated = key_states if rotated_already else apply_rotation(key_states, step.cos, step.sin)  # R(p - frame)·k_p
         self.ring_k.index_copy_(-2, step.slot, rotated.detach())
         self.ring_v.index_copy_(-2, step.slot, value_states.detach())
         # Start keys at exactly distance `window` from this query: the distance ceiling.
         self.ring_k[..., :n_starting, :] = apply_rotation(self.start_k, step.start_cos, step.start_sin)
         self.ring_v[..., :n_starting, :] = self.start_v
-        ctx = KeyContext(
-            rotated, value_states, self.seen, self.frame, self.start_k, self.start_v, *self._middle_view(),
+        fixed = None if self.middle is None else self.middle.fixed_view()
+        middle = self._middle_view() if fixed is None else (fixed[0], fixed[1], None, ())
+        return KeyContext(
+            rotated, value_states, self.seen, self.frame, self.start_k, self.start_v, *middle,
+            # copied now: the count as it is before this step's ``advance`` (below in ``update``, after a replay)
+            middle_live=None if fixed is None else fixed[2].clone(),
             decode_keys=self.ring_k, decode_values=self.ring_v, decode_rotation=(step.cos, step.sin),
+            decode_recall_rotation=(step.recall_cos, step.recall_sin),
         )
-        return ctx
 
     def _prefill(self, rotated, value_states) -> KeyContext:
         """Any chunk: lay out [start?, window, chunk] in position order, then keep what the future needs."""
@@ -237,7 +246,8 @@ class InfiniteLayer(CacheLayerMixin):
     def _contiguous_context(self, rotated, value_states, ordered_k, ordered_v) -> KeyContext:
         """[0, seen + c) all at hand: recent starts at position 0, and the start keys may still be filling."""
         n_starting, first = self.config.n_starting, self.seen
-        recent_k = _join(self.rope.rotate_range(self.start_k, -self.frame, 1), ordered_k, rotated)
+        placed = self.rope.rotate_range(self.start_k, -self.frame, 1) if self.start_k.shape[-2] else self.start_k
+        recent_k = _join(placed, ordered_k, rotated)
         recent_v = _join(self.start_v, ordered_v, value_states)
         new_start = self._unrotate(rotated[..., : max(0, n_starting - first), :], first)
         start_k = torch.cat((self.start_k, new_start), dim=-2)

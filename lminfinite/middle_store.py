@@ -43,10 +43,15 @@ class MiddleStore:
 
     ``scan_copy``: whether a bfloat16 copy of the primary's keys for recall's scan (``scan``, scan_copy.py) is
     wanted; the first append decides from the keys' dtype and device whether it is kept (kv_bytes.keeps_scan_copy).
+
+    ``fixed_shapes``: whether a steady decode step reads the primary through ``fixed_view`` (None: on a GPU).
     """
 
-    def __init__(self, offload: bool = False, device_budget: int | None = None, scan_copy: bool = True):
+    def __init__(self, offload: bool = False, device_budget: int | None = None, scan_copy: bool = True,
+                 fixed_shapes: bool | None = None):
         self.offload, self.device_budget, self.wants_scan_copy = offload, device_budget, scan_copy
+        self.fixed_shapes = fixed_shapes
+        self._live: torch.Tensor | None = None  # ``length`` on the primary's device, once fixed_view was asked for
         self.keys: torch.Tensor | None = None  # the primary's buffers, rows [0, primary_rows) in use
         self.values: torch.Tensor | None = None
         self.scan: ScanCopy | None = None
@@ -55,6 +60,17 @@ class MiddleStore:
         self.pinned_pages = False  # pages of a GPU model's store are pinned, so copies into them are queued
         self.length = 0
         self._landing = None  # a torch.cuda.Event after the last queued GPU-to-CPU copy
+
+    @property
+    def length(self) -> int:
+        """Rows in use."""
+        return self._length
+
+    @length.setter
+    def length(self, rows: int) -> None:
+        self._length = rows
+        if self._live is not None:
+            self._live.fill_(rows)  # a kernel with the number as its argument: queued, no sync
 
     @property
     def device(self) -> torch.device | None:
@@ -129,7 +145,7 @@ class MiddleStore:
         device, taken as the primary, when they all belong there; else the primary's share copied there and the
         rest into pages. A scan copy is made anew where one is kept."""
         model_device = torch.device(model_device)
-        self.__init__(self.offload, self.device_budget, self.wants_scan_copy)
+        self.__init__(self.offload, self.device_budget, self.wants_scan_copy, self.fixed_shapes)
         self._place(keys, model_device, dtype)
         n = keys.shape[-2]
         into_primary = n if self.primary_cap is None else min(n, self.primary_cap)
@@ -207,6 +223,21 @@ class MiddleStore:
             pages.append((keys[..., :take, :], values[..., :take, :]))
             paged -= take
         return (*primary, tuple(pages))
+
+    def fixed_view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(keys, values, live): the primary's whole buffers, and on their device the number of rows in use (rows
+        from it on are not). What a steady decode step reads of it is then the same tensors at every step until the
+        store grows, with the count changing in place, so one CUDA graph can stand for the step (graphed.py). None
+        where the store offers no such view: not asked for (``fixed_shapes``; by default only on a GPU, where the
+        graph pays for scanning the spare rows), nothing held yet, rows in pages, or a scan copy."""
+        wanted = self.fixed_shapes if self.fixed_shapes is not None else (
+            self.keys is not None and self.keys.device.type == "cuda")
+        if not wanted or self.keys is None or self.pages or self.scan is not None:
+            return None
+        if self._live is None:
+            with outside_inference_mode():  # written in place at every append, whatever the caller's mode
+                self._live = torch.full((), self._length, dtype=torch.long, device=self.keys.device)
+        return self.keys, self.values, self._live
 
     def scan_view(self) -> ScanKeys | None:
         """The scan copy of the primary's rows in use, where the store keeps one."""

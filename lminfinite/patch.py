@@ -2,12 +2,15 @@
 
 - ``AttentionInterface`` / ``AttentionMaskInterface`` supply the attention and a mask function that builds
   nothing (attention.py; the Λ-mask is applied block by block inside the attention).
-- A forward hook on the model's rotary embedding makes its (cos, sin) the identity, (1, 0): HF's own rotation
-  then leaves queries and keys as projected, and LM-Infinite rotates them where the offsets are known, relative
-  to a frame whose distance from any token is bounded, in float64 angles (an InfiniteLayer's ``update`` for new
-  keys, ``KeyContext.rotate_queries`` for queries), so position 10^9 behaves exactly like position 10^4. The hook
-  also checks the call's position ids: they must step by one, and where they start does not matter (RoPE and the
-  Λ-mask see distances only; positions count from the sequence's first token), with or without a cache.
+- LM-Infinite rotates queries and keys by offsets from a frame whose distance from any token is bounded, in
+  float64 angles, so position 10^9 behaves exactly like position 10^4. A forward pre-hook on the model (the module
+  that runs the rotary embedding and the layers) lets an InfiniteCache plan each forward's rotation, and a forward
+  hook on the rotary embedding hands the model that rotation as its (cos, sin): HF's own rotation then computes
+  the numbers the layers would have (forward_rotation.py). Without an InfiniteCache the (cos, sin) are the
+  identity, (1, 0), and LM-Infinite rotates where the offsets are known (``KeyContext.full_sequence``,
+  ``rotate_queries``). The hook also checks the call's position ids: they must step by one, and where they start
+  does not matter (RoPE and the Λ-mask see distances only; positions count from the sequence's first token),
+  with or without a cache.
 - A forward pre-hook on each attention module passes the model's state, and the config this call attends with
   (the model's, with the recall k of the call's InfiniteCache), to the attention through the ``**kwargs`` that
   transformers forwards to it, after checking the call's cache is one LM-Infinite can attend over.
@@ -54,7 +57,11 @@ def enable(model: nn.Module, config: LMInfiniteConfig | None = None, *, attentio
     if previous is not None:
         state.observers, state.block_size = previous.observers, previous.block_size
         state.dynamic_caches = previous.dynamic_caches
-    state.hooks.append(find_rotary_embedding(model).register_forward_hook(_identity_rotation, with_kwargs=True))
+    rotary = find_rotary_embedding(model)
+    base = _owner_of(model, rotary)
+    state.hooks.append(base.register_forward_pre_hook(partial(_plan_rotation, state), with_kwargs=True))
+    state.hooks.append(base.register_forward_hook(partial(_end_rotation, state), always_call=True))
+    state.hooks.append(rotary.register_forward_hook(partial(_frame_rotation, state), with_kwargs=True))
     for module in attention_modules:
         state.hooks.append(module.register_forward_pre_hook(partial(_pass_state, state), with_kwargs=True))
     set_state(model, state)
@@ -113,12 +120,50 @@ def _pass_state(state: InfiniteState, module, args, kwargs):
     return args, kwargs
 
 
-def _identity_rotation(module, args, kwargs, output):
-    """Replace (cos, sin) by (1, 0): HF's apply_rotary_pos_emb then leaves q and k as projected."""
+def _plan_rotation(state: InfiniteState, module, args, kwargs):
+    """Before the model's forward on an InfiniteCache: the cache prepares it and plans its rotation."""
+    state.rotation = None
+    cache = kwargs.get("past_key_values")
+    if isinstance(cache, InfiniteCache):
+        tokens = _input_length(args, kwargs)
+        if tokens:
+            state.rotation = cache.plan_rotation(tokens)
+
+
+def _end_rotation(state: InfiniteState, module, args, output):
+    if state.rotation is not None:
+        state.rotation.cache.end_forward()
+    state.rotation = None
+
+
+def _frame_rotation(state: InfiniteState, module, args, kwargs, output):
+    """Replace (cos, sin) by the rotation into the cache's frame that this forward's plan names
+    (forward_rotation.py), or else by (1, 0): HF's apply_rotary_pos_emb then leaves q and k as projected."""
     position_ids = kwargs["position_ids"] if "position_ids" in kwargs else args[1]
     _require_consecutive(position_ids)
     cos, sin = output
-    return torch.ones_like(cos), torch.zeros_like(sin)
+    plan = state.rotation
+    rows = None if plan is None else plan.cos_sin(state.rope, cos.shape[-2], cos.dtype, cos.device)
+    if rows is None:
+        return torch.ones_like(cos), torch.zeros_like(sin)
+    plan.applied = True
+    return rows
+
+
+def _input_length(args, kwargs) -> int:
+    """Tokens in the forward's input (ids or embeddings, by keyword or first)."""
+    for name in ("input_ids", "inputs_embeds"):
+        if kwargs.get(name) is not None:
+            return kwargs[name].shape[1]
+    return args[0].shape[1] if args and isinstance(args[0], torch.Tensor) and args[0].ndim >= 2 else 0
+
+
+def _owner_of(model: nn.Module, child: nn.Module) -> nn.Module:
+    """The module that holds ``child`` (the base model that runs the rotary embedding, then the layers)."""
+    for module in model.modules():
+        if any(c is child for c in module.children()):
+            return module
+    raise ValueError(f"{type(model).__name__}: the rotary embedding's owner was not found")
 
 
 def _require_consecutive(position_ids: torch.Tensor) -> None:

@@ -79,7 +79,8 @@ def recall_topk(
     elif primary:
         q_store = flat_q.to(ctx.middle_k.device)
         for lo in range(0, primary, chunk):
-            vals, idx = _store_topk(q_store, ctx.middle_k[..., lo : lo + chunk, :], k, scale)
+            in_use = None if ctx.middle_live is None else ctx.middle_live - lo
+            vals, idx = _store_topk(q_store, ctx.middle_k[..., lo : lo + chunk, :], k, scale, in_use)
             merge(vals, idx + (n_starting + lo))
     row = n_starting + primary
     for page_k, _ in ctx.middle_pages:
@@ -109,9 +110,11 @@ def recall_topk(
     return Recalled(best_logits, best_pos, values)
 
 
-def _store_topk(query: torch.Tensor, keys: torch.Tensor, k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _store_topk(query: torch.Tensor, keys: torch.Tensor, k: int, scale: float,
+                in_use: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The (up to) ``k`` largest float32 logits ``scale``·q·k of each query row (B, Hkv, R, D) over rows of a
-    middle store (B, Hkv, n, D), and their indices there.
+    middle store (B, Hkv, n, D), and their indices there. ``in_use``: a count on the keys' device; rows from it on
+    are not the store's (spare rows of a fixed-shape view) and score -inf, whatever they hold.
 
     Selected among the products in their own dtype, and only the winners widened and scaled: with scale > 0,
     widening and scaling keep the order (two different bfloat16 values stay different in float32), and it
@@ -121,6 +124,9 @@ def _store_topk(query: torch.Tensor, keys: torch.Tensor, k: int, scale: float) -
         products = query @ keys.transpose(-1, -2)
     else:
         products = head_products(query, keys)
+    if in_use is not None:
+        spare = torch.arange(keys.shape[-2], device=keys.device) >= in_use
+        products = products.masked_fill(spare, float("-inf"))
     vals, idx = products.topk(min(k, products.shape[-1]), dim=-1)
     return vals.float() * scale, idx
 
@@ -134,9 +140,10 @@ def _gather_values(ctx: KeyContext, positions: torch.Tensor, n_starting: int) ->
     out = ctx.recent_v.gather(2, recent_idx[..., None].expand(-1, -1, -1, dim))
     lo = n_starting
     segments = ([(ctx.middle_k, ctx.middle_v)] if ctx.middle_k is not None else []) + list(ctx.middle_pages)
-    for _, values in segments:
+    for i, (_, values) in enumerate(segments):
         hi = lo + values.shape[-2]
-        inside = (flat >= lo) & (flat < hi)
+        in_use = lo + ctx.middle_live if i == 0 and ctx.middle_live is not None else hi  # spare rows: not gathered
+        inside = (flat >= lo) & (flat < in_use)
         index = (flat - lo).clamp(0, values.shape[-2] - 1).to(values.device)
         found = values.gather(2, index[..., None].expand(-1, -1, -1, dim)).to(out.device, non_blocking=True)
         out = torch.where(inside[..., None], found, out)

@@ -3,8 +3,8 @@
 A Llama-2-7B-shaped random model (4 of its 32 layers, the demo model's tokenizer and chat template), loaded as
 ``python app.py --model DIR --load-in-4bit`` loads it: it reads a document beyond its window and answers; the
 live panel's card shows CUDA allocated, reserved and peak memory; a real CUDA out-of-memory (a blocker tensor
-holds the free memory) rolls the context back and the next feed works; answers without recall decode through
-CUDA graphs and say what the model's own forward says. Where Gradio is installed, the launched
+holds the free memory) rolls the context back and the next feed works; answers, with recall or without, decode
+through CUDA graphs and say what the model's own forward says. Where Gradio is installed, the launched
 app itself answers on CUDA (the GPU machine's image has no Gradio, so gpu_check.sh runs the engine tests).
 """
 
@@ -96,6 +96,22 @@ def test_answers_without_recall_decode_through_cuda_graphs_and_say_the_same(runt
         assert (kept.middle is None) == (replayed.middle is None)  # layers below topk_from_layer keep none
         if kept.middle is not None:
             assert all(torch.equal(a, b) for a, b in zip(kept.middle.view(), replayed.middle.view()))
+    for engine in engines:
+        engine.close()
+
+
+def test_answers_with_recall_decode_through_cuda_graphs_and_say_the_same(runtime):
+    """Recall while answering (quoting off) replays recorded steps too: the middle stores are read through their
+    whole buffers with a count on the GPU (MiddleStore.fixed_view). The answers are those of --no-cuda-graphs."""
+    no_graphs = dataclasses.replace(runtime, graph_recorder=None)
+    settings = dataclasses.replace(SETTINGS, quote=False, max_new_tokens=16)
+    engines, answers = [new_engine(no_graphs), new_engine(runtime)], []
+    for engine in engines:
+        run(engine.feed_documents(pdf_like(pages=12)))
+        answers.append([run(engine.ask(question, settings)).answer_ids
+                        for question in ("What is the pass key?", "Who wrote it?")])
+    graphed = engines[1]
+    assert answers[1] == answers[0] and graphed._decoder.recordings >= 1 and not graphed._decoder.unrecordable
     for engine in engines:
         engine.close()
 

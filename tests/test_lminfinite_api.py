@@ -29,7 +29,7 @@ def test_enable_twice_replaces_the_config():
     lminfinite.enable(model, lminfinite.LMInfiniteConfig(n_starting=6, window=8))
     state = lminfinite.get_state(model)
     assert (state.config.n_starting, state.config.window, state.config.topk_distance) == (6, 8, 4)
-    assert len(state.hooks) == 1 + model.config.num_hidden_layers  # the rotary embedding, each attention module
+    assert len(state.hooks) == 3 + model.config.num_hidden_layers  # the model (before, after), its rotary embedding, each attention module
     lminfinite.disable(model)
     assert model.config._attn_implementation == "sdpa"
 

@@ -127,6 +127,17 @@ def test_cuda_graph_decoding_follows_the_models_own_forward(dtype):
     assert worst == 0 and decoder.recordings == 2, (worst, decoder.recordings)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_graph_decoding_with_recall_follows_the_models_own_forward(dtype):
+    """Steps that recall replay too: each middle store is read through its whole buffer with a count on the GPU
+    (MiddleStore.fixed_view), so one recording stands for every step until a store grows into a new buffer. Bit for
+    bit the model's own logits, which read the stores the same way."""
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=dtype).cuda(), CONFIGS["topk"])
+    steps = 6 * WINDOW
+    worst, _, decoder = _graphed_against_plain(model, random_ids(3 * WINDOW + 5).cuda(), steps, 7)
+    assert worst == 0 and 1 <= decoder.recordings < steps // 4, (worst, decoder.recordings)
+
+
 def test_a_step_cuda_cannot_capture_decodes_without_a_graph_on_the_callers_stream():
     """A hook that reads a tensor into Python (a device sync) breaks the capture: warned once, decoded as the model
     decodes, and the caller's stream is current again (torch.cuda.graph's exit leaves the capture stream current

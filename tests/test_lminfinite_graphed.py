@@ -25,15 +25,16 @@ def _twin_caches(model, prompt_tokens: int, **cache_options):
     return caches, logits[0][:, -1:].argmax(-1)
 
 
-def _decode_both(model, plain, decoder, token, steps: int, between=None, mode=torch.no_grad):
-    """Greedy steps on both; every step's logits must be equal, bit for bit. ``between(i)`` acts before step i."""
+def _decode_both(model, plain, decoder, token, steps: int, between=None, mode=torch.no_grad, tolerance=0.0):
+    """Greedy steps on both; every step's logits must be equal, bit for bit (or within ``tolerance``).
+    ``between(i)`` acts before step i."""
     with mode():
         for i in range(steps):
             if between is not None:
                 between(i)
             expected = model(input_ids=token, past_key_values=plain, use_cache=True).logits
             got = decoder(token)
-            torch.testing.assert_close(got, expected, atol=0, rtol=0, msg=lambda m: f"step {i}: {m}")
+            torch.testing.assert_close(got, expected, atol=tolerance, rtol=0, msg=lambda m: f"step {i}: {m}")
             token = expected[:, -1:].argmax(-1)
     return token
 
@@ -193,3 +194,72 @@ def test_release_lets_go_of_the_recording_and_the_next_step_records_again():
     assert decoder._recorded_with is None and decoder._graph is None  # nothing of the cache's rings is held
     _decode_both(model, plain, decoder, token, 3)
     assert decoder.recordings == 2
+
+
+# The float32 span kernel: the CPU's fused flash kernel rounds a replayed call differently from the same call run
+# (its scratch memory lies elsewhere); a CUDA graph replays at the recorded addresses.
+RECALL = lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1, recall_scan_copy=False,
+                                    window_kernel="float32")
+
+
+@pytest.fixture
+def one_thread():
+    """The CPU stand-in replays into new allocations, where a CUDA graph replays at the recorded addresses; with two
+    threads the CPU's per-head products (head_products.py) round differently at other addresses."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_steps_that_recall_replay_through_fixed_shape_stores_with_the_models_own_logits(dtype, one_thread):
+    """With fixed shapes (a GPU's default) a step that recalls reads each middle store's whole buffer, its spare
+    rows masked by a count kept on the device: one recording stands for every step until a store grows into a new
+    buffer, also across a snapshot and a rollback (the count goes back), and every step gives the model's logits
+    with the same fixed shapes, bit for bit."""
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=dtype), RECALL)
+    (plain, graphed), token = _twin_caches(model, 2 * WINDOW, recall_fixed_shapes=True)
+    decoder = GraphedDecoder(model, graphed, recorder=ReplayedOps)
+    buffers, spare = [], []
+
+    def watch(i):
+        store = graphed.layers[1].middle
+        if not any(store.keys is seen for seen in buffers):
+            buffers.append(store.keys)
+        spare.append(store.keys.shape[-2] - store.length)
+
+    token = _decode_both(model, plain, decoder, token, 2 * WINDOW, between=watch)
+    snaps = (plain.snapshot(), graphed.snapshot())
+    _decode_both(model, plain, decoder, token, WINDOW, between=watch)
+    plain.rollback(snaps[0])
+    graphed.rollback(snaps[1])
+    token = _decode_both(model, plain, decoder, token, 2 * WINDOW, between=watch)
+    recordings = decoder.recordings
+    plain.topk = graphed.topk = 2  # another k: recorded again, not replayed with the old one (whose recalled
+    # token would move the logits by about 1e-2); the CPU stand-in's float32 sums round differently at other
+    # addresses here, by 3e-8
+    _decode_both(model, plain, decoder, token, WINDOW // 2, between=watch, tolerance=1e-6)
+    assert decoder.recordings > recordings
+    assert len(buffers) >= 2 and max(spare) > RECALL.topk  # the store grew, and spare rows were scanned
+    # one recording per buffer, one more after the rollback (the snapshot held the rings), one for the new k
+    assert decoder.recordings <= len(buffers) + 3 and decoder.recordings < 5 * WINDOW // 4
+    assert graphed.layers[1].middle.length == plain.layers[1].middle.length
+    assert int(graphed.layers[1].middle.fixed_view()[2]) == graphed.layers[1].middle.length
+
+
+def test_a_fixed_shape_store_recalls_what_the_exact_one_does():
+    """The masked spare rows change nothing: the same logits as a store read row for row (float32, the CPU)."""
+    model = lminfinite.enable(tiny_model("llama-gqa"), RECALL)
+    ids = random_ids(2 * WINDOW, seed=3)
+    exact, fixed = (lminfinite.InfiniteCache(model, recall_fixed_shapes=flag) for flag in (False, True))
+    logits = [feed_in_chunks(model, ids, 7, cache) for cache in (exact, fixed)]
+    token = logits[0][:, -1:].argmax(-1)
+    with torch.no_grad():
+        for step in range(2 * WINDOW):
+            expected = model(input_ids=token, past_key_values=exact, use_cache=True).logits
+            got = model(input_ids=token, past_key_values=fixed, use_cache=True).logits
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, msg=lambda m: f"step {step}: {m}")
+            token = expected[:, -1:].argmax(-1)
+    store = fixed.layers[1].middle
+    assert exact.layers[1].middle.fixed_view() is None and store.keys.shape[-2] > store.length

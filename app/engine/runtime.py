@@ -81,7 +81,7 @@ class ModelRuntime:
     quantization: str = "none"
     dtype: torch.dtype = torch.float32
     bundled_name: str | None = None  # the bundled model's short name (--model), when it is one: the Settings picker
-    # What records the steps answers without recall replay (decoder_for): ExclusiveCudaGraph on CUDA; None: none
+    # What records the decode steps answers replay (decoder_for): ExclusiveCudaGraph on CUDA; None: none
     graph_recorder: Callable[[], object] | None = None
 
     def __post_init__(self) -> None:
@@ -127,12 +127,13 @@ class ModelRuntime:
         logits for the token after the last one. Waits its turn at the gate (``stats`` shows the wait), unless
         the cache's owner holds it already (an answer holds it throughout; ``owner``: whose turn this is, default
         ``cache``: a session's answer reader feeds its own cache in the session's turn). One token without recall
-        goes through ``decoder`` when given (decoder_for), which replays a recorded step where it can."""
+        goes through ``decoder`` when given (decoder_for), which replays a recorded step where it can (with recall
+        too, on a GPU: GraphedDecoder says when)."""
         with self.gate.turn(cache if owner is None else owner, answer=False, stats=stats):
             cache.topk = topk
             input_ids = torch.tensor([ids], dtype=torch.long, device=self.input_device)
             try:
-                if decoder is not None and len(ids) == 1 and topk == 0:
+                if decoder is not None and len(ids) == 1:
                     logits = decoder(input_ids)
                 else:
                     logits = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
