@@ -14,8 +14,10 @@ download() {
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64 -d .whl "$@"
 }
 download transformers==5.23.0 bitsandbytes==0.50.2
-# The app (python app.py, tests/test_app_cuda.py): Gradio and ingest's chunker, with what they need that the
-# GPU image lacks (its own package list: .library/device/KINDS.md). PDFs are not read there (no PyMuPDF).
+# The app (python app.py, tests/test_app_cuda.py): Gradio, ingest's chunker and the sources' keyword ranking
+# (bm25s), with what they need that the GPU image lacks (its own package list: .library/device/KINDS.md). PDFs are
+# not read there (no PyMuPDF).
+download bm25s==0.3.16
 download gradio==6.31.0 gradio-client==2.7.2 hf-gradio==0.4.1 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 \
   pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5 python-multipart==0.0.34 \
   orjson==3.13.0 groovy==0.1.2 safehttpx==0.1.7 semantic-version==2.10.0 tomlkit==0.14.0 brotli==1.2.1 \

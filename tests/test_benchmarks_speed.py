@@ -10,7 +10,7 @@ import lminfinite
 
 from benchmarks import measure
 from benchmarks.models import cpu_default_shape
-from benchmarks.speed import best_of_rounds, scaling_note, summary_table, vanilla_decode_at_window
+from benchmarks.speed import best_of_rounds, recall_note, scaling_note, summary_table, vanilla_decode_at_window
 
 WINDOW, N_STARTING, DECODE = 64, 4, 3
 
@@ -128,3 +128,13 @@ def test_cuda_graph_decodes_get_their_own_columns_and_speed_ups():
     assert cells["vanilla32,768"][6:9] == ["1.00×", "", ""]
     assert cells["vanilla131,072"][2] == "OOM" and len(cells["vanilla131,072"]) == len(header.split(" | "))
     assert "CUDA graph" not in summary_table(best_of_rounds([[row("vanilla", 4096, 30.0)]]), 4096)
+
+
+def test_the_recall_note_compares_decodes_eager_and_through_cuda_graphs():
+    def row(method, decode_ms, graph_ms=0.0):
+        return dict(method=method, context=32768, prefill_s=1.0, prefill_tok_s=1.0, decode_ms=decode_ms,
+                    peak_bytes=1, kv_bytes=1, error="", half_prefill_s=0.5, graph_decode_ms=graph_ms)
+
+    note = recall_note([row("lminfinite", 40.0, 8.0), row("lminfinite-topk", 60.0, 10.0)])
+    assert "at 32,768 a token decodes in 1.50× the time (1.25× through CUDA graphs)" in note
+    assert "CUDA graphs" not in recall_note([row("lminfinite", 40.0, 8.0), row("lminfinite-topk", 60.0)])
