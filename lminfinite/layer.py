@@ -9,9 +9,9 @@ attention given an InfiniteCache fails on its first tensor operation instead of 
 
 What a layer keeps: the first n_starting tokens (unrotated) and the last window - 1 tokens (the token being
 computed completes the window) in a ring buffer, rotated into the layer's *frame*: key j is stored as
-R(j - frame)·k_j. ``update`` receives keys as projected (the model's rotary embedding is the identity, see
-patch.py) and rotates the new ones into the frame itself; the attention rotates queries by i - frame
-(KeyContext.rotate_queries), so scores depend on i - j only. The frame moves forward when it falls
+R(j - frame)·k_j. ``update`` receives keys rotated into the frame by the model's own rotary embedding
+(forward_rotation.py), or else as projected and rotates them itself; queries are rotated by i - frame the same way
+(or by KeyContext.rotate_queries), so scores depend on i - j only. The frame moves forward when it falls
 ``rebase_interval`` behind (``rebase_if_due``, before a forward; a re-base rotates the ring once, in place),
 which bounds every rotation offset and with it the model's rotation tables (rotary.lookup_rows). Steady
 decoding writes one row and reads the buffer as it is: no per-token rotation or copy of the window; what

@@ -1,7 +1,8 @@
 """Rotary position embedding at relative, bounded offsets.
 
-LM-Infinite never rotates by an absolute position: the model's rotary embedding is made the identity
-(patch.py), and queries and keys are rotated here by offsets from a nearby frame (layer.py, context.py).
+LM-Infinite never rotates by an absolute position: queries and keys are rotated by offsets from a nearby frame
+(layer.py), with these tables, by the model's own rotary embedding where an InfiniteCache planned the forward
+(forward_rotation.py), else here.
 Angles are computed in float64, so position 10^9 behaves exactly like position 10^4 (the official code
 lost precision near 10^7). Small offsets are looked up in a table of ``lookup_rows(window)`` rows, so the
 tables a model holds do not grow with the context.
