@@ -80,8 +80,8 @@ def _measure(method, context, model_spec, window, device, dtype, load_in_4bit, d
     ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(context)).to(device)
     ids, new_cache, chunk = _set_up(model, method, ids, window, n_starting, topk, recall_prefill, prefill_chunk)
     _warm_up(model, device, vocab)
-    baseline = _memory_now(device)
     _reset_peak(device)
+    baseline = _memory_now(device)  # after the reset: the peak counts from a moment no later, so it is not below
 
     with torch.no_grad():
         cache, token, (prefill_s, half_prefill_s) = _fastest_prefill(model, ids, new_cache, chunk, device,
@@ -93,7 +93,7 @@ def _measure(method, context, model_spec, window, device, dtype, load_in_4bit, d
             device.startswith("cuda") else 0.0
     kv = sum(cache.memory().values()) if hasattr(cache, "memory") else _dynamic_bytes(cache)
     return Measurement(method, context, prefill_s, context / prefill_s, 1000 * statistics.median(steps),
-                       _peak(device) - baseline, kv, half_prefill_s=half_prefill_s, graph_decode_ms=graph_ms)
+                       _above(_peak(device), baseline), kv, half_prefill_s=half_prefill_s, graph_decode_ms=graph_ms)
 
 
 def _set_up(model, method, ids, window, n_starting, topk, recall_prefill, prefill_chunk):
@@ -179,6 +179,12 @@ def _dynamic_bytes(cache) -> int:
 def _sync(device):
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def _above(peak: int, baseline: int) -> int:
+    """Peak memory above the baseline. Linux counts RSS per thread and folds it in late (up to 64 pages a thread),
+    so a run that allocates little can read a peak a few hundred KiB below its baseline: that is none."""
+    return max(0, peak - baseline)
 
 
 def _memory_now(device) -> int:
