@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 import lminfinite
+from benchmarks.measure import _sync
 from benchmarks.models import build_model
 
 
@@ -74,11 +75,6 @@ def main() -> None:
                 _sync(args.device)
             print(f"\n== {name}: operators by {sort} ==")
             print(prof.key_averages().table(sort_by=sort, row_limit=args.rows, max_name_column_width=60))
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
