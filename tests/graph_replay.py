@@ -7,8 +7,9 @@ identity, tensors made during it by the operation that made them, every other ar
 that decides anything from a Python number that changes between steps replays wrongly here as on a GPU, and one
 that reads a tensor into Python (a device sync, which a CUDA graph refuses to record) fails to record.
 
-Unlike a CUDA graph, recording here also runs the forward; GraphedDecoder records a step whose effects on the
-cache repeat the step just run, so running it twice changes nothing.
+Unlike a CUDA graph, recording here also runs the forward; what it writes into memory that existed before the
+recording (a cache's rings, say) is put back afterwards, as a graph's capture writes nothing. (Running the step
+twice is not harmless: the step just run moved a token into the middle store, which the second run would recall.)
 """
 
 from __future__ import annotations
@@ -26,11 +27,17 @@ class _Recorder(TorchDispatchMode):
         self.ops = []  # (func, args, kwargs, output leaves' slots); tensor args as ("made", slot) or ("held", tensor)
         self.slots: dict[int, int] = {}  # id of a tensor made during the recording -> its slot
         self.made: list[torch.Tensor] = []  # keeps them alive, so their ids stay theirs
+        self.held_storages: set[int] = set()  # memory that existed before the recording (a held tensor's)
+        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # such memory, as it was: (bytes, copy)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in SYNCS:
             raise RuntimeError(f"a recorded step reads a tensor into Python ({func}): a CUDA graph cannot record that")
         kwargs = kwargs or {}
+        for arg in tree_flatten((args, kwargs))[0]:
+            if isinstance(arg, torch.Tensor) and id(arg) not in self.slots:
+                self.held_storages.add(arg.untyped_storage().data_ptr())
+        self._save_what_it_writes(func, args, kwargs)
         out = func(*args, **kwargs)
         bind = lambda x: (("made", self.slots[id(x)]) if id(x) in self.slots else ("held", x))  # noqa: E731
         recorded_args = tree_map(lambda x: bind(x) if isinstance(x, torch.Tensor) else x, (args, kwargs))
@@ -45,6 +52,25 @@ class _Recorder(TorchDispatchMode):
         self.ops.append((func, *recorded_args, slots))
         return out
 
+    def _save_what_it_writes(self, func, args, kwargs) -> None:
+        """Keep a copy of held memory before ``func`` first writes into it (its schema says which arguments)."""
+        written = [args[i] if i < len(args) else kwargs.get(a.name) for i, a in enumerate(func._schema.arguments)
+                   if a.alias_info is not None and a.alias_info.is_write]
+        for tensor in tree_flatten(written)[0]:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            storage = tensor.untyped_storage()
+            key = storage.data_ptr()
+            if key in self.held_storages and key not in self.saved:
+                memory = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
+                self.saved[key] = (memory, memory.clone())
+
+    def put_back(self) -> None:
+        """Held memory as it was before the recording (in inference mode, where any tensor may be written)."""
+        with torch.inference_mode():
+            for memory, copy in self.saved.values():
+                memory.copy_(copy)
+
 
 class ReplayedOps:
     """``record(forward)`` -> forward's output tensor; ``replay()`` writes the replayed output into that tensor,
@@ -53,6 +79,7 @@ class ReplayedOps:
     def record(self, forward):
         with _Recorder() as recorder:
             output = forward()
+        recorder.put_back()
         self._ops, self._output_slot = recorder.ops, recorder.slots[id(output)]
         self.output = output
         return output
