@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 WINDOW_KERNELS = ("auto", "cpu-flash", "efficient", "flash", "flex", "float32")
+RECALL_KERNELS = ("auto", "torch", "triton")
 
 
 @dataclass
@@ -26,6 +27,9 @@ class LMInfiniteConfig:
     window_kernel: what computes a prefill's window span: ``auto`` (the fastest measured kernel this device and
         PyTorch build run correctly), ``cpu-flash``, ``efficient`` (CUDA), ``flash`` (CUDA), ``flex`` or
         ``float32`` (fused.py).
+    recall_kernel: what scans a decode step's middle store for recall: ``auto`` (Triton's kernels on a CUDA device
+        where Triton is installed and they agree with float64 there, else PyTorch's operators), ``torch`` or
+        ``triton`` (recall_kernel.py).
     """
 
     n_starting: int = 10
@@ -37,6 +41,7 @@ class LMInfiniteConfig:
     middle_device_share: float = 0.8
     recall_scan_copy: bool = True
     window_kernel: str = "auto"
+    recall_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         require_int("n_starting", self.n_starting, minimum=0)
@@ -59,6 +64,8 @@ class LMInfiniteConfig:
             raise ValueError(f"middle_device_share must be a number in [0, 1], got {share!r}")
         if self.window_kernel not in WINDOW_KERNELS:
             raise ValueError(f"window_kernel must be one of {', '.join(WINDOW_KERNELS)}, got {self.window_kernel!r}")
+        if self.recall_kernel not in RECALL_KERNELS:
+            raise ValueError(f"recall_kernel must be one of {', '.join(RECALL_KERNELS)}, got {self.recall_kernel!r}")
 
     def resolved(self, trained_span: int) -> "LMInfiniteConfig":
         """A copy with ``window`` (default: the model's ``trained_span``, patch.trained_span) and ``topk_distance``
@@ -75,6 +82,7 @@ class LMInfiniteConfig:
             middle_device_share=self.middle_device_share,
             recall_scan_copy=self.recall_scan_copy,
             window_kernel=self.window_kernel,
+            recall_kernel=self.recall_kernel,
         )
 
     @property

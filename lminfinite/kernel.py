@@ -21,6 +21,7 @@ from .config import LMInfiniteConfig
 from .key_context import KeyContext
 from .fused import attend_with_lse
 from .kernel_choice import kernels_for
+from . import recall_kernel
 from .recall import Recalled, recall_topk
 from .rotary import Rope, apply_rotation
 from .window import window_attention
@@ -140,9 +141,10 @@ def _attend_block(q_frame, query_pos, p0: int, ctx: KeyContext, config, rope: Ro
             q_mid = apply_rotation(q_frame, *ctx.decode_recall_rotation)
         else:
             q_mid = _rotate_to(q_frame, config.topk_distance, p0, ctx.frame, rope)
-        recalled = recall_topk(
-            q_mid, query_pos, p0, ctx, rope, k=config.topk, n_starting=config.n_starting, window=window, scale=scale
-        )
+        store = ctx.middle_k
+        fused = store is not None and recall_kernel.resolve(config.recall_kernel, store.device, store.dtype, dim)
+        recalled = recall_topk(q_mid, query_pos, p0, ctx, rope, k=config.topk, n_starting=config.n_starting,
+                               window=window, scale=scale, fused=fused)
         if recalled is not None:
             extra_logits.append(recalled.logits)
 

@@ -4,7 +4,9 @@ For every query row and head, the k middle tokens with the largest logits, score
 ``topk_distance``, join the softmax. The scan runs over the candidates in chunks with a running
 top-k, so no (queries × context) float32 matrix is ever held; an offloaded (CPU) middle store is
 scanned where it lives, and only the selected rows travel to the queries' device. A long store with a scan
-copy is scanned through it where that pays (bounded_scan.py), with the same result.
+copy is scanned through it where that pays (bounded_scan.py), with the same result. A decode step's scan of a
+store on a GPU runs as two Triton kernels where ``fused`` (recall_kernel.py), its values gathered by the second
+where the store is the only place middle tokens are.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import recall_kernel
 from .bounded_scan import copy_pays, scan_topk
 from .key_context import KeyContext
 from .head_products import head_products
@@ -43,71 +46,92 @@ def recall_topk(
     n_starting: int,
     window: int,
     scale: float,
+    fused: bool = False,
 ) -> Recalled | None:
     """Select the top-k middle tokens for queries already rotated to ``topk_distance``.
 
     q_scored: (B, Hkv, g, nb, D); query_pos: (nb,) absolute positions, the first of them ``first_pos`` (a number,
     so the scan's bounds are known without reading the device). A token j is "middle" for query i iff
-    n_starting <= j and i - j >= window: causal, not a starting token, outside the window.
+    n_starting <= j and i - j >= window: causal, not a starting token, outside the window. ``fused``: scan the
+    store with recall_kernel.py's kernels where one call covers it.
     """
     batch, kv_heads, groups, nb, dim = q_scored.shape
     flat_q = q_scored.reshape(batch, kv_heads, groups * nb, dim)
-    best_logits: torch.Tensor | None = None
-    best_pos: torch.Tensor | None = None
-
-    def merge(logits: torch.Tensor, positions: torch.Tensor) -> None:
-        nonlocal best_logits, best_pos
-        logits, positions = logits.to(flat_q.device), positions.to(flat_q.device)
-        if best_logits is not None:
-            logits = torch.cat((best_logits, logits), dim=-1)
-            positions = torch.cat((best_pos, positions), dim=-1)
-        keep = min(k, logits.shape[-1])
-        best_logits, idx = logits.topk(keep, dim=-1)
-        best_pos = positions.gather(-1, idx)
-
-    chunk = max(256, SCAN_BUDGET // max(1, batch * kv_heads * groups * nb))
-
-    # 1) The evicted middle store: every token there is beyond every query's window. Its rows on the model's
-    # device (or the CPU's, for a CPU model) first, scanned where they live, then any spilled to CPU pages.
-    scanned = None
+    # Tokens still in `recent` that fall out of the window of some query in this block: [first, last].
+    first = max(ctx.recent_start, n_starting)
+    last = first_pos + nb - 1 - window  # inclusive: the latest query's newest middle token
     primary = 0 if ctx.middle_k is None else ctx.middle_k.shape[-2]
-    if ctx.middle_scan is not None and copy_pays(groups * nb, primary):
+    fused = fused and primary > 0 and recall_kernel.fits(flat_q, ctx.middle_k, k)
+    if fused and not ctx.middle_pages and last < first:  # the store holds every middle token: one pass does all
+        logits, positions, values = recall_kernel.recall_from_store(
+            flat_q, ctx.middle_k, ctx.middle_v, ctx.middle_live, k=k, scale=scale, first_row=n_starting)
+        return Recalled(logits, positions, values)
+
+    best = _RunningTopK(k, flat_q.device)
+    chunk = max(256, SCAN_BUDGET // max(1, batch * kv_heads * groups * nb))
+    _scan_store(best, flat_q, ctx, n_starting=n_starting, scale=scale, chunk=chunk, fused=fused)
+    if last >= first:
+        q_pos_rows = query_pos.repeat(groups)[:, None]  # (g·nb, 1), row r is query r % nb
+        for lo in range(first, last + 1, chunk):
+            hi = min(lo + chunk, last + 1)
+            logits = (flat_q @ ctx.raw_recent(lo, hi, rope).transpose(-1, -2)).float() * scale
+            is_middle = (q_pos_rows - torch.arange(lo, hi, device=flat_q.device)[None, :]) >= window
+            best.merge(*_top(logits.masked_fill(~is_middle, float("-inf")), k, lo))
+    if best.logits is None:
+        return None
+    return Recalled(best.logits, best.positions, _gather_values(ctx, best.positions, n_starting))
+
+
+class _RunningTopK:
+    """The k best logits seen so far per query row, with their absolute positions, on the queries' device."""
+
+    def __init__(self, k: int, device: torch.device):
+        self.k, self.device = k, device
+        self.logits: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
+
+    def merge(self, logits: torch.Tensor, positions: torch.Tensor) -> None:
+        logits, positions = logits.to(self.device), positions.to(self.device)
+        if self.logits is not None:
+            logits = torch.cat((self.logits, logits), dim=-1)
+            positions = torch.cat((self.positions, positions), dim=-1)
+        self.logits, idx = logits.topk(min(self.k, logits.shape[-1]), dim=-1)
+        self.positions = positions.gather(-1, idx)
+
+
+def _top(logits: torch.Tensor, k: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    values, idx = logits.topk(min(k, logits.shape[-1]), dim=-1)
+    return values, idx + offset
+
+
+def _scan_store(best: _RunningTopK, flat_q: torch.Tensor, ctx: KeyContext, *, n_starting: int, scale: float,
+                chunk: int, fused: bool) -> None:
+    """The evicted middle store into ``best``: every token there is beyond every query's window. Its rows on the
+    model's device (or the CPU's, for a CPU model) first, scanned where they live (through recall_kernel.py's
+    kernels where ``fused``, else through its scan copy where that pays, else in chunks), then any spilled to CPU
+    pages."""
+    k, rows = best.k, flat_q.shape[-2]
+    primary = 0 if ctx.middle_k is None else ctx.middle_k.shape[-2]
+    scanned = None
+    if not fused and ctx.middle_scan is not None and copy_pays(rows, primary):
         scanned = scan_topk(flat_q.to(ctx.middle_k.device), ctx.middle_k, ctx.middle_scan,
                             k=min(k, primary), scale=scale, budget=SCAN_BUDGET)
-    if scanned is not None:
-        merge(scanned[0], scanned[1] + n_starting)
+    if fused:
+        logits, found = recall_kernel.store_topk(flat_q, ctx.middle_k, ctx.middle_live, k=k, scale=scale)
+        best.merge(logits, found + n_starting)
+    elif scanned is not None:
+        best.merge(scanned[0], scanned[1] + n_starting)
     elif primary:
         q_store = flat_q.to(ctx.middle_k.device)
         for lo in range(0, primary, chunk):
             in_use = None if ctx.middle_live is None else ctx.middle_live - lo
             vals, idx = _store_topk(q_store, ctx.middle_k[..., lo : lo + chunk, :], k, scale, in_use)
-            merge(vals, idx + (n_starting + lo))
+            best.merge(vals, idx + (n_starting + lo))
     row = n_starting + primary
     for page_k, _ in ctx.middle_pages:
         vals, idx = _store_topk(flat_q.to(page_k.device), page_k, k, scale)
-        merge(vals, idx + row)
+        best.merge(vals, idx + row)
         row += page_k.shape[-2]
-
-    # 2) Tokens still in `recent` that fall out of the window of some query in this block.
-    first = max(ctx.recent_start, n_starting)
-    last = first_pos + nb - 1 - window  # inclusive: the latest query's newest middle token
-    if last >= first:
-        q_pos_rows = query_pos.repeat(groups)[:, None]  # (g·nb, 1), row r is query r % nb
-        for lo in range(first, last + 1, chunk):
-            hi = min(lo + chunk, last + 1)
-            keys = ctx.raw_recent(lo, hi, rope)
-            logits = (flat_q @ keys.transpose(-1, -2)).float() * scale
-            key_pos = torch.arange(lo, hi, device=flat_q.device)
-            is_middle = (q_pos_rows - key_pos[None, :]) >= window
-            logits = logits.masked_fill(~is_middle, float("-inf"))
-            top = min(k, logits.shape[-1])
-            vals, idx = logits.topk(top, dim=-1)
-            merge(vals, idx + lo)
-
-    if best_logits is None:
-        return None
-    values = _gather_values(ctx, best_pos, n_starting)
-    return Recalled(best_logits, best_pos, values)
 
 
 def _store_topk(query: torch.Tensor, keys: torch.Tensor, k: int, scale: float,

@@ -15,6 +15,13 @@ os.environ["LMINFINITE_WORKSPACES"] = tempfile.mkdtemp(prefix="lminfinite-tests-
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# Without a GPU, Triton's kernels (lminfinite/recall_kernel.py) run under its interpreter, on the CPU's tensors. Set
+# before anything imports them: a kernel is built for the interpreter or for the GPU when it is defined.
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.fixture(scope="module")
 def runtime():

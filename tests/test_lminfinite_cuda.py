@@ -7,6 +7,8 @@
 - ``offload_middle=True``: GPU memory stays flat while the middle store fills pinned CPU pages; without it the
   store stays on the GPU up to its budget and spills to those pages beyond it, recall following the reference;
 - no device sync inside an attention module (prefill and decode with recall);
+- recall through Triton's kernels (recall_kernel.py, ``auto`` on a GPU) and through PyTorch's operators, both
+  against the reference;
 - GraphedDecoder through real CUDA graphs, on the tiny model and the 4-bit Llama-2-7B shape, against the model's
   own forward (test_lminfinite_graphed.py checks the same on the CPU, replaying recorded operations);
 - each window-span kernel (efficient, flash, flex, float32) through the model against the reference, and on its
@@ -23,6 +25,7 @@ import pytest
 import torch
 
 import lminfinite
+from lminfinite import recall_kernel
 from lminfinite.key_context import KeyContext
 from lminfinite.kernel_choice import kernels_for
 from lminfinite.reference import ReferenceModel
@@ -33,12 +36,13 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an 
 
 CONFIGS = {
     "lambda": lminfinite.LMInfiniteConfig(n_starting=4),
-    "topk": lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1),
+    "topk": lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1),  # recall through Triton's kernels
+    "topk-torch": lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1, recall_kernel="torch"),
 }
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+@pytest.mark.parametrize("config_name", ["lambda", "topk", "topk-torch"])
 @pytest.mark.parametrize("family", ["llama-gqa", "qwen2-gqa"])
 @pytest.mark.parametrize("chunk", [1, 7, 3 * WINDOW])
 def test_cuda_follows_the_float64_reference(family, config_name, dtype, chunk):
@@ -51,6 +55,16 @@ def test_cuda_follows_the_float64_reference(family, config_name, dtype, chunk):
     error = (logits - expected).abs()
     assert error.max() < 0.1 and error.mean() < 0.005, (error.max().item(), error.mean().item())
     assert (logits.argmax(-1) == expected.argmax(-1)).float().mean() > 0.95
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_auto_recalls_through_tritons_kernels_on_the_gpu(dtype, head_dim):
+    """The GPU image has Triton: ``auto`` picks recall_kernel.py's kernels once they agree with float64 there (a
+    count with spare rows, two query rows per key head), and they do."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert recall_kernel.agrees_with_float64(device, dtype, head_dim)
+    assert recall_kernel.resolve("auto", device, dtype, head_dim)
 
 
 def _llama2_shaped_checkpoint(layers: int = 4):

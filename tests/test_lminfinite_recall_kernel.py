@@ -1,0 +1,145 @@
+"""Recall through Triton's kernels (lminfinite/recall_kernel.py) against the float64 reference.
+
+Without a GPU the kernels run under Triton's interpreter (conftest.py sets TRITON_INTERPRET=1), so what is checked
+here is what they compute; tests/test_lminfinite_cuda.py runs them on a GPU, and benchmarks time them there.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import lminfinite
+from graph_replay import ReplayedOps
+from lminfinite import recall_kernel
+from lminfinite.graphed import GraphedDecoder
+from lminfinite.reference import ReferenceModel
+from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
+from test_lminfinite_graphed import one_thread  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.skipif(not recall_kernel.runs_on(torch.device("cpu")),
+                                reason="needs Triton (requirements-dev.txt) and TRITON_INTERPRET=1 (conftest.py)")
+
+FP32_ATOL = 2e-5
+CONFIG = lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1, recall_scan_copy=False,
+                                     recall_kernel="triton")
+
+
+class CountOps(TorchDispatchMode):
+    """How many times each operator ran, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls[func.name()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, n, live, k", [(1, 1000, 777, 5), (3, 300, None, 1), (8, 129, 40, 7), (2, 200, 3, 5)])
+def test_the_kernels_pick_float64s_top_k_among_the_rows_in_use(dtype, rows, n, live, k):
+    """Blocks of 128 keys with a partial last one; a count that leaves spare rows (holding huge numbers, which
+    must not win); fewer rows in use than k (-inf logits, zero values). The logits are float32 sums of the same
+    numbers float64 sums; the rows are float64's top k up to a near-tie."""
+    generator = torch.Generator().manual_seed(rows * n + k)
+    query = torch.randn(2, 3, rows, 64, generator=generator).to(dtype)
+    keys = torch.randn(2, 3, n, 64, generator=generator).to(dtype)
+    values = torch.randn(2, 3, n, 64, generator=generator).to(dtype)
+    in_use = n if live is None else live
+    keys[..., in_use:, :] = 100.0
+    count = None if live is None else torch.tensor(live)
+    logits, positions, gathered = recall_kernel.recall_from_store(query, keys, values, count, k=k, scale=0.125,
+                                                                  first_row=10)
+    exact = (query.double() @ keys[..., :in_use, :].double().transpose(-1, -2)) * 0.125
+    found = min(k, in_use)
+    best = exact.topk(found, dim=-1).values
+    torch.testing.assert_close(logits[..., :found].double(), best, atol=1e-5, rtol=1e-5)
+    assert (logits[..., found:] == float("-inf")).all()
+    picked = positions[..., :found] - 10
+    assert ((picked >= 0) & (picked < in_use)).all()
+    torch.testing.assert_close(exact.gather(-1, picked), best, atol=1e-5, rtol=1e-5)
+    index = picked.reshape(2, 3, -1, 1).expand(-1, -1, -1, 64)
+    assert torch.equal(gathered[..., :found, :], values.gather(2, index).reshape(2, 3, rows, found, 64))
+    assert (gathered[..., found:, :] == 0).all()
+
+
+@pytest.mark.parametrize("family", ["llama-gqa", "qwen2-gqa"])
+def test_decoding_through_the_kernels_equals_the_reference(family):
+    """A prompt beyond ten windows, then greedy decoding: every step recalls through the two kernels alone (the
+    store holds every middle token), and every logit is the float64 reference's."""
+    model = lminfinite.enable(tiny_model(family), CONFIG)
+    prompt, steps = random_ids(10 * WINDOW, seed=7), 12
+    cache = lminfinite.InfiniteCache(model)
+    feed_in_chunks(model, prompt[:, :-1], 3 * WINDOW, cache)
+    with CountOps() as counted, torch.no_grad():
+        out = model.generate(prompt, past_key_values=cache, max_new_tokens=steps, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
+    expected = ReferenceModel(model, CONFIG).logits(out.sequences[:, :-1])[:, prompt.shape[1] - 1 :]
+    torch.testing.assert_close(torch.stack(out.logits, dim=1).double(), expected, atol=FP32_ATOL, rtol=0)
+    recall_layers = model.config.num_hidden_layers - CONFIG.topk_from_layer
+    assert counted.calls["lminfinite::recall_scan"] == counted.calls["lminfinite::recall_gather"] >= steps * recall_layers
+
+
+def test_a_prefill_block_and_tokens_still_in_recent_merge_with_the_kernels_scan():
+    """Prefill chunks of a few tokens: some of their middle tokens are still in the ring, so the kernels scan the
+    store and the general path merges the rest and gathers the values: the float64 reference's logits."""
+    model = lminfinite.enable(tiny_model("llama-gqa"), CONFIG)
+    ids = random_ids(8 * WINDOW, seed=5)
+    expected = ReferenceModel(model, CONFIG).logits(ids)
+    cache = lminfinite.InfiniteCache(model)
+    with CountOps() as counted:
+        logits = feed_in_chunks(model, ids, 5, cache)
+    torch.testing.assert_close(logits.double(), expected, atol=FP32_ATOL, rtol=0)
+    assert counted.calls["lminfinite::recall_scan"] > 0 and counted.calls["lminfinite::recall_gather"] == 0
+
+
+def test_bf16_decoding_through_the_kernels_follows_the_reference():
+    """bfloat16 with fixed-shape stores (a GPU's default): within 0.03 of the float64 reference of the same weights,
+    as recall through PyTorch's operators is (test_lminfinite_equivalence.py)."""
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16), CONFIG)
+    prompt = random_ids(10 * WINDOW, seed=7)
+    with torch.no_grad():
+        out = model.generate(prompt, past_key_values=lminfinite.InfiniteCache(model, recall_fixed_shapes=True),
+                             max_new_tokens=12, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    expected = ReferenceModel(model, CONFIG).logits(out.sequences[:, :-1])[:, prompt.shape[1] - 1 :]
+    assert (torch.stack(out.logits, dim=1).double() - expected).abs().max() < 0.03
+
+
+@pytest.mark.parametrize("kernel, dtype", [("triton", torch.float32), ("triton", torch.bfloat16),
+                                           ("torch", torch.bfloat16)])
+def test_steps_that_recall_through_the_kernels_replay_with_the_models_own_logits(kernel, dtype, one_thread):
+    """The kernels are operators, so a recording holds them: replayed steps through fixed-shape stores give the
+    model's own logits bit for bit, recorded again each time a store grows into a new buffer (the prompt leaves
+    the stores a few rows short of full; PyTorch's operators are checked the same way). The float32 span kernel
+    and one thread, as in test_lminfinite_graphed.py: the CPU's flash kernel and its two-thread products round a
+    replayed call differently."""
+    config = dataclasses.replace(CONFIG, window_kernel="float32", recall_kernel=kernel)
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=dtype), config)
+    ids = random_ids(5 * WINDOW, seed=3)
+    plain, graphed = (lminfinite.InfiniteCache(model, recall_fixed_shapes=True) for _ in range(2))
+    token = feed_in_chunks(model, ids, 7, plain)[:, -1:].argmax(-1)
+    feed_in_chunks(model, ids, 7, graphed)
+    decoder, buffers = GraphedDecoder(model, graphed, recorder=ReplayedOps), set()
+    with torch.no_grad():
+        for step in range(14):  # the stores grow at steps 3 and 11; a step is recorded after each
+            buffers.add(graphed.layers[1].middle.keys.data_ptr())
+            expected = model(input_ids=token, past_key_values=plain, use_cache=True).logits
+            got = decoder(token)
+            torch.testing.assert_close(got, expected, atol=0, rtol=0, msg=lambda m: f"step {step}: {m}")
+            token = expected[:, -1:].argmax(-1)
+    assert len(buffers) >= 3 and decoder.recordings <= len(buffers) + 1 and not decoder.unrecordable
+
+
+def test_the_kernel_named_must_be_one_there_is():
+    with pytest.raises(ValueError, match="recall_kernel must be one of auto, torch, triton"):
+        lminfinite.LMInfiniteConfig(recall_kernel="cuda")
+    assert not recall_kernel.resolve("torch", torch.device("cpu"), torch.float32, 64)
+    assert not recall_kernel.resolve("auto", torch.device("cpu"), torch.float32, 64)  # only on a GPU by default
+    with pytest.raises(ValueError, match="heads of at most 256"):
+        recall_kernel.resolve("triton", torch.device("cpu"), torch.float32, 512)
