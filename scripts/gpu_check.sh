@@ -12,6 +12,9 @@
 #            4-bit, its engine and `python app.py --load-in-4bit` over HTTP) -> cuda_tests.log (about 3 minutes)
 #   kernels  the window-span kernels side by side at Llama-2-7B's shape, c = 4·L -> docs/benchmarks.md's window_span_gpu table
 #   speed    the whole ladder, 4K to 128K, with truncation too (two calls' worth)
+#   recall   one layer's recall in a decode step at Llama-2-7B's heads, 4K to 128K middle tokens, through PyTorch's
+#            operators and through Triton's kernels, eager and from a CUDA graph -> docs/benchmarks.md's
+#            recall_kernel_gpu table (under a minute)
 #   profile  a 4K prefill, vanilla against LM-Infinite, side by side and operator by operator -> profile_prefill.log
 #            (under a minute once the model is made)
 # Logs and results go to $OUT (they come back to this machine): gpu.txt, the logs, the table files and docs/benchmarks.md.
@@ -55,10 +58,13 @@ for step in "${STEPS[@]}"; do
       timeout 540 python3 -m benchmarks.speed --model random-7b --device cuda --load-in-4bit --window 4096 \
         --max-context 131072 --decode-tokens 8 --deadline-s 420 --tag speed_gpu --readme 2>&1 | tee "$OUT/speed_gpu.log"; rc=${PIPESTATUS[0]}
       results+=(benchmarks/results/speed_gpu.{json,md,png}) ;;
+    recall)
+      timeout 120 python3 -m benchmarks.recall_kernel --readme 2>&1 | tee "$OUT/recall_kernel_gpu.log"; rc=${PIPESTATUS[0]}
+      results+=(benchmarks/results/recall_kernel_gpu.{json,md}) ;;
     profile)
       timeout 120 python3 -m benchmarks.profile_prefill --model random-7b --device cuda --load-in-4bit \
         --window 4096 --context 4096 2>&1 | tee "$OUT/profile_prefill.log"; rc=${PIPESTATUS[0]} ;;
-    *) echo "unknown step $step (cells, tests, kernels, speed, profile)"; exit 2 ;;
+    *) echo "unknown step $step (cells, tests, kernels, speed, recall, profile)"; exit 2 ;;
   esac
   status=$(( status || rc ))
 done

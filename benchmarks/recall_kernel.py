@@ -1,0 +1,159 @@
+"""One layer's recall in a steady decode step, through PyTorch's operators and through Triton's kernels
+(lminfinite/recall_kernel.py), side by side: eager, and replayed from a CUDA graph where the device has one.
+
+    python -m benchmarks.recall_kernel --readme          # on a GPU: Llama-2-7B's heads, 4K to 128K middle tokens
+
+The store is a fixed-shape one (a GPU's default: the whole buffer, an eighth of it spare, a count of the rows in
+use on the device), the query one token's 32 heads of 128 in bfloat16, k = 5 (the app's). The GB/s column counts
+the middle keys in use once: what a scan must read at least. Both ways must recall the same tokens, up to
+near-ties: the table says how many picks differ and by how much their logits do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.report import RESULTS, publish
+from ingest.tables import markdown_table
+from lminfinite import recall_kernel
+from lminfinite.key_context import KeyContext
+from lminfinite.recall import recall_topk
+
+N_STARTING = 10
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--window", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--middle", default="4096,32768,131072", help="middle tokens in use, comma-separated")
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--recall-layers", type=int, default=27, help="for the per-token column (Llama-2-7B, h = 5)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--readme", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    kernels = ["torch"] + (["triton"] if recall_kernel.runs_on(device) else [])
+    results = []
+    for middle in (int(n) for n in args.middle.split(",")):
+        step_args, step_kwargs = decode_step(args, middle, device, dtype)
+        picked = {}
+        for kernel in kernels:
+            run = lambda: recall_topk(*step_args, **step_kwargs, fused=kernel == "triton")  # noqa: E731
+            recalled = run()
+            picked[kernel] = recalled
+            eager = timed(run, device, args.repeats)
+            graphed = timed_graph(run, args.repeats) if device.type == "cuda" else None
+            results.append(dict(middle=middle, kernel=kernel, eager_s=eager, graph_s=graphed,
+                                key_bytes=middle * args.heads * args.head_dim * dtype.itemsize))
+            print(results[-1], flush=True)
+        if len(picked) == 2:
+            results[-1].update(agreement(picked["torch"], picked["triton"]))
+    write_results(args, device, results)
+
+
+def decode_step(args, middle: int, device, dtype) -> tuple:
+    """recall_topk's arguments for the query of a steady decode step after ``middle`` evicted tokens."""
+    generator = torch.Generator().manual_seed(middle)
+    shape = (1, args.heads)
+    capacity = middle + middle // 8
+
+    def normal(*rest):
+        return torch.randn(*shape, *rest, generator=generator).to(device, dtype)
+
+    position = N_STARTING + middle + args.window - 1
+    ctx = KeyContext(
+        recent_k=normal(args.window, args.head_dim), recent_v=normal(args.window, args.head_dim),
+        recent_start=position - args.window + 1, frame=0,
+        start_k=normal(N_STARTING, args.head_dim), start_v=normal(N_STARTING, args.head_dim),
+        middle_k=normal(capacity, args.head_dim), middle_v=normal(capacity, args.head_dim),
+        middle_live=torch.tensor(middle, device=device),
+    )
+    query = normal(1, 1, args.head_dim)
+    return (query, torch.tensor([position], device=device), position, ctx, None), dict(
+        k=args.k, n_starting=N_STARTING, window=args.window, scale=args.head_dim ** -0.5)
+
+
+def timed(run, device, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        run()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def timed_graph(run, repeats: int) -> float:
+    """Median time of one replay of ``run`` recorded into a CUDA graph (ten replays timed at once, so the launch
+    of one does not count)."""
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(10):
+            graph.replay()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / 10)
+    return statistics.median(times)
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def agreement(torch_way, triton_way) -> dict:
+    """Picks the two ways differ in (as sets per query head), and the largest gap between their logits."""
+    a, b = torch_way.positions.sort(-1).values, triton_way.positions.sort(-1).values
+    return dict(differing_heads=int((a != b).any(-1).sum()), heads=int(a[..., 0].numel()),
+                logit_gap=float((torch_way.logits - triton_way.logits).abs().max()))
+
+
+def write_results(args, device, results: list[dict]) -> None:
+    name = "recall_kernel_gpu" if device.type == "cuda" else "recall_kernel_cpu"
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    on_cuda = device.type == "cuda"
+
+    def row(r):
+        best = r["graph_s"] or r["eager_s"]
+        same = (f"{r['differing_heads']}/{r['heads']} heads, logits ≤ {r['logit_gap']:.1e}"
+                if "heads" in r else "")
+        return ([f"{r['middle']:,}", r["kernel"], f"{r['eager_s'] * 1e3:,.3f}"]
+                + ([f"{r['graph_s'] * 1e3:,.3f}"] if on_cuda else [])
+                + [f"{r['key_bytes'] / best / 1e9:,.0f}", f"{best * args.recall_layers * 1e3:,.1f}", same])
+
+    table = markdown_table(
+        ["middle tokens", "recall", "eager ms"] + (["graph ms"] if on_cuda else [])
+        + ["GB/s (keys)", f"ms per token (× {args.recall_layers} layers)", "triton's picks ≠ torch's"],
+        [row(r) for r in results],
+    )
+    heading = (f"{datetime.date.today()}, {where}, torch {torch.__version__}: one layer's recall in a steady decode "
+               f"step, {args.heads} heads of {args.head_dim}, {args.dtype}, k = {args.k}, a fixed-shape store; "
+               f"median of {args.repeats}.")
+    publish(name, dict(device=where, heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, k=args.k,
+                       results=results), heading + "\n\n" + table, readme=args.readme, out=args.out)
+
+
+if __name__ == "__main__":
+    main()
