@@ -1,5 +1,6 @@
 """One layer's recall in a steady decode step, through PyTorch's operators and through Triton's kernels
-(lminfinite/recall_kernel.py), side by side: eager, and replayed from a CUDA graph where the device has one.
+(lminfinite/recall_kernel.py), side by side: eager, and replayed from a CUDA graph where the device has one. Each
+way scans the store, picks the k best and merges them into the window's output (kernel.py's _merge_into).
 
     python -m benchmarks.recall_kernel --readme          # on a GPU: Llama-2-7B's heads, 4K to 128K middle tokens
 
@@ -22,6 +23,7 @@ import torch
 from benchmarks.report import RESULTS, publish
 from ingest.tables import markdown_table
 from lminfinite import recall_kernel
+from lminfinite.kernel import _merge_into
 from lminfinite.key_context import KeyContext
 from lminfinite.recall import recall_topk
 
@@ -51,11 +53,16 @@ def main(argv=None) -> None:
     results = []
     for middle in (int(n) for n in args.middle.split(",")):
         step_args, step_kwargs = decode_step(args, middle, device, dtype)
+        out = torch.zeros(1, args.heads, 1, args.head_dim, device=device)  # the window's output, merged in place
+        lse = torch.zeros(1, args.heads, 1, device=device)
         picked = {}
         for kernel in kernels:
-            run = lambda: recall_topk(*step_args, **step_kwargs, fused=kernel == "triton")  # noqa: E731
-            recalled = run()
-            picked[kernel] = recalled
+            def run(fused=kernel == "triton"):
+                recalled = recall_topk(*step_args, **step_kwargs, fused=fused)
+                _merge_into(out, lse, [recalled.logits], [], recalled, 0, step_args[1], None, 1)
+                return recalled
+
+            picked[kernel] = run()
             eager = timed(run, device, args.repeats)
             graphed = timed_graph(run, args.repeats) if device.type == "cuda" else None
             results.append(dict(middle=middle, kernel=kernel, eager_s=eager, graph_s=graphed,

@@ -137,12 +137,13 @@ def _attend_block(q_frame, query_pos, p0: int, ctx: KeyContext, config, rope: Ro
     # Middle tokens: the top-k logits at distance topk_distance, per query row and head.
     recalled: Recalled | None = None
     if config.uses_topk(layer_idx):
-        if ctx.decode_recall_rotation is not None:  # a decode step: its rotation loaded as tensors (DecodeStep)
-            q_mid = apply_rotation(q_frame, *ctx.decode_recall_rotation)
-        else:
-            q_mid = _rotate_to(q_frame, config.topk_distance, p0, ctx.frame, rope)
         store = ctx.middle_k
         fused = store is not None and recall_kernel.resolve(config.recall_kernel, store.device, store.dtype, dim)
+        if ctx.decode_recall_rotation is not None:  # a decode step: its rotation loaded as tensors (DecodeStep)
+            rotate = recall_kernel.rotate if fused else apply_rotation
+            q_mid = rotate(q_frame, *ctx.decode_recall_rotation)
+        else:
+            q_mid = _rotate_to(q_frame, config.topk_distance, p0, ctx.frame, rope)
         recalled = recall_topk(q_mid, query_pos, p0, ctx, rope, k=config.topk, n_starting=config.n_starting,
                                window=window, scale=scale, fused=fused)
         if recalled is not None:
@@ -162,7 +163,12 @@ def _rotate_to(q_frame, distance: int, p0: int, frame: int, rope: Rope) -> torch
 
 
 def _merge_into(out, lse, extra_logits, extra_values, recalled, layer_idx, query_pos, observer, groups):
-    """Fold directly scored spans into the fused window output, in place: softmax over the union, exactly."""
+    """Fold directly scored spans into the fused window output, in place: softmax over the union, exactly. Recalled
+    tokens still in their store, with nothing else to merge and nobody observing, merge in one kernel."""
+    if recalled is not None and recalled.values is None and not extra_values and observer is None:
+        recall_kernel.merge_into(out, lse, recalled.logits, recalled.positions, recalled.store_values,
+                                 recalled.first_row)
+        return
     logits = torch.cat(extra_logits, dim=-1) if len(extra_logits) > 1 else extra_logits[0]
     total = torch.logaddexp(lse, torch.logsumexp(logits, dim=-1))
     probs = torch.exp(logits - total[..., None])  # each extra key's share of the whole softmax
@@ -174,7 +180,7 @@ def _merge_into(out, lse, extra_logits, extra_values, recalled, layer_idx, query
         offset += span
     if recalled is not None:
         weights = probs[..., offset:]
-        out.add_((weights[..., None] * recalled.values.float()).sum(dim=-2))
+        out.add_((weights[..., None] * recalled.gathered_values().float()).sum(dim=-2))
         if observer is not None:
             batch, kv_heads, rows, k = weights.shape
             nb = rows // groups

@@ -5,8 +5,7 @@ For every query row and head, the k middle tokens with the largest logits, score
 top-k, so no (queries × context) float32 matrix is ever held; an offloaded (CPU) middle store is
 scanned where it lives, and only the selected rows travel to the queries' device. A long store with a scan
 copy is scanned through it where that pays (bounded_scan.py), with the same result. A decode step's scan of a
-store on a GPU runs as two Triton kernels where ``fused`` (recall_kernel.py), its values gathered by the second
-where the store is the only place middle tokens are.
+store on a GPU runs through Triton's kernels where ``fused`` (recall_kernel.py).
 """
 
 from __future__ import annotations
@@ -28,11 +27,22 @@ SCAN_BUDGET = 1 << 24
 @dataclass
 class Recalled:
     """k recalled tokens per query row: logits (float32, -inf where fewer candidates existed), absolute
-    positions, and their values gathered to the queries' device. Shapes (B, Hkv, g·nb, k[, D])."""
+    positions, and their values on the queries' device. Shapes (B, Hkv, g·nb, k[, D]).
+
+    ``values`` is None where every token came from the middle store through recall_kernel.py's kernels: they are
+    the store's rows ``positions - first_row`` of ``store_values``, which recall_kernel.merge_into reads where it
+    merges them, and ``gathered_values`` gathers otherwise."""
 
     logits: torch.Tensor
     positions: torch.Tensor
-    values: torch.Tensor
+    values: torch.Tensor | None
+    store_values: torch.Tensor | None = None
+    first_row: int = 0
+
+    def gathered_values(self) -> torch.Tensor:
+        if self.values is None:
+            self.values = recall_kernel.gather(self.positions, self.logits, self.store_values, self.first_row)
+        return self.values
 
 
 def recall_topk(
@@ -53,7 +63,8 @@ def recall_topk(
     q_scored: (B, Hkv, g, nb, D); query_pos: (nb,) absolute positions, the first of them ``first_pos`` (a number,
     so the scan's bounds are known without reading the device). A token j is "middle" for query i iff
     n_starting <= j and i - j >= window: causal, not a starting token, outside the window. ``fused``: scan the
-    store with recall_kernel.py's kernels where one call covers it.
+    store with recall_kernel.py's kernels where one call covers it (then, where the store holds every middle
+    token, the values stay there: Recalled.values is None).
     """
     batch, kv_heads, groups, nb, dim = q_scored.shape
     flat_q = q_scored.reshape(batch, kv_heads, groups * nb, dim)
@@ -62,10 +73,10 @@ def recall_topk(
     last = first_pos + nb - 1 - window  # inclusive: the latest query's newest middle token
     primary = 0 if ctx.middle_k is None else ctx.middle_k.shape[-2]
     fused = fused and primary > 0 and recall_kernel.fits(flat_q, ctx.middle_k, k)
-    if fused and not ctx.middle_pages and last < first:  # the store holds every middle token: one pass does all
-        logits, positions, values = recall_kernel.recall_from_store(
-            flat_q, ctx.middle_k, ctx.middle_v, ctx.middle_live, k=k, scale=scale, first_row=n_starting)
-        return Recalled(logits, positions, values)
+    if fused and not ctx.middle_pages and last < first:  # the store holds every middle token: its values stay there
+        logits, positions = recall_kernel.store_topk(flat_q, ctx.middle_k, ctx.middle_live, k=k, scale=scale,
+                                                     first_row=n_starting)
+        return Recalled(logits, positions, None, ctx.middle_v, n_starting)
 
     best = _RunningTopK(k, flat_q.device)
     chunk = max(256, SCAN_BUDGET // max(1, batch * kv_heads * groups * nb))
@@ -117,8 +128,8 @@ def _scan_store(best: _RunningTopK, flat_q: torch.Tensor, ctx: KeyContext, *, n_
         scanned = scan_topk(flat_q.to(ctx.middle_k.device), ctx.middle_k, ctx.middle_scan,
                             k=min(k, primary), scale=scale, budget=SCAN_BUDGET)
     if fused:
-        logits, found = recall_kernel.store_topk(flat_q, ctx.middle_k, ctx.middle_live, k=k, scale=scale)
-        best.merge(logits, found + n_starting)
+        best.merge(*recall_kernel.store_topk(flat_q, ctx.middle_k, ctx.middle_live, k=k, scale=scale,
+                                              first_row=n_starting))
     elif scanned is not None:
         best.merge(scanned[0], scanned[1] + n_starting)
     elif primary:

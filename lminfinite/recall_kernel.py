@@ -1,15 +1,19 @@
-"""Top-k recall over a middle store in two GPU kernels (Triton), where recall.py's general path launches about twenty.
+"""Top-k recall over a middle store in Triton's GPU kernels: a decode step's recall layer launches 8 kernels more than
+without recall, where recall.py's general path, kernel.py's merge and the query's rotation launch 45.
 
 Why. A decode step that recalls reads every middle key of every recall layer. Through PyTorch's operators that is
 a product, a mask, a top-k, then a dozen small operators to pick and gather values, per layer: on an H200 about
 7 ms per token of launches alone at 4K tokens, and the scan reads the keys at a fifth of the GPU's bandwidth
 (docs/benchmarks.md, GPU round 2). Here:
+  0. ``recall_rotate``: the decode step's query turned to the distance recall scores at (rotary.apply_rotation);
   1. ``recall_scan``: each program scores one block of keys against every query row of its key head, in float32,
-     and keeps the block's k best (logit and row): the keys are read once, in their own dtype;
+     and keeps the block's k best (logit and position): the keys are read once, in their own dtype;
   2. torch.topk picks the k best of the blocks' candidates (a few thousand per row, not the whole store);
-  3. ``recall_gather``: the chosen rows' positions and values (zeros where the store held fewer than k rows).
+  3. ``recall_merge_`` folds them into the window's output in place, as one softmax, reading their values from the
+     store (none where the store held fewer than k rows); where something else must see them first (start keys
+     to merge too, an observer of recall), ``recall_gather`` gathers the values and kernel.py merges.
 A row count on the device (MiddleStore.fixed_view) masks a buffer's spare rows, so a CUDA graph records the step
-once per buffer (graphed.py). Both kernels are PyTorch operators (torch.library.custom_op): the dispatcher, a
+once per buffer (graphed.py). The kernels are PyTorch operators (torch.library.custom_op): the dispatcher, a
 graph's stand-in recorder and torch.compile see them as one operator each.
 
 The logits are float32 products of the store's numbers, scaled, which the general path rounds to the store's dtype
@@ -67,57 +71,90 @@ def fits(query: torch.Tensor, keys: torch.Tensor, k: int) -> bool:
             and query.device == keys.device)
 
 
-def recall_from_store(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, live: torch.Tensor | None, *,
-                      k: int, scale: float, first_row: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logits, positions, values) of the ``k`` best store rows per query row: float32 (B, Hkv, R, k), int64
-    positions ``first_row`` + row, and the rows' values (B, Hkv, R, k, D); -inf and zeros past the rows in use.
-
-    query: (B, Hkv, R, D); keys, values: (B, Hkv, n, D); live: the rows in use (a 0-d count on the keys' device),
-    None for all n."""
-    logits, picked = store_topk(query, keys, live, k=k, scale=scale)
-    positions, gathered = torch.ops.lminfinite.recall_gather(picked, logits, values, first_row)
-    return logits, positions, gathered
+def rotate(query: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``query`` (..., D) rotated by one row's ``cos``, ``sin`` (1, D): rotary.apply_rotation's numbers (computed in
+    float32, rounded to the query's dtype) in one launch instead of seven."""
+    return torch.ops.lminfinite.recall_rotate(query, cos, sin)
 
 
-def store_topk(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, *, k: int,
-               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 logits (B, Hkv, R, k), best first, and their rows in the store (-inf where fewer rows exist)."""
-    cand_logits, cand_rows = torch.ops.lminfinite.recall_scan(query, keys, live, k, scale)
+def merge_into(out: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, positions: torch.Tensor,
+               values: torch.Tensor, first_row: int) -> None:
+    """Fold recalled tokens into a window output, in place, as one softmax: ``out`` (B, Hkv, R, D) float32 and its
+    log-sum-exp ``lse`` (B, Hkv, R), the recalled ``logits`` and ``positions`` (B, Hkv, R, k), their values read
+    from the store's ``values`` (B, Hkv, n, D) at rows ``positions - first_row`` (none where the logit is -inf)."""
+    torch.ops.lminfinite.recall_merge_(out, lse, logits, positions, values, first_row)
+
+
+def gather(positions: torch.Tensor, logits: torch.Tensor, values: torch.Tensor, first_row: int) -> torch.Tensor:
+    """The values (B, Hkv, R, k, D) of the store's rows ``positions - first_row``; zeros where the logit is -inf."""
+    return torch.ops.lminfinite.recall_gather(positions, logits, values, first_row)
+
+
+def store_topk(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, *, k: int, scale: float,
+               first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 logits (B, Hkv, R, k), best first, and their positions ``first_row`` + the row in the store (-inf
+    where fewer rows are in use).
+
+    query: (B, Hkv, R, D); keys: (B, Hkv, n, D); live: the rows in use (a 0-d count on the keys' device), None for
+    all n."""
+    cand_logits, cand_positions = torch.ops.lminfinite.recall_scan(query, keys, live, k, scale, first_row)
     logits, pick = cand_logits.topk(k, dim=-1)
-    return logits, cand_rows.gather(-1, pick)
+    return logits, cand_positions.gather(-1, pick)
 
 
 @torch.library.custom_op("lminfinite::recall_scan", mutates_args=())
-def recall_scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int,
-                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per query row, the ``k`` best scaled float32 logits of each block of BLOCK keys and their rows:
-    (B, Hkv, R, blocks·k) each, -inf (row 0 of the block) where a block holds fewer rows in use."""
+def recall_scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float,
+                first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query row, the ``k`` best scaled float32 logits of each block of BLOCK keys and their positions:
+    (B, Hkv, R, blocks·k) each, -inf where a block holds fewer rows in use."""
     from . import recall_triton
 
-    return recall_triton.scan(query, keys, live, k, scale, BLOCK)
+    return recall_triton.scan(query, keys, live, k, scale, first_row, BLOCK)
 
 
 @recall_scan.register_fake
-def _(query, keys, live, k, scale):
+def _(query, keys, live, k, scale, first_row):
     batch, kv_heads, rows, _ = query.shape
     candidates = -(-keys.shape[-2] // BLOCK) * k
     shape = (batch, kv_heads, rows, candidates)
     return query.new_empty(shape, dtype=torch.float32), query.new_empty(shape, dtype=torch.long)
 
 
-@torch.library.custom_op("lminfinite::recall_gather", mutates_args=())
-def recall_gather(rows: torch.Tensor, logits: torch.Tensor, values: torch.Tensor,
-                  first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions ``first_row`` + rows (int64, shaped as ``rows``) and the values of those rows (B, Hkv, R, k, D);
-    zeros where the logit is -inf (no such row in use)."""
+@torch.library.custom_op("lminfinite::recall_rotate", mutates_args=())
+def recall_rotate(query: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     from . import recall_triton
 
-    return recall_triton.gather(rows, logits, values, first_row)
+    return recall_triton.rotate(query, cos, sin)
+
+
+@recall_rotate.register_fake
+def _(query, cos, sin):
+    return torch.empty_like(query)
+
+
+@torch.library.custom_op("lminfinite::recall_gather", mutates_args=())
+def recall_gather(positions: torch.Tensor, logits: torch.Tensor, values: torch.Tensor, first_row: int) -> torch.Tensor:
+    from . import recall_triton
+
+    return recall_triton.gather(positions, logits, values, first_row)
 
 
 @recall_gather.register_fake
-def _(rows, logits, values, first_row):
-    return rows.new_empty(rows.shape, dtype=torch.long), values.new_empty((*rows.shape, values.shape[-1]))
+def _(positions, logits, values, first_row):
+    return values.new_empty((*positions.shape, values.shape[-1]))
+
+
+@torch.library.custom_op("lminfinite::recall_merge_", mutates_args=("out",))
+def recall_merge_(out: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, positions: torch.Tensor,
+                  values: torch.Tensor, first_row: int) -> None:
+    from . import recall_triton
+
+    recall_triton.merge(out, lse, logits, positions, values, first_row)
+
+
+@recall_merge_.register_fake
+def _(out, lse, logits, positions, values, first_row):
+    return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,19 +176,34 @@ def _checked(device_type: str, index: int | None, dtype: torch.dtype, head_dim: 
 
 def agrees_with_float64(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Logits within the inputs' rounding of float64's over the rows in use, rows among float64's top k except
-    between near-ties, and each picked row's values; two query rows per key head, 300 rows of a 400-row buffer."""
+    between near-ties, each picked row's values, a window output merged with them as float64 merges it, and a query
+    rotated within a rounding of its dtype; two query rows per key head, 300 rows of a 400-row buffer."""
     generator = torch.Generator().manual_seed(0)
     query = torch.randn(1, 2, 2, head_dim, generator=generator).to(device, dtype)
     keys, values = (torch.randn(1, 2, 400, head_dim, generator=generator).to(device, dtype) for _ in range(2))
+    out, lse = torch.randn(1, 2, 2, head_dim, generator=generator).to(device), torch.randn(1, 2, 2).to(device)
     live, k, scale = torch.tensor(300, device=device), 5, head_dim ** -0.5
-    logits, positions, gathered = recall_from_store(query, keys, values, live, k=k, scale=scale, first_row=4)
+    logits, positions = store_topk(query, keys, live, k=k, scale=scale, first_row=4)
+    gathered = gather(positions, logits, values, 4)
+    merged = out.clone()
+    merge_into(merged, lse, logits, positions, values, 4)
     exact = (query.double() @ keys[..., :300, :].double().transpose(-1, -2)) * scale
     best = exact.topk(k, dim=-1).values
     rows = positions - 4
     expected = values.gather(2, rows.reshape(1, 2, -1, 1).expand(-1, -1, -1, head_dim)).reshape(gathered.shape)
+    total = torch.logaddexp(lse.double(), torch.logsumexp(logits.double(), dim=-1))[..., None]
+    weights = torch.exp(logits.double() - total)[..., None]
+    float64 = out.double() * torch.exp(lse.double()[..., None] - total) + (weights * expected.double()).sum(-2)
     tolerance = 1e-4  # float32 sums of the same numbers float64 sums
+    angle = torch.linspace(0, 6, head_dim // 2, device=device)[None]
+    cos, sin = torch.cat((angle.cos(), angle.cos()), -1), torch.cat((angle.sin(), angle.sin()), -1)
+    rotated = rotate(query, cos, sin).double()
+    turned = torch.cat((-query[..., head_dim // 2:], query[..., : head_dim // 2]), -1).double()
+    rounding = torch.finfo(dtype).eps
     return bool(
-        (rows >= 0).all() and (rows < 300).all() and torch.equal(gathered, expected)
+        torch.allclose(rotated, query.double() * cos.double() + turned * sin.double(), atol=1e-5, rtol=rounding)
+        and (rows >= 0).all() and (rows < 300).all() and torch.equal(gathered, expected)
         and torch.allclose(logits.double(), best, atol=tolerance, rtol=tolerance)
         and torch.allclose(exact.gather(-1, rows), best, atol=tolerance, rtol=tolerance)
+        and torch.allclose(merged.double(), float64, atol=tolerance, rtol=tolerance)
     )

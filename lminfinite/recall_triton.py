@@ -1,4 +1,6 @@
-"""The Triton kernels behind recall_kernel.py's two operators, and their launches (imported only where they run)."""
+"""The Triton kernels behind recall_kernel.py's operators, and their launches (imported only where they run).
+
+Offsets into a store are 64-bit: 32 heads of 128 over a million tokens lie 2^32 elements apart."""
 
 from __future__ import annotations
 
@@ -9,57 +11,76 @@ import triton.language as tl
 from .recall_kernel import interpreted
 
 
-def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float,
+def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float, first_row: int,
          block: int) -> tuple[torch.Tensor, torch.Tensor]:
     batch, kv_heads, rows, dim = query.shape
     n = keys.shape[-2]
     blocks = triton.cdiv(n, block)
     query = query.contiguous()
     cand_logits = torch.empty((batch, kv_heads, rows, blocks * k), dtype=torch.float32, device=query.device)
-    cand_rows = torch.empty((batch, kv_heads, rows, blocks * k), dtype=torch.long, device=query.device)
+    cand_positions = torch.empty((batch, kv_heads, rows, blocks * k), dtype=torch.long, device=query.device)
     _scan_blocks[(batch * kv_heads, blocks)](
-        query, keys, query if live is None else live, cand_logits, cand_rows,
-        kv_heads, rows, n, dim, float(scale), *keys.stride(),
+        query, keys, query if live is None else live, cand_logits, cand_positions,
+        kv_heads, rows, n, dim, float(scale), first_row, *keys.stride(),
         HAS_LIVE=live is not None, ROWS=max(16, triton.next_power_of_2(rows)),
         DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block, K=k, IEEE=query.dtype == torch.float32 or interpreted(),
     )
-    return cand_logits, cand_rows
+    return cand_logits, cand_positions
 
 
-def gather(rows: torch.Tensor, logits: torch.Tensor, values: torch.Tensor,
-           first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
-    batch, kv_heads, query_rows, k = rows.shape
+def rotate(query: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    query = query.contiguous()
+    dim = query.shape[-1]
+    out = torch.empty_like(query)
+    _rotate_rows[(query.numel() // dim,)](query, cos.contiguous(), sin.contiguous(), out, dim, dim // 2,
+                                          DIM=max(16, triton.next_power_of_2(dim)))
+    return out
+
+
+def gather(positions: torch.Tensor, logits: torch.Tensor, values: torch.Tensor, first_row: int) -> torch.Tensor:
+    batch, kv_heads, query_rows, k = positions.shape
     dim = values.shape[-1]
-    positions = torch.empty(rows.shape, dtype=torch.long, device=rows.device)
-    out = torch.empty((*rows.shape, dim), dtype=values.dtype, device=values.device)
+    out = torch.empty((*positions.shape, dim), dtype=values.dtype, device=values.device)
     _gather_rows[(batch * kv_heads * query_rows,)](
-        rows.contiguous(), logits.contiguous(), values, positions, out,
+        positions.contiguous(), logits.contiguous(), values, out,
         kv_heads, query_rows, k, dim, first_row, *values.stride(),
         K=max(2, triton.next_power_of_2(k)), DIM=max(16, triton.next_power_of_2(dim)),
     )
-    return positions, out
+    return out
+
+
+def merge(out: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, positions: torch.Tensor,
+          values: torch.Tensor, first_row: int) -> None:
+    batch, kv_heads, rows, k = logits.shape
+    dim = values.shape[-1]
+    _merge_rows[(batch * kv_heads * rows,)](
+        out, lse.contiguous(), logits.contiguous(), positions.contiguous(), values,
+        kv_heads, rows, k, dim, first_row, *out.stride(), *values.stride(),
+        K=max(2, triton.next_power_of_2(k)), DIM=max(16, triton.next_power_of_2(dim)),
+    )
 
 
 @triton.jit
-def _scan_blocks(q_ptr, k_ptr, live_ptr, out_logits, out_rows,
-                 kv_heads, rows, n, dim, scale, stride_b, stride_h, stride_n, stride_d,
+def _scan_blocks(q_ptr, k_ptr, live_ptr, out_logits, out_positions,
+                 kv_heads, rows, n, dim, scale, first_row, stride_b, stride_h, stride_n, stride_d,
                  HAS_LIVE: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr,
                  K: tl.constexpr, IEEE: tl.constexpr):
-    """One program: one key head's query rows against one block of its keys; the block's K best per row."""
+    """One program: one key head's query rows against one block of its keys; the block's K best per row (logit,
+    and position: first_row + the key's row)."""
     head = tl.program_id(0)
     block = tl.program_id(1)
     blocks = tl.num_programs(1)
     r = tl.arange(0, ROWS)
     d = tl.arange(0, DIM)
     c = tl.arange(0, BLOCK)
-    key_rows = block * BLOCK + c
+    key_rows = block.to(tl.int64) * BLOCK + c  # offsets in a store beyond 2^31 elements
     if HAS_LIVE:
         in_use = tl.minimum(tl.load(live_ptr), n)
     else:
         in_use = n
     q = tl.load(q_ptr + (head * rows + r[:, None]) * dim + d[None, :],
                 mask=(r[:, None] < rows) & (d[None, :] < dim), other=0.0)
-    key_base = k_ptr + (head // kv_heads) * stride_b + (head % kv_heads) * stride_h
+    key_base = k_ptr + (head // kv_heads).to(tl.int64) * stride_b + (head % kv_heads).to(tl.int64) * stride_h
     keys = tl.load(key_base + key_rows[:, None] * stride_n + d[None, :] * stride_d,  # spare rows are not read
                    mask=(key_rows[:, None] < in_use) & (d[None, :] < dim), other=0.0)
     if IEEE:  # float32 numbers, or half ones under the interpreter (whose dot reads their bits as integers)
@@ -72,25 +93,69 @@ def _scan_blocks(q_ptr, k_ptr, live_ptr, out_logits, out_rows,
         best = tl.max(scores, axis=1)
         at = tl.argmax(scores, axis=1)
         tl.store(out_logits + out + j, best, mask=r < rows)
-        tl.store(out_rows + out + j, (block * BLOCK + at).to(tl.int64), mask=r < rows)
+        tl.store(out_positions + out + j, (block * BLOCK + at + first_row).to(tl.int64), mask=r < rows)
         scores = tl.where(c[None, :] == at[:, None], float("-inf"), scores)
 
 
 @triton.jit
-def _gather_rows(rows_ptr, logits_ptr, v_ptr, positions_ptr, out_ptr,
+def _gather_rows(positions_ptr, logits_ptr, v_ptr, out_ptr,
                  kv_heads, query_rows, k, dim, first_row, stride_b, stride_h, stride_n, stride_d,
                  K: tl.constexpr, DIM: tl.constexpr):
-    """One program: one query row's k picks: their positions, and their value rows (zeros for -inf picks)."""
+    """One program: one query row's k picks' value rows (zeros for -inf picks)."""
     row = tl.program_id(0)
     head = row // query_rows
     j = tl.arange(0, K)
     d = tl.arange(0, DIM)
     picked = j < k
-    store_rows = tl.load(rows_ptr + row * k + j, mask=picked, other=0)
     logits = tl.load(logits_ptr + row * k + j, mask=picked, other=float("-inf"))
-    tl.store(positions_ptr + row * k + j, store_rows + first_row, mask=picked)
     found = picked & (logits > float("-inf"))
-    value_base = v_ptr + (head // kv_heads) * stride_b + (head % kv_heads) * stride_h
+    store_rows = tl.load(positions_ptr + row * k + j, mask=found, other=first_row) - first_row
+    value_base = v_ptr + (head // kv_heads).to(tl.int64) * stride_b + (head % kv_heads).to(tl.int64) * stride_h
     values = tl.load(value_base + store_rows[:, None] * stride_n + d[None, :] * stride_d,
                      mask=found[:, None] & (d[None, :] < dim), other=0.0)
     tl.store(out_ptr + (row * k + j[:, None]) * dim + d[None, :], values, mask=picked[:, None] & (d[None, :] < dim))
+
+
+@triton.jit
+def _merge_rows(out_ptr, lse_ptr, logits_ptr, positions_ptr, v_ptr,
+                kv_heads, query_rows, k, dim, first_row, out_b, out_h, out_r, out_d, stride_b, stride_h, stride_n,
+                stride_d, K: tl.constexpr, DIM: tl.constexpr):
+    """One program: one query row's window output (weight of its softmax: lse) and its k recalled tokens merged
+    into one softmax, in place: out·e^(lse − total) + Σ e^(logit − total)·value, total = log(e^lse + Σ e^logit)."""
+    row = tl.program_id(0)
+    head = row // query_rows
+    b = (head // kv_heads).to(tl.int64)  # a store's head can lie beyond 2^31 elements from its start
+    h = (head % kv_heads).to(tl.int64)
+    r = row % query_rows
+    j = tl.arange(0, K)
+    d = tl.arange(0, DIM)
+    picked = j < k
+    lse = tl.load(lse_ptr + row)
+    logits = tl.load(logits_ptr + row * k + j, mask=picked, other=float("-inf"))
+    top = tl.maximum(lse, tl.max(logits, axis=0))
+    total = top + tl.log(tl.exp(lse - top) + tl.sum(tl.exp(logits - top), axis=0))
+    weights = tl.exp(logits - total)
+    found = picked & (logits > float("-inf"))
+    store_rows = tl.load(positions_ptr + row * k + j, mask=found, other=first_row) - first_row
+    value_base = v_ptr + b * stride_b + h * stride_h
+    values = tl.load(value_base + store_rows[:, None] * stride_n + d[None, :] * stride_d,
+                     mask=found[:, None] & (d[None, :] < dim), other=0.0).to(tl.float32)
+    out_row = out_ptr + b * out_b + h * out_h + r * out_r + d * out_d
+    merged = tl.load(out_row, mask=d < dim, other=0.0).to(tl.float32) * tl.exp(lse - total)
+    merged += tl.sum(weights[:, None] * values, axis=0)
+    tl.store(out_row, merged.to(out_ptr.dtype.element_ty), mask=d < dim)
+
+
+@triton.jit
+def _rotate_rows(q_ptr, cos_ptr, sin_ptr, out_ptr, dim, half, DIM: tl.constexpr):
+    """One program: one row x, rotated as rotary.apply_rotation does: x·cos + rotate_half(x)·sin in float32."""
+    row = tl.program_id(0)
+    d = tl.arange(0, DIM)
+    inside = d < dim
+    first_half = d < half
+    x = tl.load(q_ptr + row * dim + d, mask=inside, other=0.0).to(tl.float32)
+    partner = tl.load(q_ptr + row * dim + tl.where(first_half, d + half, d - half), mask=inside, other=0.0)
+    turned = tl.where(first_half, -partner.to(tl.float32), partner.to(tl.float32))
+    cos = tl.load(cos_ptr + d, mask=inside, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + d, mask=inside, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * dim + d, (x * cos + turned * sin).to(out_ptr.dtype.element_ty), mask=inside)

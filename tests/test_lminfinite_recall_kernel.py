@@ -18,6 +18,7 @@ from graph_replay import ReplayedOps
 from lminfinite import recall_kernel
 from lminfinite.graphed import GraphedDecoder
 from lminfinite.reference import ReferenceModel
+from lminfinite.rotary import apply_rotation
 from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
 from test_lminfinite_graphed import one_thread  # noqa: F401 (a fixture)
 
@@ -54,8 +55,8 @@ def test_the_kernels_pick_float64s_top_k_among_the_rows_in_use(dtype, rows, n, l
     in_use = n if live is None else live
     keys[..., in_use:, :] = 100.0
     count = None if live is None else torch.tensor(live)
-    logits, positions, gathered = recall_kernel.recall_from_store(query, keys, values, count, k=k, scale=0.125,
-                                                                  first_row=10)
+    logits, positions = recall_kernel.store_topk(query, keys, count, k=k, scale=0.125, first_row=10)
+    gathered = recall_kernel.gather(positions, logits, values, 10)
     exact = (query.double() @ keys[..., :in_use, :].double().transpose(-1, -2)) * 0.125
     found = min(k, in_use)
     best = exact.topk(found, dim=-1).values
@@ -69,10 +70,48 @@ def test_the_kernels_pick_float64s_top_k_among_the_rows_in_use(dtype, rows, n, l
     assert (gathered[..., found:, :] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_rotation_kernel_turns_queries_as_apply_rotation_does(dtype):
+    """A decode step's grouped query heads (B, Hkv, g, 1, D) by one float32 row: rotary.apply_rotation's numbers,
+    within one rounding of the query's dtype (a GPU may fuse the multiply-adds)."""
+    generator = torch.Generator().manual_seed(4)
+    query = torch.randn(2, 3, 2, 1, 64, generator=generator).to(dtype)
+    angle = torch.rand(1, 32, generator=generator) * 6
+    cos, sin = torch.cat((angle.cos(), angle.cos()), -1), torch.cat((angle.sin(), angle.sin()), -1)
+    expected = apply_rotation(query, cos, sin)
+    rotated = recall_kernel.rotate(query, cos, sin)
+    assert rotated.dtype == dtype and rotated.shape == query.shape
+    torch.testing.assert_close(rotated, expected, atol=1e-6, rtol=torch.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("live", [777, 3])
+def test_the_merge_folds_the_recalled_tokens_into_the_window_output_as_float64_does(dtype, live):
+    """One softmax over the window (its output and log-sum-exp) and the recalled tokens, whose values the kernel
+    reads from the store: a strided output, written in place; with fewer rows in use than k, the -inf picks weigh
+    nothing (their rows, spare, hold NaN)."""
+    generator = torch.Generator().manual_seed(live)
+    query = torch.randn(1, 4, 2, 64, generator=generator).to(dtype)
+    keys, values = (torch.randn(1, 4, 1000, 64, generator=generator).to(dtype) for _ in range(2))
+    values[..., live:, :] = float("nan")
+    logits, positions = recall_kernel.store_topk(query, keys, torch.tensor(live), k=5, scale=0.125, first_row=10)
+    lse = torch.randn(1, 4, 2, generator=generator)
+    out = torch.randn(1, 2, 4, 64, generator=generator).transpose(1, 2)  # strided, as CUDA's kernels may leave it
+    expected = out.double().clone()
+    recall_kernel.merge_into(out, lse, logits, positions, values, 10)
+    total = torch.logaddexp(lse.double(), torch.logsumexp(logits.double(), dim=-1))[..., None]
+    picked = values.double()[0].gather(1, (positions[0] - 10).clamp(max=live - 1).reshape(4, -1, 1).expand(-1, -1, 64))
+    weights = torch.exp(logits.double() - total)
+    expected = expected * torch.exp(lse.double()[..., None] - total) + (
+        weights[..., None] * picked.reshape(1, 4, 2, 5, 64)).nan_to_num().sum(-2)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    assert weights[..., live:].eq(0).all() and not out.isnan().any()
+
+
 @pytest.mark.parametrize("family", ["llama-gqa", "qwen2-gqa"])
 def test_decoding_through_the_kernels_equals_the_reference(family):
-    """A prompt beyond ten windows, then greedy decoding: every step recalls through the two kernels alone (the
-    store holds every middle token), and every logit is the float64 reference's."""
+    """A prompt beyond ten windows, then greedy decoding: every step recalls through the kernels alone (the store
+    holds every middle token: scan, then merge), and every logit is the float64 reference's."""
     model = lminfinite.enable(tiny_model(family), CONFIG)
     prompt, steps = random_ids(10 * WINDOW, seed=7), 12
     cache = lminfinite.InfiniteCache(model)
@@ -83,7 +122,27 @@ def test_decoding_through_the_kernels_equals_the_reference(family):
     expected = ReferenceModel(model, CONFIG).logits(out.sequences[:, :-1])[:, prompt.shape[1] - 1 :]
     torch.testing.assert_close(torch.stack(out.logits, dim=1).double(), expected, atol=FP32_ATOL, rtol=0)
     recall_layers = model.config.num_hidden_layers - CONFIG.topk_from_layer
-    assert counted.calls["lminfinite::recall_scan"] == counted.calls["lminfinite::recall_gather"] >= steps * recall_layers
+    calls = counted.calls
+    assert calls["lminfinite::recall_scan"] == calls["lminfinite::recall_merge_"] >= steps * recall_layers
+    assert calls["lminfinite::recall_gather"] == 0
+
+
+def test_an_observer_sees_what_the_kernels_recall_and_the_logits_stay_the_same():
+    """lminfinite.observe_topk is told the positions and weights: the values are then gathered and merged by
+    kernel.py, which gives the merge kernel's logits up to float32 rounding."""
+    model = lminfinite.enable(tiny_model("llama-gqa"), CONFIG)
+    caches = [lminfinite.InfiniteCache(model) for _ in range(2)]
+    token = feed_in_chunks(model, random_ids(6 * WINDOW, seed=9), 3 * WINDOW, caches[0])[:, -1:].argmax(-1)
+    feed_in_chunks(model, random_ids(6 * WINDOW, seed=9), 3 * WINDOW, caches[1])
+    seen = []
+    with torch.no_grad():
+        plain = model(input_ids=token, past_key_values=caches[0]).logits
+        with CountOps() as counted, lminfinite.observe_topk(model, seen.append):
+            observed = model(input_ids=token, past_key_values=caches[1]).logits
+    torch.testing.assert_close(observed, plain, atol=1e-6, rtol=0)
+    assert counted.calls["lminfinite::recall_gather"] > 0 and counted.calls["lminfinite::recall_merge_"] == 0
+    assert [selection.layer_idx for selection in seen] == [1, 2]
+    assert all(selection.positions.shape[-1] == CONFIG.topk and selection.weights.sum() > 0 for selection in seen)
 
 
 def test_a_prefill_block_and_tokens_still_in_recent_merge_with_the_kernels_scan():
@@ -134,6 +193,32 @@ def test_steps_that_recall_through_the_kernels_replay_with_the_models_own_logits
             torch.testing.assert_close(got, expected, atol=0, rtol=0, msg=lambda m: f"step {step}: {m}")
             token = expected[:, -1:].argmax(-1)
     assert len(buffers) >= 3 and decoder.recordings <= len(buffers) + 1 and not decoder.unrecordable
+
+
+# Operators that only make a view: no kernel runs for them on a GPU.
+VIEWS = {"view", "_unsafe_view", "slice", "select", "t", "transpose", "permute", "unsqueeze", "squeeze", "expand",
+         "alias", "detach", "reshape", "as_strided", "split", "unbind", "promote_types"}
+
+
+def test_a_decode_step_that_recalls_launches_eight_kernels_more_per_layer_not_fortyfive():
+    """What a graph replays is launches: a steady decode step with recall through the kernels runs 8 operators per
+    recall layer more than the same step without recall (the query's rotation for recall, the window part with its
+    log-sum-exp, the count's copy, the scan, the top-k and the candidates' positions, the merge), where PyTorch's
+    operators run 45."""
+    extra = {}
+    for kernel in ("torch", "triton"):
+        config = dataclasses.replace(CONFIG, recall_kernel=kernel)
+        model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16), config)
+        launches = []
+        for topk in (0, config.topk):  # the same step of two caches fed the same, the second one recalling
+            cache = lminfinite.InfiniteCache(model, recall_fixed_shapes=True)
+            cache.topk = topk
+            token = feed_in_chunks(model, random_ids(3 * WINDOW, seed=3), 7, cache)[:, -1:].argmax(-1)
+            with torch.no_grad(), CountOps() as counted:
+                model(input_ids=token, past_key_values=cache)
+            launches.append(sum(n for name, n in counted.calls.items() if name.split("::")[1].split(".")[0] not in VIEWS))
+        extra[kernel] = (launches[1] - launches[0]) / (model.config.num_hidden_layers - config.topk_from_layer)
+    assert extra == {"torch": 45, "triton": 8}
 
 
 def test_the_kernel_named_must_be_one_there_is():
