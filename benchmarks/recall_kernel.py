@@ -16,11 +16,11 @@ import argparse
 import datetime
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks.report import RESULTS, publish
+from benchmarks.measure import _sync
+from benchmarks.report import add_publish_arguments, publish
 from ingest.tables import markdown_table
 from lminfinite import recall_kernel
 from lminfinite.kernel import _merge_into
@@ -41,8 +41,7 @@ def parse_args(argv=None):
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--recall-layers", type=int, default=27, help="for the per-token column (Llama-2-7B, h = 5)")
-    p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--readme", action="store_true")
+    add_publish_arguments(p)
     return p.parse_args(argv)
 
 
@@ -98,10 +97,10 @@ def decode_step(args, middle: int, device, dtype) -> tuple:
 def timed(run, device, repeats: int) -> float:
     times = []
     for _ in range(repeats):
-        sync(device)
+        _sync(device.type)
         start = time.perf_counter()
         run()
-        sync(device)
+        _sync(device.type)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -123,11 +122,6 @@ def timed_graph(run, repeats: int) -> float:
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) / 10)
     return statistics.median(times)
-
-
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def agreement(torch_way, triton_way) -> dict:

@@ -64,6 +64,12 @@ def splice_readme(readme: Path, name: str, body: str) -> None:
         page.write_text((text.rstrip() + "\n\n" if text.strip() else "") + block + "\n")
 
 
+def add_publish_arguments(parser) -> None:
+    """``--out`` and ``--readme``, what :func:`publish` takes from a benchmark's command line."""
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where <name>.json and <name>.md go")
+    parser.add_argument("--readme", action="store_true", help="splice the table into the docs page that holds it")
+
+
 def publish(name: str, data, text: str, *, readme: bool, out: Path = RESULTS) -> None:
     """A benchmark's outcome: ``<name>.json`` (the numbers) and ``<name>.md`` (``text``) under ``out``, printed,
     and with ``readme`` spliced between ``<!-- name:begin/end -->`` into the page that holds them

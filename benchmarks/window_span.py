@@ -14,11 +14,10 @@ import argparse
 import datetime
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks.report import RESULTS, publish
+from benchmarks.report import add_publish_arguments, publish
 from ingest.tables import markdown_table
 from ingest.units import mib
 from lminfinite.key_context import KeyContext
@@ -43,8 +42,7 @@ def parse_args(argv=None):
                         "on CUDA also L/4, where fewer, larger calls may fill the GPU better)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--sample-rows", type=int, default=64, help="query rows checked against float64")
-    p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--readme", action="store_true")
+    add_publish_arguments(p)
     return p.parse_args(argv)
 
 

@@ -149,7 +149,7 @@ def test_a_prefill_block_and_tokens_still_in_recent_merge_with_the_kernels_scan(
     """Prefill chunks of a few tokens: some of their middle tokens are still in the ring, so the kernels scan the
     store and the general path merges the rest and gathers the values: the float64 reference's logits."""
     model = lminfinite.enable(tiny_model("llama-gqa"), CONFIG)
-    ids = random_ids(8 * WINDOW, seed=5)
+    ids = random_ids(5 * WINDOW, seed=5)
     expected = ReferenceModel(model, CONFIG).logits(ids)
     cache = lminfinite.InfiniteCache(model)
     with CountOps() as counted:
@@ -170,16 +170,15 @@ def test_bf16_decoding_through_the_kernels_follows_the_reference():
     assert (torch.stack(out.logits, dim=1).double() - expected).abs().max() < 0.03
 
 
-@pytest.mark.parametrize("kernel, dtype", [("triton", torch.float32), ("triton", torch.bfloat16),
-                                           ("torch", torch.bfloat16)])
-def test_steps_that_recall_through_the_kernels_replay_with_the_models_own_logits(kernel, dtype, one_thread):
+@pytest.mark.parametrize("kernel", ["triton", "torch"])
+def test_steps_that_recall_through_the_kernels_replay_with_the_models_own_logits(kernel, one_thread):
     """The kernels are operators, so a recording holds them: replayed steps through fixed-shape stores give the
     model's own logits bit for bit, recorded again each time a store grows into a new buffer (the prompt leaves
     the stores a few rows short of full; PyTorch's operators are checked the same way). The float32 span kernel
     and one thread, as in test_lminfinite_graphed.py: the CPU's flash kernel and its two-thread products round a
     replayed call differently."""
     config = dataclasses.replace(CONFIG, window_kernel="float32", recall_kernel=kernel)
-    model = lminfinite.enable(tiny_model("llama-gqa", dtype=dtype), config)
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16), config)  # a GPU's dtype
     ids = random_ids(5 * WINDOW, seed=3)
     plain, graphed = (lminfinite.InfiniteCache(model, recall_fixed_shapes=True) for _ in range(2))
     token = feed_in_chunks(model, ids, 7, plain)[:, -1:].argmax(-1)
