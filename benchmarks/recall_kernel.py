@@ -23,6 +23,7 @@ from benchmarks.measure import _sync
 from benchmarks.report import add_publish_arguments, publish
 from ingest.tables import markdown_table
 from lminfinite import recall_kernel
+from lminfinite.graphed import CudaGraph
 from lminfinite.kernel import _merge_into
 from lminfinite.key_context import KeyContext
 from lminfinite.recall import recall_topk
@@ -108,11 +109,8 @@ def timed(run, device, repeats: int) -> float:
 def timed_graph(run, repeats: int) -> float:
     """Median time of one replay of ``run`` recorded into a CUDA graph (ten replays timed at once, so the launch
     of one does not count)."""
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
+    graph = CudaGraph()  # the library's own recording (graphed.py): captured on a side stream
+    graph.record(run)
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()

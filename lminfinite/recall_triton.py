@@ -10,6 +10,9 @@ import triton.language as tl
 
 from .recall_kernel import interpreted
 
+# Read once, as triton.jit reads it when it builds the kernels below: for the interpreter or for the GPU.
+INTERPRETED = interpreted()
+
 
 def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float, first_row: int,
          block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,7 +26,7 @@ def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: 
         query, keys, query if live is None else live, cand_logits, cand_positions,
         kv_heads, rows, n, dim, float(scale), first_row, *keys.stride(),
         HAS_LIVE=live is not None, ROWS=max(16, triton.next_power_of_2(rows)),
-        DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block, K=k, IEEE=query.dtype == torch.float32 or interpreted(),
+        DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block, K=k, IEEE=query.dtype == torch.float32 or INTERPRETED,
     )
     return cand_logits, cand_positions
 
