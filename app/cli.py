@@ -69,9 +69,9 @@ class AppConfig:
     })
     device: str = flag("auto", "auto (all GPUs through accelerate's device_map='auto', else CPU), cpu, cuda, "
                        "cuda:N", group=MODEL)
-    dtype: str = flag("auto", "weights/activations dtype; auto: bfloat16 on CUDA, and on a CPU with a bfloat16 matrix "
-                      "unit (the amx_bf16 flag: Intel AMX), else float32. A workspace saved in another dtype is "
-                      "converted when reopened", group=MODEL,
+    dtype: str = flag("auto", "weights/activations dtype; auto: bfloat16 on CUDA, and on a CPU that multiplies bfloat16 "
+                      "in hardware (the amx_bf16 or avx512_bf16 flag), else float32. A workspace saved in another "
+                      "dtype is converted when reopened", group=MODEL,
                       choices=["auto", "float32", "bfloat16", "float16"])
     cpu_threads: int | None = flag(None, "torch CPU threads (default: torch's choice)", group=MODEL, type=int,
                                    at_least=1)

@@ -115,8 +115,9 @@ def test_a_damaged_sidecar_is_fitted_again(tmp_path):
 
 
 def test_a_model_converted_from_a_gguf_decodes_through_the_copies_unless_told_not_to(tmp_path, monkeypatch):
-    """load_runtime: a folder in the converted-models cache (as a GGUF's is) gets the copies, the header says how
-    many layers took each kind, and ``--decode-weights dense`` keeps the model's own weights only."""
+    """load_runtime: a bfloat16 model in the converted-models cache (as a GGUF's is) gets the copies, the header
+    says how many layers took each kind, and ``--decode-weights dense`` keeps the model's own weights only, as a
+    float32 model does (the integer kernels are slower than its own product there)."""
     from app.cli import AppConfig
     from app.engine import bundled_model
     from app.engine.model_loading import ModelChoice, load_runtime
@@ -129,12 +130,16 @@ def test_a_model_converted_from_a_gguf_decodes_through_the_copies_unless_told_no
     shutil.copytree(model_dir(), folder)
     loaded = {}
     for mode in ("auto", "dense"):
-        config = AppConfig(model=str(folder), cpu_threads=1, dtype="float32", decode_weights=mode)
+        config = AppConfig(model=str(folder), cpu_threads=1, dtype="bfloat16", decode_weights=mode)
         loaded[mode] = load_runtime(config, ModelChoice(str(folder), "test"))
+    in_float32 = load_runtime(AppConfig(model=str(folder), cpu_threads=1, dtype="float32"),
+                              ModelChoice(str(folder), "test"))
+    assert not any(isinstance(m, dw.DecodeLinear) for m in in_float32.model.modules())
+    assert "answers decoded from" not in in_float32.notice
     swapped = [m for m in loaded["auto"].model.modules() if isinstance(m, dw.DecodeLinear)]
     assert swapped and "answers decoded from" in loaded["auto"].notice and (folder / dw.SIDECAR).is_file()
     assert not any(isinstance(m, dw.DecodeLinear) for m in loaded["dense"].model.modules())
     assert "answers decoded from" not in loaded["dense"].notice
-    elsewhere = load_runtime(AppConfig(model=str(model_dir()), cpu_threads=1, dtype="float32"),
+    elsewhere = load_runtime(AppConfig(model=str(model_dir()), cpu_threads=1, dtype="bfloat16"),
                              ModelChoice(str(model_dir()), "test"))
     assert not any(isinstance(m, dw.DecodeLinear) for m in elsewhere.model.modules())  # not converted by us

@@ -1,5 +1,5 @@
-"""Hostile use, round 2 (issue 31), item 6: ``--dtype auto`` is decided by what the CPU is (its bfloat16 matrix
-unit), the same at every start (a speed test at each start flipped between bfloat16 and float32 on a loaded
+"""Hostile use, round 2 (issue 31), item 6: ``--dtype auto`` is decided by what the CPU is (whether it multiplies
+bfloat16 in hardware), the same at every start (a speed test at each start flipped between bfloat16 and float32 on a loaded
 machine), and a workspace saved in another dtype is reopened by converting its cache, not refused."""
 
 from __future__ import annotations
@@ -26,12 +26,16 @@ def test_auto_dtype_on_the_cpu_follows_its_flags_and_times_nothing(tmp_path, mon
     amx = tmp_path / "amx"
     amx.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_bf16 amx_tile\n\n"
                    "processor\t: 1\nflags\t\t: fpu sse avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    zen4 = tmp_path / "zen4"
+    zen4.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n")
     plain = tmp_path / "plain"
-    plain.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n")
+    plain.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n")
     assert cpu_dtype.default_cpu_dtype(cpu_dtype.cpu_flags(str(amx))) == (
-        torch.bfloat16, "this CPU multiplies bfloat16 in a matrix unit (amx_bf16)")
+        torch.bfloat16, "this CPU multiplies bfloat16 in hardware (amx_bf16)")
+    assert cpu_dtype.default_cpu_dtype(cpu_dtype.cpu_flags(str(zen4))) == (
+        torch.bfloat16, "this CPU multiplies bfloat16 in hardware (avx512_bf16)")
     assert cpu_dtype.default_cpu_dtype(cpu_dtype.cpu_flags(str(plain))) == (
-        torch.float32, "this CPU has no bfloat16 matrix unit (amx_bf16)")
+        torch.float32, "this CPU does not multiply bfloat16 in hardware (no amx_bf16 or avx512_bf16)")
     assert cpu_dtype.cpu_flags(str(tmp_path / "absent")) == frozenset()  # not Linux: float32
     chosen = {model_loading.resolve_dtype(cli.AppConfig(), on_cuda=False) for _ in range(20)}
     assert len(chosen) == 1 and chosen == {cpu_dtype.default_cpu_dtype()}  # the same at every start

@@ -160,11 +160,12 @@ def test_quantization_and_device_map_follow_the_flags():
     assert model_loading.topk_from_layer_for(cli.AppConfig(topk_from_layer=1), 32) == 1
 
 
-def test_auto_dtype_on_the_cpu_is_bfloat16_only_with_a_bfloat16_matrix_unit():
+def test_auto_dtype_on_the_cpu_is_bfloat16_only_where_the_cpu_multiplies_bfloat16():
     from app.engine.cpu_dtype import default_cpu_dtype
 
     assert default_cpu_dtype(frozenset({"avx512f", "amx_bf16"}))[0] == torch.bfloat16
-    assert default_cpu_dtype(frozenset({"avx512f", "avx512_bf16"}))[0] == torch.float32
+    assert default_cpu_dtype(frozenset({"avx512f", "avx512_bf16"}))[0] == torch.bfloat16
+    assert default_cpu_dtype(frozenset({"avx2", "avx512f"}))[0] == torch.float32
     assert model_loading.resolve_dtype(cli.AppConfig(), on_cuda=False) == default_cpu_dtype()
     assert model_loading.resolve_dtype(cli.AppConfig(dtype="float32"), on_cuda=False) == (torch.float32, "")
     assert model_loading.resolve_dtype(cli.AppConfig(dtype="bfloat16"), on_cuda=True) == (torch.bfloat16, "")

@@ -7,7 +7,8 @@ on a 4-bit grid: Q4_K stores each group of 32 weights as ``offset + step * q`` w
 finds that grid again in the dequantized weights (to bfloat16 rounding) and keeps the codes: the same weights, a
 quarter of the bytes. A weight that lies on no such grid (Q6_K, Q8_0, float) is kept as int8 with one scale per
 output row, the closest PyTorch's CPU kernels come. Prefill (many rows at once) keeps the bfloat16 weights: there
-the matrix unit is compute-bound and the integer kernels are several times slower.
+the matrix unit is compute-bound and the integer kernels are several times slower. Only a bfloat16 model gets
+copies: fed float32 rows, the kernels ran slower than float32's own product (model_loading.use_decode_weights).
 
 The copies are made once per converted model and cached beside it (``decode-weights.safetensors``).
 """
