@@ -31,11 +31,11 @@ def test_auto_dtype_on_the_cpu_follows_its_flags_and_times_nothing(tmp_path, mon
     plain = tmp_path / "plain"
     plain.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n")
     assert cpu_dtype.default_cpu_dtype(cpu_dtype.cpu_flags(str(amx))) == (
-        torch.bfloat16, "this CPU multiplies bfloat16 in hardware (amx_bf16)")
+        torch.bfloat16, "amx_bf16: this CPU multiplies bfloat16 in hardware")
     assert cpu_dtype.default_cpu_dtype(cpu_dtype.cpu_flags(str(zen4))) == (
-        torch.bfloat16, "this CPU multiplies bfloat16 in hardware (avx512_bf16)")
+        torch.bfloat16, "avx512_bf16: this CPU multiplies bfloat16 in hardware")
     assert cpu_dtype.default_cpu_dtype(cpu_dtype.cpu_flags(str(plain))) == (
-        torch.float32, "this CPU does not multiply bfloat16 in hardware (no amx_bf16 or avx512_bf16)")
+        torch.float32, "this CPU does not multiply bfloat16 in hardware: no amx_bf16 or avx512_bf16")
     assert cpu_dtype.cpu_flags(str(tmp_path / "absent")) == frozenset()  # not Linux: float32
     chosen = {model_loading.resolve_dtype(cli.AppConfig(), on_cuda=False) for _ in range(20)}
     assert len(chosen) == 1 and chosen == {cpu_dtype.default_cpu_dtype()}  # the same at every start

@@ -44,5 +44,5 @@ def default_cpu_dtype(flags: frozenset[str] | None = None) -> tuple[torch.dtype,
     flags = cpu_flags() if flags is None else flags
     for unit in BFLOAT16_UNITS:
         if unit in flags:
-            return torch.bfloat16, f"this CPU multiplies bfloat16 in hardware ({unit})"
-    return torch.float32, f"this CPU does not multiply bfloat16 in hardware (no {' or '.join(BFLOAT16_UNITS)})"
+            return torch.bfloat16, f"{unit}: this CPU multiplies bfloat16 in hardware"
+    return torch.float32, f"this CPU does not multiply bfloat16 in hardware: no {' or '.join(BFLOAT16_UNITS)}"
