@@ -11,29 +11,18 @@ round, which dtype ``--dtype auto`` picks here and why (app/engine/cpu_dtype.py)
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.decode_weights import TEXT, run
-from ingest.tables import markdown_table
+from benchmarks.decode_weights import TEXT, run_arguments, take_turns, write_result
 
-ROOT = Path(__file__).resolve().parents[1]
 DTYPES = ("float32", "bfloat16")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="qwen2.5-coder-1.5b", help="a bundled model's name, or a model folder")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--context", type=int, default=2048)
-    p.add_argument("--decode", type=int, default=16)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    return p.parse_args(argv)
+    return run_arguments(__doc__, context=2048, decode=16).parse_args(argv)
 
 
 def main(argv=None) -> str:
@@ -48,32 +37,18 @@ def main(argv=None) -> str:
         config = AppConfig(model=args.model, dtype=dtype, cpu_threads=args.threads)
         runtimes[dtype] = load_runtime(config, choose_model(config))
     ids = runtimes["float32"].tokenizer.encode(TEXT * (args.context // 20 + 1), add_special_tokens=False)
-    ids = ids[:args.context]
-    rows, rates, tokens = [], {dtype: [] for dtype in DTYPES}, {}
-    for round_ in range(1, args.rounds + 1):
-        for dtype, runtime in runtimes.items():
-            prefill, decode, tokens[dtype] = run(runtime, ids, args.decode)
-            rates[dtype].append((prefill, decode))
-        (f32_prefill, f32_decode), (bf16_prefill, bf16_decode) = (rates[d][-1] for d in DTYPES)
-        rows.append([round_, f"{f32_prefill:,.0f} / {bf16_prefill:,.0f}", f"{bf16_prefill / f32_prefill:.2f}",
-                     f"{f32_decode:.2f} / {bf16_decode:.2f}", f"{bf16_decode / f32_decode:.2f}"])
-    same = sum(a == b for a, b in zip(*tokens.values()))
-    prefill_ratio = statistics.median(b[0] / f[0] for f, b in zip(*rates.values()))
-    decode_ratio = statistics.median(b[1] / f[1] for f, b in zip(*rates.values()))
+    ways = {dtype: (lambda runtime=runtime: runtime) for dtype, runtime in runtimes.items()}
+    turns = take_turns(ways, ids[:args.context], args.rounds, args.decode)
     auto, why = default_cpu_dtype()
-    table = markdown_table(["round", "prefill tok/s: float32 / bfloat16", "prefill ratio",
-                            "decode tok/s: float32 / bfloat16", "decode ratio"], rows)
     bf16, marker = runtimes["bfloat16"].notice, "answers decoded from "
     copies = (f"integer copies ({bf16.split(marker, 1)[1].split(';')[0]})" if marker in bf16
               else "its own weights")
     text = (f"{time.strftime('%Y-%m-%d')}, this CPU, {args.threads} threads; {runtimes['bfloat16'].name}, bfloat16 "
             f"decoding through {copies}; a {args.context:,}-token prefill then {args.decode} greedy tokens, each "
-            f"dtype in turn. bfloat16 reads {prefill_ratio:.2f}× and decodes {decode_ratio:.2f}× as fast (median "
-            f"ratios); the greedy tokens agree {same} of {args.decode}. `--dtype auto` here: "
-            f"{str(auto).removeprefix('torch.')} ({why}).\n\n{table}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"cpu_dtype_{Path(args.model).name}.md").write_text(text + "\n")
-    print(text)
+            f"dtype in turn. bfloat16 reads {turns.prefill_ratio():.2f}× and decodes {turns.decode_ratio():.2f}× as "
+            f"fast (median ratios); the greedy tokens agree {turns.greedy_agree()} of {args.decode}. "
+            f"`--dtype auto` here: {str(auto).removeprefix('torch.')} ({why}).\n\n{turns.table()}")
+    write_result(args.out / f"cpu_dtype_{Path(args.model).name}.md", text)
     return text
 
 

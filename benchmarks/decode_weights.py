@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,15 +26,20 @@ TEXT = ("The window of attention is bounded, the starting tokens are kept, and t
         "question's own attention. ")
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+def run_arguments(description: str, *, context: int, decode: int) -> argparse.ArgumentParser:
+    """The options of a benchmark that compares two ways of running a model round by round (this one, cpu_dtype)."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwen2.5-coder-1.5b", help="a bundled model's name, or a model folder")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--context", type=int, default=1024)
-    p.add_argument("--decode", type=int, default=24)
+    p.add_argument("--context", type=int, default=context)
+    p.add_argument("--decode", type=int, default=decode)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    return run_arguments(__doc__, context=1024, decode=24).parse_args(argv)
 
 
 def run(runtime, ids: list[int], decode: int) -> tuple[float, float, list[int]]:
@@ -47,6 +54,41 @@ def run(runtime, ids: list[int], decode: int) -> tuple[float, float, list[int]]:
         tokens.append(int(logits.argmax()))
         logits = runtime.forward(tokens[-1:], cache, topk=0)
     return prefill, decode / (time.perf_counter() - started), tokens
+
+
+@dataclass
+class Turns:
+    """Two ways' (prefill, decode) rates round by round, and each way's greedy tokens of the last round."""
+
+    rates: dict[str, list[tuple[float, float]]]
+    tokens: dict[str, list[int]]
+
+    def table(self) -> str:
+        (first, second), rows = self.rates, []
+        for round_, ((p1, d1), (p2, d2)) in enumerate(zip(*self.rates.values()), start=1):
+            rows.append([round_, f"{p1:,.0f} / {p2:,.0f}", f"{p2 / p1:.2f}", f"{d1:.2f} / {d2:.2f}", f"{d2 / d1:.2f}"])
+        return markdown_table(["round", f"prefill tok/s: {first} / {second}", "prefill ratio",
+                               f"decode tok/s: {first} / {second}", "decode ratio"], rows)
+
+    def prefill_ratio(self) -> float:
+        return statistics.median(b[0] / a[0] for a, b in zip(*self.rates.values()))
+
+    def decode_ratio(self) -> float:
+        return statistics.median(b[1] / a[1] for a, b in zip(*self.rates.values()))
+
+    def greedy_agree(self) -> int:
+        return sum(a == b for a, b in zip(*self.tokens.values()))
+
+
+def take_turns(ways: dict[str, Callable[[], object]], ids: list[int], rounds: int, decode: int) -> Turns:
+    """Two ways of running a model, in turn each round (so a noisy machine's load falls on both): each way's
+    callable readies it and returns the runtime to ``run``."""
+    turns = Turns({way: [] for way in ways}, {})
+    for _ in range(rounds):
+        for way, ready in ways.items():
+            prefill, decode_rate, turns.tokens[way] = run(ready(), ids, decode)
+            turns.rates[way].append((prefill, decode_rate))
+    return turns
 
 
 def main(argv=None) -> None:
@@ -64,29 +106,29 @@ def main(argv=None) -> None:
                if isinstance(module, decode_weights.DecodeLinear)}
     if not swapped:
         raise SystemExit(f"{args.model} decodes through its own weights here (decode_weights.py): nothing to compare")
-    ways = {"bfloat16 weights": {name: module.dense for name, module in swapped.items()}, "integer copies": swapped}
-    ids = runtime.tokenizer.encode(TEXT * (args.context // 20 + 1), add_special_tokens=False)[:args.context]
-    rows, rates, tokens = [], {way: [] for way in ways}, {}
-    for round_ in range(1, args.rounds + 1):
-        for way, modules in ways.items():
+    def swapped_to(modules):
+        def ready():
             for name, module in modules.items():
                 model.set_submodule(name, module)
-            prefill, decode, tokens[way] = run(runtime, ids, args.decode)
-            rates[way].append((prefill, decode))
-        (dense_prefill, dense_decode), (int_prefill, int_decode) = (rates[w][-1] for w in ways)
-        rows.append([round_, f"{dense_prefill:,.0f} / {int_prefill:,.0f}", f"{int_prefill / dense_prefill:.2f}",
-                     f"{dense_decode:.2f} / {int_decode:.2f}", f"{int_decode / dense_decode:.2f}"])
-    same = sum(a == b for a, b in zip(*tokens.values()))
+            return runtime
+        return ready
+
+    ways = {"bfloat16": swapped_to({name: module.dense for name, module in swapped.items()}),
+            "integer": swapped_to(swapped)}
+    ids = runtime.tokenizer.encode(TEXT * (args.context // 20 + 1), add_special_tokens=False)[:args.context]
+    turns = take_turns(ways, ids, args.rounds, args.decode)
     kinds = {kind: sum(m.kind == kind for m in swapped.values()) for kind in ("int4", "int8")}
-    table = markdown_table(["round", "prefill tok/s: bfloat16 / integer", "prefill ratio",
-                            "decode tok/s: bfloat16 / integer", "decode ratio"], rows)
-    median = statistics.median(r[1] / d[1] for d, r in zip(*rates.values()))
+    table, median, same = turns.table(), turns.decode_ratio(), turns.greedy_agree()
     text = (f"{time.strftime('%Y-%m-%d')}, this CPU, {args.threads} threads; {runtime.name}: {kinds['int4']} layers "
             f"in 4 bits, {kinds['int8']} in 8; a {args.context:,}-token prefill then {args.decode} greedy tokens, "
             f"each way in turn on the same loaded model. Decode {median:.2f}× as fast (median ratio); the greedy "
             f"tokens agree {same} of {args.decode}.\n\n{table}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"decode_weights_{args.model}.md").write_text(text + "\n")
+    write_result(args.out / f"decode_weights_{args.model}.md", text)
+
+
+def write_result(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
     print(text)
 
 
