@@ -3,7 +3,7 @@
 Two kinds of CPU do: those with bfloat16 matrix units (Intel AMX, since Sapphire Rapids: the ``amx_bf16`` flag)
 and those with AVX-512's bfloat16 dot products (``avx512_bf16``: Intel Cooper Lake, AMD Zen 4 and later). On an AMD
 EPYC of the second kind (2 threads), a prefill-sized product ran 2.5x faster in bfloat16 than in float32, and
-Qwen2.5-Coder-1.5B read 2.3x and decoded 3-4x as fast (bfloat16 with the integer decode copies against float32:
+Qwen2.5-Coder-1.5B read 2.3x and decoded 3.2x as fast (bfloat16 with the integer decode copies against float32:
 ``python -m benchmarks.cpu_dtype``, docs/models.md). Elsewhere bfloat16 is emulated and no faster. The choice is
 read from the CPU's flags, so it is the same at every start: it used to be a bfloat16 / float32 speed test at each
 start, whose ratio ranged 1.5-8.1 over 40 starts of a loaded machine, so some starts chose float32 and others
