@@ -141,7 +141,7 @@ def main(argv=None) -> str:
               f"{sum(q.shape[1] * q.shape[2] for q, *_ in seen):,} query rows. Share of the middle keys an exact scan "
               f"through each copy must rescore from the store's own keys (k / n = {100 * seen[0][2] / middle:.2f} %)."
               f"\n\n{table}")
-    write_result(args.out / f"scan_copy_bound_{Path(args.model).name}.md", result)
+    write_result(args.out / f"scan_copy_bound_{Path(args.model).name}_{round(len(ids) / 1024)}k.md", result)
     return result
 
 

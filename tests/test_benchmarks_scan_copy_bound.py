@@ -75,3 +75,25 @@ def test_it_sees_each_recall_scan_of_a_decode_step_and_puts_recall_back(runtime)
         assert keys.shape[-2] == 3 * runtime.window + 1 - runtime.window - runtime.lm_config.n_starting
         assert 0 < scale < 1
     assert torch.isfinite(logits).all()
+
+
+def test_the_report_has_a_row_per_copy_each_share_between_k_over_n_and_all(tmp_path):
+    import re
+
+    from app_fixtures import model_dir
+
+    if not scan_copy_bound.SPEC.is_file():
+        pytest.skip(f"{scan_copy_bound.SPEC} is not installed (apt-get install shared-mime-info)")
+    threads = torch.get_num_threads()
+    try:
+        text = scan_copy_bound.main(["--model", str(model_dir()), "--context", "1024", "--steps", "2", "--threads", "1",
+                                     "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    assert (tmp_path / f"scan_copy_bound_{model_dir().name}_1k.md").read_text() == text + "\n"
+    k_over_n = float(re.search(r"k / n = ([\d.]+) %", text).group(1))
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| int8") or line.startswith("| fp8")]
+    assert [cells[0].strip() for cells in rows] == list(scan_copy_bound.COPIES)
+    for cells in rows:
+        mean, median, p99, worst = (float(cell.strip().rstrip(" %")) for cell in cells[2:])
+        assert k_over_n - 0.01 <= median <= p99 <= worst <= 100 and k_over_n - 0.01 <= mean <= worst
