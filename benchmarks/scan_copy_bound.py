@@ -99,7 +99,8 @@ def parse_args(argv=None):
     p.add_argument("--context", type=int, default=8192, help="tokens of the document read before the question")
     p.add_argument("--steps", type=int, default=4, help="greedy tokens decoded after the question")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--document", type=Path, default=SPEC)
+    p.add_argument("--document", type=Path, default=SPEC, help="a PDF")
+    p.add_argument("--question", default=QUESTION, help="asked with recall after the document")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     return p.parse_args(argv)
 
@@ -120,7 +121,7 @@ def main(argv=None) -> str:
     for lo in range(0, len(ids), runtime.prefill_chunk):
         runtime.forward(ids[lo:lo + runtime.prefill_chunk], cache, topk=0)
     with recall_inputs() as seen:
-        logits = runtime.forward(runtime.tokenizer(QUESTION)["input_ids"], cache, topk=5)
+        logits = runtime.forward(runtime.tokenizer(args.question)["input_ids"], cache, topk=5)
         seen.clear()  # the question's rows: a prefill; what is measured is decoding
         for _ in range(args.steps):
             logits = runtime.forward([int(logits.argmax())], cache, topk=5)
