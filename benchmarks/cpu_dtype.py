@@ -25,6 +25,17 @@ def parse_args(argv=None):
     return run_arguments(__doc__, context=2048, decode=16).parse_args(argv)
 
 
+def integer_copies(model) -> str:
+    """What the bfloat16 model decodes through: its integer copies by kind (app/engine/decode_weights.py), or not."""
+    from app.engine.decode_weights import CopyKind, DecodeLinear
+
+    swapped = [m for m in model.modules() if isinstance(m, DecodeLinear)]
+    if not swapped:
+        return "its own weights"
+    int4, int8 = (sum(m.kind is kind for m in swapped) for kind in (CopyKind.INT4, CopyKind.INT8))
+    return f"integer copies ({int4} layers in 4 bits, {int8} in 8)"
+
+
 def main(argv=None) -> str:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -40,9 +51,7 @@ def main(argv=None) -> str:
     ways = {dtype: (lambda runtime=runtime: runtime) for dtype, runtime in runtimes.items()}
     turns = take_turns(ways, ids[:args.context], args.rounds, args.decode)
     auto, why = default_cpu_dtype()
-    bf16, marker = runtimes["bfloat16"].notice, "answers decoded from "
-    copies = (f"integer copies ({bf16.split(marker, 1)[1].split(';')[0]})" if marker in bf16
-              else "its own weights")
+    copies = integer_copies(runtimes["bfloat16"].model)
     text = (f"{time.strftime('%Y-%m-%d')}, this CPU, {args.threads} threads; {runtimes['bfloat16'].name}, bfloat16 "
             f"decoding through {copies}; a {args.context:,}-token prefill then {args.decode} greedy tokens, each "
             f"dtype in turn. bfloat16 reads {turns.prefill_ratio():.2f}× and decodes {turns.decode_ratio():.2f}× as "
