@@ -1,18 +1,22 @@
-"""One layer's recall in a steady decode step, through PyTorch's operators and through Triton's kernels
-(lminfinite/recall_kernel.py), side by side: eager, and replayed from a CUDA graph where the device has one. Each
-way scans the store, picks the k best and merges them into the window's output (kernel.py's _merge_into).
+"""One layer's recall in a steady decode step, through PyTorch's operators, through Triton's kernels
+(lminfinite/recall_kernel.py) and through them over the store's int8 codes (coded_recall.py), side by side: eager,
+and replayed from a CUDA graph where the device has one. Each way scans the store, picks the k best and merges them
+into the window's output (kernel.py's _merge_into).
 
     python -m benchmarks.recall_kernel --readme          # on a GPU: Llama-2-7B's heads, 4K to 128K middle tokens
 
 The store is a fixed-shape one (a GPU's default: the whole buffer, an eighth of it spare, a count of the rows in
 use on the device), the query one token's 32 heads of 128 in bfloat16, k = 5 (the app's). The GB/s column counts
 the middle keys in use once: what a scan must read at least. Both ways must recall the same tokens, up to
-near-ties: the table says how many picks differ and by how much their logits do.
+near-ties: the table says how many picks differ and by how much their logits do, and for the codes how many heads
+their certificate sent to the full scan. The keys are random normal numbers, not a model's: the codes' bound is
+measured on a real model's keys by benchmarks/scan_copy_bound.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import statistics
 import time
@@ -22,9 +26,10 @@ import torch
 from benchmarks.measure import _sync
 from benchmarks.report import add_publish_arguments, publish
 from ingest.tables import markdown_table
-from lminfinite import recall_kernel
+from lminfinite import coded_recall, recall_kernel
 from lminfinite.graphed import CudaGraph
 from lminfinite.kernel import _merge_into
+from lminfinite.key_codes import KeyCodes
 from lminfinite.key_context import KeyContext
 from lminfinite.recall import recall_topk
 
@@ -49,7 +54,7 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    kernels = ["torch"] + (["triton"] if recall_kernel.runs_on(device) else [])
+    kernels = ["torch"] + (["triton", "triton-int8"] if recall_kernel.runs_on(device) else [])
     results = []
     for middle in (int(n) for n in args.middle.split(",")):
         step_args, step_kwargs = decode_step(args, middle, device, dtype)
@@ -57,8 +62,14 @@ def main(argv=None) -> None:
         lse = torch.zeros(1, args.heads, 1, device=device)
         picked = {}
         for kernel in kernels:
-            def run(fused=kernel == "triton"):
-                recalled = recall_topk(*step_args, **step_kwargs, fused=fused)
+            ctx = step_args[3]
+            if kernel == "triton-int8":
+                ctx = dataclasses.replace(ctx, middle_codes=KeyCodes().grown(ctx.middle_k, ctx.middle_k.shape[-2]))
+                ctx.middle_codes.code(ctx.middle_k, middle)
+            call = (*step_args[:3], ctx, *step_args[4:])
+
+            def run(fused=kernel != "torch", call=call):
+                recalled = recall_topk(*call, **step_kwargs, fused=fused)
                 _merge_into(out, lse, [recalled.logits], [], recalled, 0, step_args[1], None, 1)
                 return recalled
 
@@ -67,9 +78,14 @@ def main(argv=None) -> None:
             graphed = timed_graph(run, args.repeats) if device.type == "cuda" else None
             results.append(dict(middle=middle, kernel=kernel, eager_s=eager, graph_s=graphed,
                                 key_bytes=middle * args.heads * args.head_dim * dtype.itemsize))
+            if kernel != "torch":
+                results[-1].update(agreement(picked["torch"], picked[kernel]))
+            if kernel == "triton-int8":
+                certain = coded_recall.certified_topk(call[0].flatten(2, 3), ctx.middle_k, ctx.middle_codes,
+                                                      ctx.middle_live, k=args.k, scale=step_kwargs["scale"],
+                                                      first_row=N_STARTING)[2]
+                results[-1]["full_scans"] = int((~certain.all(-1)).sum())
             print(results[-1], flush=True)
-        if len(picked) == 2:
-            results[-1].update(agreement(picked["torch"], picked["triton"]))
     write_results(args, device, results)
 
 
@@ -138,13 +154,15 @@ def write_results(args, device, results: list[dict]) -> None:
         best = r["graph_s"] or r["eager_s"]
         same = (f"{r['differing_heads']}/{r['heads']} heads, logits ≤ {r['logit_gap']:.1e}"
                 if "heads" in r else "")
+        if "full_scans" in r:
+            same += f"; {r['full_scans']} heads scanned in full"
         return ([f"{r['middle']:,}", r["kernel"], f"{r['eager_s'] * 1e3:,.3f}"]
                 + ([f"{r['graph_s'] * 1e3:,.3f}"] if on_cuda else [])
                 + [f"{r['key_bytes'] / best / 1e9:,.0f}", f"{best * args.recall_layers * 1e3:,.1f}", same])
 
     table = markdown_table(
         ["middle tokens", "recall", "eager ms"] + (["graph ms"] if on_cuda else [])
-        + ["GB/s (keys)", f"ms per token (× {args.recall_layers} layers)", "triton's picks ≠ torch's"],
+        + ["GB/s (keys)", f"ms per token (× {args.recall_layers} layers)", "picks ≠ torch's"],
         [row(r) for r in results],
     )
     heading = (f"{datetime.date.today()}, {where}, torch {torch.__version__}: one layer's recall in a steady decode "

@@ -13,6 +13,10 @@ greedy tokens decoded; each recall layer's query rows and middle keys are taken 
 recall_topk. For each copy, per query row, the bound of key i is ‖q‖·‖k_i − k̃_i‖·scale (Cauchy–Schwarz, with the
 key's own rounding error, which a copy would store beside it), and the share of keys whose upper bound reaches the
 k-th largest lower bound is what must be rescored. Float64 throughout: the scan's own rounding is not counted.
+
+The second table is what the GPU's coded scan (lminfinite/coded_recall.py) does with a fixed number of candidates:
+each block keeps the ``keep`` largest upper bounds of each row, the ``budget`` largest of those are rescored, and the
+row is certain when no bound left out reaches the k-th best rescored logit (else its head is scanned in full).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import torch
 
 from benchmarks.decode_weights import write_result
 from ingest.tables import markdown_table
+from lminfinite import coded_recall
+from lminfinite.key_codes import code_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = Path("/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf")
@@ -69,6 +75,35 @@ def rescore_shares(query: torch.Tensor, keys: torch.Tensor, copy: torch.Tensor, 
     bound = query.norm(dim=-1, keepdim=True) * (keys - copy).norm(dim=-1)[..., None, :] * scale
     kth_lower = (scanned - bound).topk(min(k, keys.shape[-2]), dim=-1).values[..., -1:]
     return ((scanned + bound) >= kth_lower).double().mean(-1).flatten()
+
+
+def certified_shares(query: torch.Tensor, keys: torch.Tensor, *, k: int, scale: float, keep: int,
+                     budget: int) -> torch.Tensor:
+    """Per query row, whether coded_recall.py's certificate holds with ``keep`` candidates per block and ``budget``
+    rescored (1.0; else 0.0: the row's head is scanned in full), with the library's codes and its bound (float64
+    here, so without the margin for the scan's own rounding). query (B, H, R, D), keys (B, H, n, D)."""
+    n, dim = keys.shape[-2], keys.shape[-1]
+    full = n // BLOCK * BLOCK
+    codes, scales, errors, norms = (t.double() for t in code_blocks(keys[..., :full, :]))
+    coded = (codes.unflatten(-2, (-1, BLOCK)) * scales[..., None, :]).flatten(-3, -2)
+    exact = (query @ keys.transpose(-1, -2)) * scale
+    scanned = (query @ coded.transpose(-1, -2)) * scale
+    q_norm = query.norm(dim=-1, keepdim=True)
+    reach = errors[..., None, :] + coded_recall.rounding(dim) * norms.repeat_interleave(BLOCK, dim=-1)[..., None, :]
+    upper = torch.cat((scanned + scale * q_norm * reach, exact[..., full:]), dim=-1)
+    upper = torch.nn.functional.pad(upper, (0, -n % BLOCK), value=float("-inf")).unflatten(-1, (-1, BLOCK))
+    kept, at = upper.topk(min(keep, BLOCK), dim=-1)
+    left = upper.scatter(-1, at, float("-inf")).amax(-1).amax(-1)
+    positions = (at + BLOCK * torch.arange(upper.shape[-2])[:, None]).flatten(-2)
+    kept = kept.flatten(-2)
+    count = min(budget, kept.shape[-1])
+    bounds, pick = kept.topk(min(count + 1, kept.shape[-1]), dim=-1)
+    if count < kept.shape[-1]:
+        left = torch.maximum(left, bounds[..., -1])
+    chosen = positions.gather(-1, pick[..., :count]).clamp(max=n - 1)
+    rescored = exact.gather(-1, chosen).masked_fill(bounds[..., :count] == float("-inf"), float("-inf"))
+    kth = rescored.topk(min(k, n), dim=-1).values[..., -1]
+    return ((left < kth) | (left == float("-inf"))).double().flatten()
 
 
 @contextlib.contextmanager
@@ -133,6 +168,12 @@ def main(argv=None) -> str:
         rows.append([name, f"{row_bytes(head_dim):.0f} / {2 * head_dim}",
                      f"{100 * shares.mean():.2f} %", f"{100 * statistics.median(ordered.tolist()):.2f} %",
                      f"{100 * ordered[int(0.99 * (len(ordered) - 1))]:.2f} %", f"{100 * ordered[-1]:.1f} %"])
+    certain = []
+    for keep in (8, 16):
+        for budget in (64, 128):
+            shares = torch.cat([certified_shares(q, keys, k=k, scale=scale, keep=keep, budget=budget)
+                                for q, keys, k, scale in seen])
+            certain.append([str(keep), str(budget), f"{100 * shares.mean():.2f} %"])
     middle = seen[0][1].shape[-2]
     table = markdown_table(["copy", "bytes per key and head (copy / bfloat16)", "rescored: mean", "median",
                             "99th percentile row", "worst row"], rows)
@@ -141,7 +182,10 @@ def main(argv=None) -> str:
               f"with recall (k = {seen[0][2]}): {len(seen)} recall layer scans of {middle:,} middle keys, "
               f"{sum(q.shape[1] * q.shape[2] for q, *_ in seen):,} query rows. Share of the middle keys an exact scan "
               f"through each copy must rescore from the store's own keys (k / n = {100 * seen[0][2] / middle:.2f} %)."
-              f"\n\n{table}")
+              f"\n\n{table}\n\nWith a fixed number of candidates (coded_recall.py, which keeps "
+              f"{coded_recall.KEEP} per block and rescores {coded_recall.BUDGET}), the query rows whose k best "
+              f"are certain, the rest scanned in full:\n\n"
+              + markdown_table(["kept per block", "rescored per row", "rows certain"], certain))
     write_result(args.out / f"scan_copy_bound_{Path(args.model).name}_{round(len(ids) / 1024)}k.md", result)
     return result
 

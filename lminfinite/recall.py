@@ -5,7 +5,8 @@ For every query row and head, the k middle tokens with the largest logits, score
 top-k, so no (queries × context) float32 matrix is ever held; an offloaded (CPU) middle store is
 scanned where it lives, and only the selected rows travel to the queries' device. A long store with a scan
 copy is scanned through it where that pays (bounded_scan.py), with the same result. A decode step's scan of a
-store on a GPU runs through Triton's kernels where ``fused`` (recall_kernel.py).
+store on a GPU runs through Triton's kernels where ``fused`` (recall_kernel.py), through the store's int8 codes
+where it keeps them (coded_recall.py), again with the same result.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import recall_kernel
+from . import coded_recall, recall_kernel
 from .bounded_scan import copy_pays, scan_topk
 from .key_context import KeyContext
 from .head_products import head_products
@@ -74,8 +75,7 @@ def recall_topk(
     primary = 0 if ctx.middle_k is None else ctx.middle_k.shape[-2]
     fused = fused and primary > 0 and recall_kernel.fits(flat_q, ctx.middle_k, k)
     if fused and not ctx.middle_pages and last < first:  # the store holds every middle token: its values stay there
-        logits, positions = recall_kernel.store_topk(flat_q, ctx.middle_k, ctx.middle_live, k=k, scale=scale,
-                                                     first_row=n_starting)
+        logits, positions = _fused_store_topk(flat_q, ctx, k=k, scale=scale, first_row=n_starting)
         return Recalled(logits, positions, None, ctx.middle_v, n_starting)
 
     best = _RunningTopK(k, flat_q.device)
@@ -128,8 +128,7 @@ def _scan_store(best: _RunningTopK, flat_q: torch.Tensor, ctx: KeyContext, *, n_
         scanned = scan_topk(flat_q.to(ctx.middle_k.device), ctx.middle_k, ctx.middle_scan,
                             k=min(k, primary), scale=scale, budget=SCAN_BUDGET)
     if fused:
-        best.merge(*recall_kernel.store_topk(flat_q, ctx.middle_k, ctx.middle_live, k=k, scale=scale,
-                                              first_row=n_starting))
+        best.merge(*_fused_store_topk(flat_q, ctx, k=k, scale=scale, first_row=n_starting))
     elif scanned is not None:
         best.merge(scanned[0], scanned[1] + n_starting)
     elif primary:
@@ -143,6 +142,15 @@ def _scan_store(best: _RunningTopK, flat_q: torch.Tensor, ctx: KeyContext, *, n_
         vals, idx = _store_topk(flat_q.to(page_k.device), page_k, k, scale)
         best.merge(vals, idx + row)
         row += page_k.shape[-2]
+
+
+def _fused_store_topk(query: torch.Tensor, ctx: KeyContext, *, k: int, scale: float,
+                      first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The store's top k through Triton's kernels: over its codes where it keeps them, else over its keys."""
+    if coded_recall.fits(ctx.middle_codes, k):
+        return coded_recall.coded_topk(query, ctx.middle_k, ctx.middle_codes, ctx.middle_live, k=k, scale=scale,
+                                       first_row=first_row)
+    return recall_kernel.store_topk(query, ctx.middle_k, ctx.middle_live, k=k, scale=scale, first_row=first_row)
 
 
 def _store_topk(query: torch.Tensor, keys: torch.Tensor, k: int, scale: float,

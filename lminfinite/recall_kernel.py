@@ -91,29 +91,30 @@ def gather(positions: torch.Tensor, logits: torch.Tensor, values: torch.Tensor, 
 
 
 def store_topk(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, *, k: int, scale: float,
-               first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+               first_row: int, skip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 logits (B, Hkv, R, k), best first, and their positions ``first_row`` + the row in the store (-inf
     where fewer rows are in use).
 
     query: (B, Hkv, R, D); keys: (B, Hkv, n, D); live: the rows in use (a 0-d count on the keys' device), None for
-    all n."""
-    cand_logits, cand_positions = torch.ops.lminfinite.recall_scan(query, keys, live, k, scale, first_row)
+    all n; skip: (B, Hkv) flags on the keys' device, a head's set where its rows' results are not wanted (left
+    unscanned, its results garbage: coded_recall.py's fallback)."""
+    cand_logits, cand_positions = torch.ops.lminfinite.recall_scan(query, keys, live, k, scale, first_row, skip)
     logits, pick = cand_logits.topk(k, dim=-1)
     return logits, cand_positions.gather(-1, pick)
 
 
 @torch.library.custom_op("lminfinite::recall_scan", mutates_args=())
 def recall_scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float,
-                first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+                first_row: int, skip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query row, the ``k`` best scaled float32 logits of each block of BLOCK keys and their positions:
     (B, Hkv, R, blocks·k) each, -inf where a block holds fewer rows in use."""
     from . import recall_triton
 
-    return recall_triton.scan(query, keys, live, k, scale, first_row, BLOCK)
+    return recall_triton.scan(query, keys, live, k, scale, first_row, BLOCK, skip)
 
 
 @recall_scan.register_fake
-def _(query, keys, live, k, scale, first_row):
+def _(query, keys, live, k, scale, first_row, skip=None):
     batch, kv_heads, rows, _ = query.shape
     candidates = -(-keys.shape[-2] // BLOCK) * k
     shape = (batch, kv_heads, rows, candidates)
@@ -161,16 +162,21 @@ def _(out, lse, logits, positions, values, first_row):
 def _checked(device_type: str, index: int | None, dtype: torch.dtype, head_dim: int) -> bool:
     """The kernels against float64 on a small store with a count and spare rows, once per device, dtype and head
     size; a build where they fail or disagree falls back to PyTorch's operators, with a warning."""
-    device = torch.device(device_type, index)
+    return passes(agrees_with_float64, torch.device(device_type, index), dtype, head_dim,
+                  what="recall_kernel: Triton's recall kernels", otherwise="recall runs through PyTorch's operators")
+
+
+def passes(check, device: torch.device, dtype: torch.dtype, head_dim: int, *, what: str, otherwise: str) -> bool:
+    """``check(device, dtype, head_dim)``, False where it raises (a Triton or driver that cannot build or run the
+    kernels) or disagrees, with a warning naming ``what`` failed and what is done ``otherwise``."""
     try:
-        agrees = agrees_with_float64(device, dtype, head_dim)
-    except Exception as exc:  # a Triton or driver that cannot build or run them
-        warnings.warn(f"recall_kernel: Triton's recall kernels fail on {device} ({type(exc).__name__}: {exc}); "
-                      "recall runs through PyTorch's operators", RuntimeWarning, stacklevel=2)
+        agrees = check(device, dtype, head_dim)
+    except Exception as exc:
+        warnings.warn(f"{what} fail on {device} ({type(exc).__name__}: {exc}); {otherwise}", RuntimeWarning,
+                      stacklevel=3)
         return False
     if not agrees:
-        warnings.warn(f"recall_kernel: Triton's recall kernels disagree with float64 on {device} {dtype}; recall "
-                      "runs through PyTorch's operators", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"{what} disagree with float64 on {device} {dtype}; {otherwise}", RuntimeWarning, stacklevel=3)
     return agrees
 
 

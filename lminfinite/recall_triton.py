@@ -15,7 +15,7 @@ INTERPRETED = interpreted()
 
 
 def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float, first_row: int,
-         block: int) -> tuple[torch.Tensor, torch.Tensor]:
+         block: int, skip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     batch, kv_heads, rows, dim = query.shape
     n = keys.shape[-2]
     blocks = triton.cdiv(n, block)
@@ -23,9 +23,9 @@ def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: 
     cand_logits = torch.empty((batch, kv_heads, rows, blocks * k), dtype=torch.float32, device=query.device)
     cand_positions = torch.empty((batch, kv_heads, rows, blocks * k), dtype=torch.long, device=query.device)
     _scan_blocks[(batch * kv_heads, blocks)](
-        query, keys, query if live is None else live, cand_logits, cand_positions,
+        query, keys, query if live is None else live, query if skip is None else skip, cand_logits, cand_positions,
         kv_heads, rows, n, dim, float(scale), first_row, *keys.stride(),
-        HAS_LIVE=live is not None, ROWS=max(16, triton.next_power_of_2(rows)),
+        HAS_LIVE=live is not None, HAS_SKIP=skip is not None, ROWS=max(16, triton.next_power_of_2(rows)),
         DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block, K=k, IEEE=query.dtype == torch.float32 or INTERPRETED,
     )
     return cand_logits, cand_positions
@@ -64,13 +64,16 @@ def merge(out: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, positions:
 
 
 @triton.jit
-def _scan_blocks(q_ptr, k_ptr, live_ptr, out_logits, out_positions,
+def _scan_blocks(q_ptr, k_ptr, live_ptr, skip_ptr, out_logits, out_positions,
                  kv_heads, rows, n, dim, scale, first_row, stride_b, stride_h, stride_n, stride_d,
-                 HAS_LIVE: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr,
-                 K: tl.constexpr, IEEE: tl.constexpr):
+                 HAS_LIVE: tl.constexpr, HAS_SKIP: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr,
+                 BLOCK: tl.constexpr, K: tl.constexpr, IEEE: tl.constexpr):
     """One program: one key head's query rows against one block of its keys; the block's K best per row (logit,
-    and position: first_row + the key's row)."""
+    and position: first_row + the key's row). A head whose ``skip`` flag is set is left unwritten."""
     head = tl.program_id(0)
+    if HAS_SKIP:
+        if tl.load(skip_ptr + head) != 0:
+            return
     block = tl.program_id(1)
     blocks = tl.num_programs(1)
     r = tl.arange(0, ROWS)

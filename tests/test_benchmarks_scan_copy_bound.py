@@ -50,6 +50,23 @@ def test_an_exact_copy_rescores_the_k_best_alone():
     assert torch.equal(shares, torch.full((6,), 5 / 300, dtype=torch.float64))
 
 
+def test_a_row_is_certain_unless_a_block_holds_more_of_the_best_than_it_keeps():
+    """Keys the codes tell apart, spread over three blocks: every row is certain with 16 kept per block. The same
+    keys with a row's 8 best in one block: certain with 16 kept, not with 4 (the block's 5th best, left out, is
+    above the 5th best rescored), nor with 5 candidates rescored (the 6th best bound is above the 5th logit)."""
+    torch.manual_seed(1)
+    keys = torch.randn(1, 1, 3 * 128, 64, dtype=torch.float64)
+    query = torch.randn(1, 1, 1, 64, dtype=torch.float64)
+    options = dict(k=5, scale=0.125)
+    assert scan_copy_bound.certified_shares(query, keys, keep=16, budget=128, **options).tolist() == [1.0]
+    best = (query @ keys.transpose(-1, -2)).squeeze().topk(8).indices
+    crowded = keys.clone()
+    crowded[0, 0, 128:136], crowded[0, 0, best] = keys[0, 0, best], keys[0, 0, 128:136]
+    assert scan_copy_bound.certified_shares(query, crowded, keep=16, budget=128, **options).tolist() == [1.0]
+    assert scan_copy_bound.certified_shares(query, crowded, keep=4, budget=128, **options).tolist() == [0.0]
+    assert scan_copy_bound.certified_shares(query, keys, keep=16, budget=5, **options).tolist() == [0.0]
+
+
 def test_a_block_scale_is_per_channel_and_a_partial_block_keeps_its_rows():
     keys = keys_with_outlier_channels(n=200)  # one block of 128 and one of 72
     copy = scan_copy_bound.int8_per_block_channel(keys)

@@ -1,10 +1,13 @@
 """InfiniteCache: bounded memory, position invariance, snapshot/rollback, the middle store."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import lminfinite
 from lminfinite.key_context import KeyContext
+from lminfinite.kv_bytes import codes_row_bytes, row_bytes
 from lminfinite.layer_state import POSITIONS
 from lminfinite_models import FAMILIES, WINDOW, feed_in_chunks, held_bytes, random_ids, tiny_model
 
@@ -73,9 +76,13 @@ def test_span_bytes_are_what_the_cache_holds():
     evicted = n - N_STARTING - (WINDOW - 1)
     assert memory["middle"] == per_token.middle * evicted and memory["middle_scan"] == per_token.middle_scan * evicted
     assert per_token.middle_scan > 0  # a float32 model on the CPU keeps a scan copy (scan_copy.py) ...
-    on_gpu = lminfinite.span_bytes(lminfinite.KVShape.from_config(model.config), resolved, torch.float32,
-                                   device_type="cuda")
-    assert on_gpu.middle_scan == 0 and on_gpu.middle == per_token.middle  # ... and on a GPU it would not
+    shape = lminfinite.KVShape.from_config(model.config)
+    on_gpu = lminfinite.span_bytes(shape, resolved, torch.float32, device_type="cuda")
+    uncoded = lminfinite.span_bytes(shape, dataclasses.replace(resolved, recall_key_codes="off"), torch.float32,
+                                    device_type="cuda")
+    assert uncoded.middle_scan == 0 and on_gpu.middle == per_token.middle  # ... and on a GPU it would not,
+    recall_layers = per_token.middle // row_bytes(shape.num_kv_heads, shape.head_dim, torch.float32)
+    assert on_gpu.middle_scan == recall_layers * codes_row_bytes(shape.num_kv_heads, shape.head_dim)  # but codes
 
 
 def test_update_returns_the_key_context_the_attention_reads(model):

@@ -108,21 +108,28 @@ def test_the_merge_folds_the_recalled_tokens_into_the_window_output_as_float64_d
     assert weights[..., live:].eq(0).all() and not out.isnan().any()
 
 
-@pytest.mark.parametrize("family", ["llama-gqa", "qwen2-gqa"])
-def test_decoding_through_the_kernels_equals_the_reference(family):
-    """A prompt beyond ten windows, then greedy decoding: every step recalls through the kernels alone (the store
-    holds every middle token: scan, then merge), and every logit is the float64 reference's."""
-    model = lminfinite.enable(tiny_model(family), CONFIG)
-    prompt, steps = random_ids(10 * WINDOW, seed=7), 12
+def decoded_against_the_reference(config, family: str, prompt_windows: int, steps: int):
+    """Greedy decoding of ``steps`` tokens after a prompt of ``prompt_windows`` windows (fed in chunks of three),
+    every logit checked against the float64 reference: (the cache, the operators each recalling step ran, the
+    recall layers)."""
+    model = lminfinite.enable(tiny_model(family), config)
+    prompt = random_ids(prompt_windows * WINDOW, seed=7)
     cache = lminfinite.InfiniteCache(model)
     feed_in_chunks(model, prompt[:, :-1], 3 * WINDOW, cache)
     with CountOps() as counted, torch.no_grad():
         out = model.generate(prompt, past_key_values=cache, max_new_tokens=steps, do_sample=False,
                              output_logits=True, return_dict_in_generate=True)
-    expected = ReferenceModel(model, CONFIG).logits(out.sequences[:, :-1])[:, prompt.shape[1] - 1 :]
+    expected = ReferenceModel(model, config).logits(out.sequences[:, :-1])[:, prompt.shape[1] - 1 :]
     torch.testing.assert_close(torch.stack(out.logits, dim=1).double(), expected, atol=FP32_ATOL, rtol=0)
-    recall_layers = model.config.num_hidden_layers - CONFIG.topk_from_layer
-    calls = counted.calls
+    return cache, counted.calls, model.config.num_hidden_layers - config.topk_from_layer
+
+
+@pytest.mark.parametrize("family", ["llama-gqa", "qwen2-gqa"])
+def test_decoding_through_the_kernels_equals_the_reference(family):
+    """A prompt beyond ten windows, then greedy decoding: every step recalls through the kernels alone (the store
+    holds every middle token: scan, then merge), and every logit is the float64 reference's."""
+    steps = 12
+    _, calls, recall_layers = decoded_against_the_reference(CONFIG, family, 10, steps)
     assert calls["lminfinite::recall_scan"] == calls["lminfinite::recall_merge_"] >= steps * recall_layers
     assert calls["lminfinite::recall_gather"] == 0
 

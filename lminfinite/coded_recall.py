@@ -1,0 +1,163 @@
+"""Top-k recall through a middle store's int8 copy (key_codes.py): the store's own top k, reading half the bytes.
+
+The steps, none of which waits for the device (a CUDA graph records them as they are):
+  1. ``recall_scan_codes``: per block, an upper bound on every key's logit (its scanned logit plus its error bound,
+     or in the block being filled its own logit plus a rounding), the block's KEEP largest bounds and positions,
+     and the largest bound it left out;
+  2. the BUDGET largest bounds among the blocks' candidates are rescored from the store's own keys
+     (``recall_rescore``), and their k best kept;
+  3. the certificate: where no key left out (in a block, or among the candidates) has a bound above the k-th best
+     rescored logit, that k best is the store's top k. The heads of any row without one are scanned in full
+     (recall_kernel.store_topk, told to skip the other heads), and those rows take that scan's result.
+
+The bound. For a coded key, k̃ = code · scale, and the scan computes q·k̃ as (q ⊙ scale)·code in float32 on
+tensor cores (inputs rounded to TF32: 2^-10 relative at worst; codes are exact). So
+
+    |q·k − scanned| ≤ ‖q‖·‖k − k̃‖ + (2^-10 + 2D·2^-24)·‖q‖·‖k̃‖
+
+(Cauchy–Schwarz; the last term also covers the float32 sums of the scan and of the rescoring), with ‖k − k̃‖
+kept per key and ‖k̃‖ bounded by its block's largest, and a margin of 25 % (SAFETY) for the bound's own float32
+arithmetic. A key whose bound is NaN is always rescored. Measured on a real model's recall queries
+(benchmarks/scan_copy_bound.py), such bounds leave 0.05-0.2 % of the keys within reach of the k-th best.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import recall_kernel
+from .key_codes import BLOCK, KeyCodes
+
+KEEP = 16  # candidates per block and query row
+BUDGET = 128  # candidates rescored per query row
+SAFETY = 1.25
+PAYS_FROM = 16384  # rows of a store's buffer from which ``auto`` scans its codes (to be timed on a GPU)
+
+
+def rounding(head_dim: int) -> float:
+    """The bound's relative term: TF32 inputs, and two float32 sums of head_dim products."""
+    return 2.0**-10 + 2 * head_dim * 2.0**-24
+
+
+def fits(codes: KeyCodes | None, k: int) -> bool:
+    return codes is not None and codes.codes is not None and k <= KEEP
+
+
+def coded_topk(query: torch.Tensor, keys: torch.Tensor, codes: KeyCodes, live: torch.Tensor | None, *, k: int,
+               scale: float, first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """recall_kernel.store_topk's result (the store's k best logits per query row, and their positions), through
+    the store's codes. query (B, Hkv, R, D); keys (B, Hkv, n, D), the buffer ``codes`` copies (n: its rows, or
+    those in use); live: the rows in use, as store_topk takes it."""
+    logits, positions, certain = certified_topk(query, keys, codes, live, k=k, scale=scale, first_row=first_row)
+    unsure_heads = ~certain.all(dim=-1)
+    full_logits, full_positions = recall_kernel.store_topk(query, keys, live, k=k, scale=scale, first_row=first_row,
+                                                           skip=(~unsure_heads).to(torch.int32))
+    certain = certain[..., None]
+    return torch.where(certain, logits, full_logits), torch.where(certain, positions, full_positions)
+
+
+def certified_topk(query: torch.Tensor, keys: torch.Tensor, codes: KeyCodes, live: torch.Tensor | None, *, k: int,
+                   scale: float, first_row: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Steps 1 and 2 and the certificate: per query row, the k best rescored logits and their positions, and
+    whether they are surely the store's top k (B, Hkv, R) bool."""
+    upper, positions, left = torch.ops.lminfinite.recall_scan_codes(
+        query, keys, codes.codes, codes.scales, codes.errors, codes.norms, live, scale, first_row)
+    count = min(BUDGET, upper.shape[-1])
+    ceiling = left.amax(dim=-1)
+    if count < upper.shape[-1]:
+        bounds, pick = upper.topk(count + 1, dim=-1)
+        ceiling = torch.maximum(ceiling, bounds[..., -1])
+        bounds, candidates = bounds[..., :count], positions.gather(-1, pick[..., :count])
+    else:
+        bounds, candidates = upper, positions
+    exact = torch.ops.lminfinite.recall_rescore(query, keys, candidates, bounds, scale, first_row)
+    logits, pick = exact.topk(k, dim=-1)
+    certain = (ceiling < logits[..., -1]) | (ceiling == float("-inf"))
+    return logits, candidates.gather(-1, pick), certain
+
+
+def keeps_codes(requested: str, recall_kernel_name: str, device: torch.device, dtype: torch.dtype,
+                head_dim: int) -> bool:
+    """Whether a middle store on ``device`` keeps codes: ``int8`` wherever recall runs through Triton's kernels (else
+    an error), ``off`` never, ``auto`` on a CUDA device whose recall runs through them and where the coded scan
+    agrees with float64 (checked once). ``recall_kernel_name``: LMInfiniteConfig.recall_kernel."""
+    if requested == "off":
+        return False
+    fused = recall_kernel.resolve(recall_kernel_name, device, dtype, head_dim)
+    if requested == "int8":
+        if not fused:
+            raise ValueError("recall_key_codes='int8' needs recall through Triton's kernels (recall_kernel='triton', "
+                             "or 'auto' on a CUDA device); use 'auto'")
+        return True
+    return device.type == "cuda" and fused and _checked(device.type, device.index, dtype, head_dim)
+
+
+@torch.library.custom_op("lminfinite::recall_scan_codes", mutates_args=())
+def recall_scan_codes(query: torch.Tensor, keys: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                      errors: torch.Tensor, norms: torch.Tensor, live: torch.Tensor | None, scale: float,
+                      first_row: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per query row: each block's KEEP largest bounds and their positions (B, Hkv, R, blocks·KEEP), and the
+    largest bound each block left out (B, Hkv, R, blocks); -inf for rows not in use."""
+    from . import coded_triton
+
+    return coded_triton.scan_codes(query, keys, codes, scales, errors, norms, live, scale, first_row, KEEP, BLOCK,
+                                   rounding(query.shape[-1]), SAFETY)
+
+
+@recall_scan_codes.register_fake
+def _(query, keys, codes, scales, errors, norms, live, scale, first_row):
+    batch, kv_heads, rows, _ = query.shape
+    blocks = -(-keys.shape[-2] // BLOCK)
+    shape = (batch, kv_heads, rows, blocks * KEEP)
+    return (query.new_empty(shape, dtype=torch.float32), query.new_empty(shape, dtype=torch.long),
+            query.new_empty((batch, kv_heads, rows, blocks), dtype=torch.float32))
+
+
+@torch.library.custom_op("lminfinite::recall_rescore", mutates_args=())
+def recall_rescore(query: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, bounds: torch.Tensor,
+                   scale: float, first_row: int) -> torch.Tensor:
+    """The logits of the candidates at ``positions`` (B, Hkv, R, m) from the store's keys; -inf where the bound is."""
+    from . import coded_triton
+
+    return coded_triton.rescore(query, keys, positions, bounds, scale, first_row)
+
+
+@recall_rescore.register_fake
+def _(query, keys, positions, bounds, scale, first_row):
+    return query.new_empty(positions.shape, dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _checked(device_type: str, index: int | None, dtype: torch.dtype, head_dim: int) -> bool:
+    return recall_kernel.passes(agrees_with_float64, torch.device(device_type, index), dtype, head_dim,
+                                what="coded_recall: the coded scan's kernels",
+                                otherwise="recall scans the keys themselves")
+
+
+def agrees_with_float64(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """The coded top k against float64's over a store of 5 coded blocks and a block being filled, read through a
+    buffer with spare rows holding huge numbers, two query rows per key head: once with keys the codes tell apart,
+    and once with every key the same up to a rounding, where no bound is certain and every head is scanned in full."""
+    generator = torch.Generator().manual_seed(0)
+    agrees = True
+    for spread in (1.0, 0.0):
+        keys = torch.randn(1, 2, 1, head_dim, generator=generator) + spread * torch.randn(
+            1, 2, 6 * BLOCK + 40, head_dim, generator=generator)
+        keys[..., 5 * BLOCK + 70:, :] = 3e4  # spare rows
+        keys = keys.to(device, dtype)
+        query = torch.randn(1, 2, 2, head_dim, generator=generator).to(device, dtype)
+        live, k, scale = torch.tensor(5 * BLOCK + 70, device=device), 5, head_dim**-0.5
+        codes = KeyCodes().grown(keys, keys.shape[-2])
+        codes.code(keys, 5 * BLOCK + 70)
+        logits, positions = coded_topk(query, keys, codes, live, k=k, scale=scale, first_row=3)
+        exact = (query.double() @ keys[..., : 5 * BLOCK + 70, :].double().transpose(-1, -2)) * scale
+        rows = positions - 3
+        best = exact.topk(k, dim=-1).values
+        agrees = agrees and bool(
+            (rows >= 0).all() and (rows < 5 * BLOCK + 70).all()
+            and torch.allclose(logits.double(), best, atol=1e-4, rtol=1e-4)
+            and torch.allclose(exact.gather(-1, rows), best, atol=1e-4, rtol=1e-4))
+    return agrees
+

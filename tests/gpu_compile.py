@@ -1,0 +1,60 @@
+"""Compile the library's Triton kernels for an NVIDIA GPU, without one: ``python tests/gpu_compile.py [sm]``.
+
+Triton's interpreter (the CPU tests) runs a kernel's Python, not its compilation: a kernel can pass every test here
+and fail to build on the GPU, where a session's few minutes of device time would find it out. Triton's wheel holds
+the whole toolchain (ptxas included), so each kernel is compiled here as a GPU would build it (sm_90: an H100 or
+H200), for every dtype it is launched with and the shapes of Llama-2-7B's heads. Run without TRITON_INTERPRET:
+under it, triton.jit makes kernels that only the interpreter runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from lminfinite import coded_triton, recall_triton
+
+I64, I32, F32 = "i64", "i32", "fp32"
+
+
+def kernels(dtype: str) -> list[tuple]:
+    """(kernel, its arguments' types in order, its constexprs) for queries and keys of ``dtype``."""
+    half = dtype != "*fp32"
+    scan = dict(HAS_LIVE=True, ROWS=16, DIM=128, BLOCK=128)
+    return [
+        (coded_triton._scan_coded_blocks,
+         [dtype, dtype, "*i8", "*fp32", "*fp32", "*fp32", "*i64", "*fp32", "*i64", "*fp32",
+          I32, I32, I32, I32, F32, I32, F32, F32] + [I64] * 18,
+         dict(scan, KEEP=16, IEEE=not half, INTERPRETED=False)),
+        (coded_triton._rescore_rows, [dtype, dtype, "*i64", "*fp32", "*fp32", I32, I32, I32, I32, F32, I32] + [I64] * 4,
+         dict(CHUNK=64, DIM=128)),
+        (recall_triton._scan_blocks,
+         [dtype, dtype, "*i64", "*i32", "*fp32", "*i64", I32, I32, I32, I32, F32, I32] + [I64] * 4,
+         dict(scan, HAS_SKIP=True, K=5, IEEE=not half)),
+        (recall_triton._gather_rows, ["*i64", "*fp32", dtype, dtype, I32, I32, I32, I32, I32] + [I64] * 4,
+         dict(K=8, DIM=128)),
+        (recall_triton._merge_rows, ["*fp32", "*fp32", "*fp32", "*i64", dtype, I32, I32, I32, I32, I32] + [I64] * 8,
+         dict(K=8, DIM=128)),
+        (recall_triton._rotate_rows, [dtype, "*fp32", "*fp32", dtype, I32, I32], dict(DIM=128)),
+    ]
+
+
+def compile_all(capability: int = 90) -> list[str]:
+    """Each kernel compiled for ``capability``; returns a line per kernel and dtype (an error raises)."""
+    target, done = GPUTarget("cuda", capability, 32), []
+    for dtype in ("*bf16", "*fp16", "*fp32"):
+        for kernel, types, constants in kernels(dtype):
+            names = [name for name in kernel.arg_names if name not in constants]
+            if len(names) != len(types):
+                raise ValueError(f"{kernel.__name__}: {len(types)} types for {len(names)} arguments")
+            signature = dict(zip(names, types)) | {name: "constexpr" for name in constants}
+            compiled = triton.compile(ASTSource(kernel, signature, constants), target=target)
+            done.append(f"{kernel.__name__} {dtype[1:]}: {compiled.metadata.shared} bytes of shared memory")
+    return done
+
+
+if __name__ == "__main__":
+    print("\n".join(compile_all(int(sys.argv[1]) if len(sys.argv) > 1 else 90)))

@@ -1,0 +1,195 @@
+"""Recall through a middle store's int8 codes (lminfinite/key_codes.py, coded_recall.py) against float64.
+
+The codes' scan runs in Triton's kernels, here under its interpreter (conftest.py); tests/test_lminfinite_cuda.py
+runs these checks on a GPU. What must hold: the store's own top k, whether the certificate spared the full scan
+or not, and the certificate used where the codes tell the keys apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import lminfinite
+from graph_replay import ReplayedOps
+from lminfinite import coded_recall, recall_kernel
+from lminfinite.graphed import GraphedDecoder
+from lminfinite.key_codes import BLOCK, KeyCodes, code_blocks
+from lminfinite.kv_bytes import KVShape, codes_row_bytes, span_bytes
+from lminfinite.middle_store import MiddleStore
+from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
+from test_lminfinite_graphed import one_thread  # noqa: F401 (a fixture)
+from test_lminfinite_recall_kernel import decoded_against_the_reference
+
+pytestmark = pytest.mark.skipif(not recall_kernel.runs_on(torch.device("cpu")),
+                                reason="needs Triton (requirements-dev.txt) and TRITON_INTERPRET=1 (conftest.py)")
+
+CONFIG = lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1, recall_scan_copy=False,
+                                     recall_kernel="triton", recall_key_codes="int8")
+
+
+def unsure_heads(query, keys, codes, live=None, **options) -> torch.Tensor:
+    """The heads (B, Hkv) whose rows the certificate does not vouch for: coded_topk scans them in full."""
+    return ~coded_recall.certified_topk(query, keys, codes, live, **options)[2].all(dim=-1)
+
+
+def coded_store(keys: torch.Tensor, live: int) -> KeyCodes:
+    codes = KeyCodes().grown(keys, keys.shape[-2])
+    codes.code(keys, live)
+    return codes
+
+
+def test_codes_hold_each_key_within_half_a_step_and_their_error_and_norm_exactly():
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.randn(2, 3, 2 * BLOCK, 64, generator=generator, dtype=torch.float64)
+    keys[0, 1, :BLOCK, 5] = 0  # a channel zero throughout a block: exact
+    codes, scales, errors, norms = code_blocks(keys)
+    coded = (codes.double().unflatten(-2, (2, BLOCK)) * scales.double()[..., None, :]).flatten(-3, -2)
+    step = scales.double().repeat_interleave(BLOCK, dim=-2)
+    assert ((keys - coded).abs() <= step / 2 * (1 + 1e-6)).all() and codes.abs().max() == 127
+    torch.testing.assert_close(errors.double(), (keys - coded).norm(dim=-1), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(norms.double(), coded.norm(dim=-1).unflatten(-1, (2, BLOCK)).amax(-1), rtol=1e-6, atol=0)
+    assert scales[0, 1, 0, 5] == 1 and codes[0, 1, :BLOCK, 5].eq(0).all()
+
+
+def test_a_store_codes_each_block_as_it_fills_keeps_them_as_it_grows_and_recodes_a_block_it_reopens():
+    generator = torch.Generator().manual_seed(1)
+    rows = torch.randn(1, 2, 700, 32, generator=generator)
+    store = MiddleStore(scan_copy=False, key_codes="int8", recall_kernel="triton")
+    store.append(rows[..., :300, :], rows[..., :300, :])
+    assert store.codes.blocks == 2
+    for i in range(300, 520):  # one row at a time, as decoding evicts them; the buffer grows on the way
+        store.append(rows[..., i : i + 1, :], rows[..., i : i + 1, :])
+    assert store.codes.blocks == 4 and store.codes.codes.shape[-2] == store.keys.shape[-2] > 300
+    torch.testing.assert_close(store.codes.codes[..., : 4 * BLOCK, :], code_blocks(rows[..., : 4 * BLOCK, :])[0],
+                               atol=0, rtol=0)
+    store.truncate(3 * BLOCK - 10)
+    store.append(rows[..., 600:700, :], rows[..., 600:700, :])  # rows other than those block 2 was coded from
+    reopened = torch.cat((rows[..., 2 * BLOCK : 3 * BLOCK - 10, :], rows[..., 600:610, :]), dim=-2)
+    assert store.codes.blocks == 3
+    torch.testing.assert_close(store.codes.codes[..., 2 * BLOCK : 3 * BLOCK, :], code_blocks(reopened)[0],
+                               atol=0, rtol=0)
+    assert store.scan_bytes == store.length * codes_row_bytes(2, 32)
+    keys, values = store.view()
+    store.restore(keys, values, "cpu", torch.float32)  # a saved store read back: coded anew
+    assert store.codes.blocks == 3
+    torch.testing.assert_close(store.codes.codes[..., : 3 * BLOCK, :], code_blocks(keys[..., : 3 * BLOCK, :])[0],
+                               atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, n, live, k", [(1, 6 * BLOCK + 40, 5 * BLOCK + 70, 5), (4, 3 * BLOCK, None, 8),
+                                              (2, 2 * BLOCK + 1, 2 * BLOCK, 1), (3, BLOCK + 60, 3, 5)])
+def test_the_codes_recall_float64s_top_k_and_spare_the_full_scan(dtype, rows, n, live, k):
+    """Coded blocks, a block being filled (or none), spare rows holding huge numbers, fewer rows in use than k:
+    the logits are float64's k best up to float32 rounding, the rows float64's up to a near-tie, and no head is
+    scanned in full where the rows in use tell apart."""
+    generator = torch.Generator().manual_seed(rows * n + k)
+    query = torch.randn(2, 3, rows, 64, generator=generator).to(dtype)
+    keys = torch.randn(2, 3, n, 64, generator=generator).to(dtype)
+    in_use = n if live is None else live
+    keys[..., in_use:, :] = 3e4
+    codes, count = coded_store(keys, in_use), None if live is None else torch.tensor(live)
+    logits, positions = coded_recall.coded_topk(query, keys, codes, count, k=k, scale=0.125, first_row=10)
+    exact = (query.double() @ keys[..., :in_use, :].double().transpose(-1, -2)) * 0.125
+    best = exact.topk(min(k, in_use), dim=-1).values
+    found = logits[..., : best.shape[-1]]
+    torch.testing.assert_close(found.double(), best, atol=1e-4, rtol=1e-4)
+    assert logits[..., best.shape[-1]:].eq(float("-inf")).all()
+    rows_found = positions[..., : best.shape[-1]] - 10
+    assert ((rows_found >= 0) & (rows_found < in_use)).all()
+    torch.testing.assert_close(exact.gather(-1, rows_found), best, atol=1e-4, rtol=1e-4)
+    assert not unsure_heads(query, keys, codes, count, k=k, scale=0.125, first_row=10).any()
+
+
+def test_where_the_codes_cannot_tell_keys_apart_those_heads_alone_are_scanned_in_full():
+    """Head 0's keys differ by less than a code's step (so the bound of every key reaches the k-th best), head 1's
+    do not; with a NaN among head 2's keys nothing of it can be left out. The result is float64's either way."""
+    generator = torch.Generator().manual_seed(2)
+    keys = torch.randn(1, 3, 4 * BLOCK, 64, generator=generator)
+    keys[0, 0] = keys[0, 0, :1] + 1e-4 * keys[0, 0]
+    keys[0, 2, 17, 3] = float("nan")
+    query = torch.randn(1, 3, 2, 64, generator=generator)
+    codes = coded_store(keys, 4 * BLOCK)
+    logits, positions = coded_recall.coded_topk(query, keys, codes, None, k=5, scale=0.125, first_row=0)
+    assert unsure_heads(query, keys, codes, k=5, scale=0.125, first_row=0).tolist() == [[True, False, True]]
+    exact = (query[:, :2].double() @ keys[:, :2].double().transpose(-1, -2)) * 0.125
+    torch.testing.assert_close(logits[:, :2].double(), exact.topk(5, dim=-1).values, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(exact.gather(-1, positions[:, :2]), exact.topk(5, dim=-1).values, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spread", [1.0, 0.01])
+def test_a_budget_smaller_than_the_candidates_rescores_the_best_bounds_and_stays_exact(monkeypatch, spread):
+    """Fewer candidates rescored than the blocks keep: the best bound not rescored joins the certificate. Keys a
+    code's step apart (``spread`` 0.01) scan in another order than their logits': only the bound keeps the
+    result float64's there (without it, rows pass the certificate with a key missing)."""
+    monkeypatch.setattr(coded_recall, "BUDGET", 8)
+    generator = torch.Generator().manual_seed(4)
+    base = torch.randn(1, 4, 1, 64, generator=generator)
+    keys = base + spread * torch.randn(1, 4, 4 * BLOCK, 64, generator=generator)
+    keys = keys.bfloat16()
+    query = torch.randn(1, 4, 4, 64, generator=generator).bfloat16()
+    codes = coded_store(keys, 4 * BLOCK)
+    logits, positions = coded_recall.coded_topk(query, keys, codes, None, k=5, scale=0.125, first_row=0)
+    exact = (query.double() @ keys.double().transpose(-1, -2)) * 0.125
+    best = exact.topk(5, dim=-1).values
+    torch.testing.assert_close(logits.double(), best, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(exact.gather(-1, positions), best, atol=1e-5, rtol=1e-5)
+    assert unsure_heads(query, keys, codes, k=5, scale=0.125, first_row=0).any() == (spread < 1)
+
+
+def test_the_check_the_auto_choice_runs_agrees_and_a_store_keeps_codes_only_where_asked():
+    for dtype in (torch.float32, torch.bfloat16):
+        assert coded_recall.agrees_with_float64(torch.device("cpu"), dtype, 64)
+    cpu = torch.device("cpu")
+    assert not coded_recall.keeps_codes("off", "triton", cpu, torch.float32, 64)
+    assert not coded_recall.keeps_codes("auto", "triton", cpu, torch.float32, 64)  # only on a GPU by default
+    assert coded_recall.keeps_codes("int8", "triton", cpu, torch.float32, 64)
+    with pytest.raises(ValueError, match="needs recall through Triton's kernels"):
+        coded_recall.keeps_codes("int8", "torch", cpu, torch.float32, 64)  # nothing would scan them
+    with pytest.raises(ValueError, match="recall_key_codes must be one of auto, int8, off"):
+        lminfinite.LMInfiniteConfig(recall_key_codes="fp8")
+
+
+def test_codes_count_in_a_gpu_caches_bytes_per_token_and_in_a_budgeted_primary():
+    shape, config = KVShape(num_layers=32, num_kv_heads=32, head_dim=128), lminfinite.LMInfiniteConfig(topk=5)
+    on_gpu = span_bytes(shape, config.resolved(4096), torch.bfloat16, device_type="cuda")
+    assert on_gpu.middle_scan == 27 * 32 * (128 + 4 + 5)  # 27 recall layers: about half a bfloat16 key
+    assert span_bytes(shape, dataclasses.replace(config, recall_key_codes="off").resolved(4096), torch.bfloat16,
+                      device_type="cuda").middle_scan == 0
+    budgeted = MiddleStore(device_budget=1 << 20, key_codes="int8", recall_kernel="triton")
+    budgeted._place(torch.empty(1, 2, 1, 32), torch.device("cuda"))  # placement alone: nothing is allocated
+    assert budgeted.primary_cap == (1 << 20) // (2 * 2 * 32 * 4 + codes_row_bytes(2, 32))
+
+
+@pytest.mark.parametrize("family", ["llama-gqa", "qwen2-gqa"])
+def test_decoding_through_the_codes_equals_the_reference(family):
+    """A prompt of 24 windows leaves two coded blocks and one being filled; decoding fills it, so a block is coded
+    mid-way. Every logit is the float64 reference's, and the coded scan ran in every recall layer of every step."""
+    steps = 24
+    cache, calls, recall_layers = decoded_against_the_reference(CONFIG, family, 24, steps)
+    assert calls["lminfinite::recall_scan_codes"] == calls["lminfinite::recall_merge_"] >= steps * recall_layers
+    assert cache.layers[1].middle.codes.blocks == 3
+
+
+def test_steps_that_recall_through_the_codes_replay_with_the_models_own_logits(one_thread):
+    """A recording holds the coded scan: replayed steps give the model's own logits bit for bit while blocks are
+    coded between replays and the stores grow into new buffers (test_lminfinite_recall_kernel.py says why the
+    float32 span kernel and one thread)."""
+    config = dataclasses.replace(CONFIG, window_kernel="float32")
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16), config)
+    ids = random_ids(2 * BLOCK + 19 - 6, seed=3)  # the stores six rows short of two full blocks
+    plain, graphed = (lminfinite.InfiniteCache(model, recall_fixed_shapes=True) for _ in range(2))
+    token = feed_in_chunks(model, ids, 3 * WINDOW, plain)[:, -1:].argmax(-1)
+    feed_in_chunks(model, ids, 3 * WINDOW, graphed)
+    decoder, blocks = GraphedDecoder(model, graphed, recorder=ReplayedOps), set()
+    with torch.no_grad():
+        for step in range(10):  # a block is coded after the sixth step
+            blocks.add(graphed.layers[1].middle.codes.blocks)
+            expected = model(input_ids=token, past_key_values=plain, use_cache=True).logits
+            got = decoder(token)
+            torch.testing.assert_close(got, expected, atol=0, rtol=0, msg=lambda m: f"step {step}: {m}")
+            token = expected[:, -1:].argmax(-1)
+    assert blocks == {1, 2} and decoder.recordings < 10 and not decoder.unrecordable
