@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from .recall_kernel import interpreted
+from .recall_triton import FEW_ROWS, padded_rows, summed_products
 
 INTERPRETED = interpreted()
 
@@ -26,11 +27,11 @@ def scan_codes(query, keys, codes, scales, errors, norms, live, scale: float, fi
         query, keys, codes, scales, errors, norms, query if live is None else live, upper, positions, left,
         kv_heads, rows, n, dim, float(scale), first_row, float(rounding), float(safety),
         *keys.stride(), *codes.stride(), *scales.stride(), *errors.stride(), *norms.stride(),
-        HAS_LIVE=live is not None, ROWS=max(16, triton.next_power_of_2(rows)),
-        DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block, KEEP=keep,
-        IEEE=query.dtype == torch.float32 or INTERPRETED, INTERPRETED=INTERPRETED,
+        HAS_LIVE=live is not None, ROWS=padded_rows(rows), DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block,
+        KEEP=keep, IEEE=INTERPRETED, DOT=rows > FEW_ROWS,
     )
     return upper, positions, left
+
 
 
 def rescore(query, keys, positions, upper, scale: float, first_row: int) -> torch.Tensor:
@@ -51,10 +52,11 @@ def _scan_coded_blocks(q_ptr, k_ptr, c_ptr, s_ptr, e_ptr, m_ptr, live_ptr, out_u
                        kv_heads, rows, n, dim, scale, first_row, rounding, safety,
                        k_b, k_h, k_n, k_d, c_b, c_h, c_n, c_d, s_b, s_h, s_n, s_d, e_b, e_h, e_n, m_b, m_h, m_n,
                        HAS_LIVE: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr,
-                       KEEP: tl.constexpr, IEEE: tl.constexpr, INTERPRETED: tl.constexpr):
+                       KEEP: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr):
     """One program: one key head's query rows against one block of its keys. Per row, an upper bound on each key's
     logit: a coded block's scanned logit plus its bound, the block being filled its own logit plus a rounding's
-    worth; then the block's KEEP largest bounds (and positions) and the largest bound left out."""
+    worth; then the block's KEEP largest bounds (and positions) and the largest bound left out. Tensor cores take
+    TF32 inputs (the bound's 2^-10), IEEE float32 only under the interpreter (IEEE)."""
     head = tl.program_id(0)
     block = tl.program_id(1)
     blocks = tl.num_programs(1)
@@ -68,30 +70,41 @@ def _scan_coded_blocks(q_ptr, k_ptr, c_ptr, s_ptr, e_ptr, m_ptr, live_ptr, out_u
         in_use = n
     b = (head // kv_heads).to(tl.int64)
     h = (head % kv_heads).to(tl.int64)
-    q = tl.load(q_ptr + (head * rows + r[:, None]) * dim + d[None, :],
-                mask=(r[:, None] < rows) & (d[None, :] < dim), other=0.0).to(tl.float32)
+    q_at = q_ptr + (head * rows + r[:, None]) * dim
+    q = tl.load(q_at + d[None, :], mask=(r[:, None] < rows) & (d[None, :] < dim), other=0.0).to(tl.float32)
     q_norm = tl.sqrt(tl.sum(q * q, axis=1))
     channels = d[None, :] < dim
+    codes_at = c_ptr + b * c_b + h * c_h + key_rows[:, None] * c_n
+    keys_at = k_ptr + b * k_b + h * k_h + key_rows[:, None] * k_n
+    scale_at = s_ptr + b * s_b + h * s_h + block * s_n
     if (block + 1) * BLOCK <= in_use:  # a coded block: scales folded into the query, codes exact in float32
-        chan_scale = tl.load(s_ptr + b * s_b + h * s_h + block * s_n + d * s_d, mask=d < dim, other=0.0)
-        codes = tl.load(c_ptr + b * c_b + h * c_h + key_rows[:, None] * c_n + d[None, :] * c_d, mask=channels,
-                        other=0).to(tl.float32)
-        if IEEE:
-            scanned = tl.dot(q * chan_scale[None, :], tl.trans(codes), input_precision="ieee")
+        if DOT:
+            chan_scale = tl.load(scale_at + d * s_d, mask=d < dim, other=0.0)
+            codes = tl.load(codes_at + d[None, :] * c_d, mask=channels, other=0).to(tl.float32)
+            if IEEE:
+                scanned = tl.dot(q * chan_scale[None, :], tl.trans(codes), input_precision="ieee")
+            else:
+                scanned = tl.dot(q * chan_scale[None, :], tl.trans(codes), input_precision="tf32")
         else:
-            scanned = tl.dot(q * chan_scale[None, :], tl.trans(codes), input_precision="tf32")
+            scanned, _ = summed_products(q_at, r < rows, codes_at, c_d, key_rows >= 0, scale_at, s_d, dim,
+                                          ROWS, BLOCK, DIM, True)
         error = tl.load(e_ptr + b * e_b + h * e_h + key_rows * e_n)
         largest = tl.load(m_ptr + b * m_b + h * m_h + block * m_n)
         reach = q_norm[:, None] * (error[None, :] + rounding * largest)
     else:  # the block being filled: the store's own keys
-        keys = tl.load(k_ptr + b * k_b + h * k_h + key_rows[:, None] * k_n + d[None, :] * k_d,
-                       mask=(key_rows[:, None] < in_use) & channels, other=0.0)
-        wide = keys.to(tl.float32)
-        if IEEE:
-            scanned = tl.dot(q, tl.trans(wide), input_precision="ieee")
+        if DOT:
+            keys = tl.load(keys_at + d[None, :] * k_d, mask=(key_rows[:, None] < in_use) & channels, other=0.0)
+            wide = keys.to(tl.float32)
+            if IEEE:  # the interpreter, whose dot reads half-precision numbers' bits as integers
+                scanned = tl.dot(q, tl.trans(wide), input_precision="ieee")
+            else:  # exact products of half-precision numbers; float32 ones in TF32, within the bound's rounding
+                scanned = tl.dot(q.to(keys.dtype), tl.trans(keys))
+            key_norm = tl.sqrt(tl.sum(wide * wide, axis=1))
         else:
-            scanned = tl.dot(q.to(keys.dtype), tl.trans(keys))
-        reach = q_norm[:, None] * (rounding * tl.sqrt(tl.sum(wide * wide, axis=1)))[None, :]
+            scanned, squares = summed_products(q_at, r < rows, keys_at, k_d, key_rows < in_use, scale_at, s_d, dim,
+                                                ROWS, BLOCK, DIM, False)
+            key_norm = tl.sqrt(squares)
+        reach = q_norm[:, None] * (rounding * key_norm)[None, :]
     upper = scanned * scale + safety * scale * reach
     upper = tl.where(upper != upper, float("inf"), upper)  # a NaN key may be anything: it can never be left out
     upper = tl.where((key_rows < in_use)[None, :], upper, float("-inf"))

@@ -13,6 +13,15 @@ from .recall_kernel import interpreted
 # Read once, as triton.jit reads it when it builds the kernels below: for the interpreter or for the GPU.
 INTERPRETED = interpreted()
 
+# Query rows per key head up to which a block's products are summed along the channels instead of multiplied on
+# tensor cores, whose products need 16 rows: a decode step of a model without grouped heads (Llama-2) has one row,
+# and every pass of the block's selection would otherwise run over 16.
+FEW_ROWS = 2
+
+
+def padded_rows(rows: int) -> int:
+    return triton.next_power_of_2(rows) if rows <= FEW_ROWS else max(16, triton.next_power_of_2(rows))
+
 
 def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float, first_row: int,
          block: int, skip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,8 +34,9 @@ def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: 
     _scan_blocks[(batch * kv_heads, blocks)](
         query, keys, query if live is None else live, query if skip is None else skip, cand_logits, cand_positions,
         kv_heads, rows, n, dim, float(scale), first_row, *keys.stride(),
-        HAS_LIVE=live is not None, HAS_SKIP=skip is not None, ROWS=max(16, triton.next_power_of_2(rows)),
+        HAS_LIVE=live is not None, HAS_SKIP=skip is not None, ROWS=padded_rows(rows),
         DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block, K=k, IEEE=query.dtype == torch.float32 or INTERPRETED,
+        DOT=rows > FEW_ROWS,
     )
     return cand_logits, cand_positions
 
@@ -67,7 +77,7 @@ def merge(out: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, positions:
 def _scan_blocks(q_ptr, k_ptr, live_ptr, skip_ptr, out_logits, out_positions,
                  kv_heads, rows, n, dim, scale, first_row, stride_b, stride_h, stride_n, stride_d,
                  HAS_LIVE: tl.constexpr, HAS_SKIP: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr,
-                 BLOCK: tl.constexpr, K: tl.constexpr, IEEE: tl.constexpr):
+                 BLOCK: tl.constexpr, K: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr):
     """One program: one key head's query rows against one block of its keys; the block's K best per row (logit,
     and position: first_row + the key's row). A head whose ``skip`` flag is set is left unwritten."""
     head = tl.program_id(0)
@@ -84,23 +94,48 @@ def _scan_blocks(q_ptr, k_ptr, live_ptr, skip_ptr, out_logits, out_positions,
         in_use = tl.minimum(tl.load(live_ptr), n)
     else:
         in_use = n
-    q = tl.load(q_ptr + (head * rows + r[:, None]) * dim + d[None, :],
-                mask=(r[:, None] < rows) & (d[None, :] < dim), other=0.0)
+    q_at = q_ptr + (head * rows + r[:, None]) * dim
     key_base = k_ptr + (head // kv_heads).to(tl.int64) * stride_b + (head % kv_heads).to(tl.int64) * stride_h
-    keys = tl.load(key_base + key_rows[:, None] * stride_n + d[None, :] * stride_d,  # spare rows are not read
-                   mask=(key_rows[:, None] < in_use) & (d[None, :] < dim), other=0.0)
-    if IEEE:  # float32 numbers, or half ones under the interpreter (whose dot reads their bits as integers)
-        scores = tl.dot(q.to(tl.float32), tl.trans(keys.to(tl.float32)), input_precision="ieee")
+    keys_at = key_base + key_rows[:, None] * stride_n
+    if DOT:
+        q = tl.load(q_at + d[None, :], mask=(r[:, None] < rows) & (d[None, :] < dim), other=0.0)
+        keys = tl.load(keys_at + d[None, :] * stride_d,  # spare rows are not read
+                       mask=(key_rows[:, None] < in_use) & (d[None, :] < dim), other=0.0)
+        if IEEE:  # float32 numbers, or half ones under the interpreter (whose dot reads their bits as integers)
+            scores = tl.dot(q.to(tl.float32), tl.trans(keys.to(tl.float32)), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(keys))
     else:
-        scores = tl.dot(q, tl.trans(keys))
+        scores, _ = summed_products(q_at, r < rows, keys_at, stride_d, key_rows < in_use, q_ptr, 0, dim, ROWS,
+                                     BLOCK, DIM, False)
     scores = tl.where((key_rows < in_use)[None, :], scores * scale, float("-inf"))
     out = (head * rows + r) * (blocks * K) + block * K
     for j in tl.static_range(K):
-        best = tl.max(scores, axis=1)
-        at = tl.argmax(scores, axis=1)
+        best, at = tl.max(scores, axis=1, return_indices=True)
         tl.store(out_logits + out + j, best, mask=r < rows)
         tl.store(out_positions + out + j, (block * BLOCK + at + first_row).to(tl.int64), mask=r < rows)
         scores = tl.where(c[None, :] == at[:, None], float("-inf"), scores)
+
+
+@triton.jit
+def summed_products(q_at, rows_in, tile_at, tile_d, tile_in, scale_at, scale_d, dim, ROWS: tl.constexpr,
+                     BLOCK: tl.constexpr, DIM: tl.constexpr, SCALED: tl.constexpr):
+    """For FEW_ROWS query rows or fewer: their products with a tile's rows (times the channels' scales where
+    SCALED) as float32 products summed along the channels, CHUNK channels at a time (the tile is never whole in
+    registers); and the tile rows' squared norms."""
+    CHUNK: tl.constexpr = 32 if DIM > 32 else DIM
+    products = tl.zeros((ROWS, BLOCK), tl.float32)
+    squares = tl.zeros((BLOCK,), tl.float32)
+    for start in tl.static_range(0, DIM, CHUNK):
+        d = start + tl.arange(0, CHUNK)
+        q = tl.load(q_at + d[None, :], mask=rows_in[:, None] & (d[None, :] < dim), other=0.0).to(tl.float32)
+        tile = tl.load(tile_at + d[None, :] * tile_d, mask=tile_in[:, None] & (d[None, :] < dim),
+                       other=0.0).to(tl.float32)
+        if SCALED:
+            q = q * tl.load(scale_at + d * scale_d, mask=d < dim, other=0.0)[None, :]
+        products += tl.sum(q[:, None, :] * tile[None, :, :], axis=2)
+        squares += tl.sum(tile * tile, axis=1)
+    return products, squares
 
 
 @triton.jit

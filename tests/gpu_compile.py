@@ -9,7 +9,11 @@ under it, triton.jit makes kernels that only the interpreter runs.
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
+import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -25,15 +29,18 @@ def kernels(dtype: str) -> list[tuple]:
     half = dtype != "*fp32"
     scan = dict(HAS_LIVE=True, ROWS=16, DIM=128, BLOCK=128)
     return [
-        (coded_triton._scan_coded_blocks,
-         [dtype, dtype, "*i8", "*fp32", "*fp32", "*fp32", "*i64", "*fp32", "*i64", "*fp32",
-          I32, I32, I32, I32, F32, I32, F32, F32] + [I64] * 18,
-         dict(scan, KEEP=16, IEEE=not half, INTERPRETED=False)),
+        *((coded_triton._scan_coded_blocks,
+           [dtype, dtype, "*i8", "*fp32", "*fp32", "*fp32", "*i64", "*fp32", "*i64", "*fp32",
+            I32, I32, I32, I32, F32, I32, F32, F32] + [I64] * 18,
+           dict(scan, ROWS=recall_triton.padded_rows(rows), KEEP=16, IEEE=False, DOT=rows > recall_triton.FEW_ROWS))
+          for rows in (1, 4)),
         (coded_triton._rescore_rows, [dtype, dtype, "*i64", "*fp32", "*fp32", I32, I32, I32, I32, F32, I32] + [I64] * 4,
          dict(CHUNK=64, DIM=128)),
-        (recall_triton._scan_blocks,
-         [dtype, dtype, "*i64", "*i32", "*fp32", "*i64", I32, I32, I32, I32, F32, I32] + [I64] * 4,
-         dict(scan, HAS_SKIP=True, K=5, IEEE=not half)),
+        *((recall_triton._scan_blocks,
+           [dtype, dtype, "*i64", "*i32", "*fp32", "*i64", I32, I32, I32, I32, F32, I32] + [I64] * 4,
+           dict(scan, ROWS=recall_triton.padded_rows(rows), HAS_SKIP=True, K=5, IEEE=not half,
+                DOT=rows > recall_triton.FEW_ROWS))
+          for rows in (1, 4)),
         (recall_triton._gather_rows, ["*i64", "*fp32", dtype, dtype, I32, I32, I32, I32, I32] + [I64] * 4,
          dict(K=8, DIM=128)),
         (recall_triton._merge_rows, ["*fp32", "*fp32", "*fp32", "*i64", dtype, I32, I32, I32, I32, I32] + [I64] * 8,
@@ -43,7 +50,8 @@ def kernels(dtype: str) -> list[tuple]:
 
 
 def compile_all(capability: int = 90) -> list[str]:
-    """Each kernel compiled for ``capability``; returns a line per kernel and dtype (an error raises)."""
+    """Each kernel compiled for ``capability``; a line per kernel, dtype and query rows: its registers per thread and
+    the bytes it spills to local memory, as ptxas reports them (an error raises)."""
     target, done = GPUTarget("cuda", capability, 32), []
     for dtype in ("*bf16", "*fp16", "*fp32"):
         for kernel, types, constants in kernels(dtype):
@@ -52,8 +60,24 @@ def compile_all(capability: int = 90) -> list[str]:
                 raise ValueError(f"{kernel.__name__}: {len(types)} types for {len(names)} arguments")
             signature = dict(zip(names, types)) | {name: "constexpr" for name in constants}
             compiled = triton.compile(ASTSource(kernel, signature, constants), target=target)
-            done.append(f"{kernel.__name__} {dtype[1:]}: {compiled.metadata.shared} bytes of shared memory")
+            registers, spilled = _registers(compiled.asm["ptx"])
+            rows = f" rows={constants['ROWS']}" if "ROWS" in constants else ""
+            done.append(f"{kernel.__name__} {dtype[1:]}{rows}: {registers} registers, {spilled} bytes spilled")
     return done
+
+
+def _registers(ptx: str) -> tuple[int, int]:
+    """(registers per thread, bytes of spill stores) of one kernel's PTX, from ptxas -v."""
+    arch = re.search(r"^\.target (\w+)", ptx, re.M).group(1)
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as folder:
+        source = os.path.join(folder, "kernel.ptx")
+        with open(source, "w") as file:
+            file.write(ptx)
+        report = subprocess.run([ptxas, f"-arch={arch}", "-v", source, "-o", os.path.join(folder, "kernel.cubin")],
+                                capture_output=True, text=True, check=True).stderr
+    return (int(re.search(r"Used (\d+) registers", report).group(1)),
+            int(re.search(r"(\d+) bytes spill stores", report).group(1)))
 
 
 if __name__ == "__main__":
