@@ -11,13 +11,14 @@ The steps, none of which waits for the device (a CUDA graph records them as they
      (recall_kernel.store_topk, told to skip the other heads), and those rows take that scan's result.
 
 The bound. For a coded key, k̃ = code · scale, and the scan computes q·k̃ as (q ⊙ scale)·code in float32 on
-tensor cores (inputs rounded to TF32: 2^-10 relative at worst; codes are exact). So
+tensor cores (inputs rounded to TF32: 2^-10 relative at worst; codes are exact), or for one or two query rows as
+float32 products summed along the channels. So
 
     |q·k − scanned| ≤ ‖q‖·‖k − k̃‖ + (2^-10 + 2D·2^-24)·‖q‖·‖k̃‖
 
 (Cauchy–Schwarz; the last term also covers the float32 sums of the scan and of the rescoring), with ‖k − k̃‖
 kept per key and ‖k̃‖ bounded by its block's largest, and a margin of 25 % (SAFETY) for the bound's own float32
-arithmetic. A key whose bound is NaN is always rescored. Measured on a real model's recall queries
+arithmetic. A NaN bound counts as +inf: such a key is never left out. Measured on a real model's recall queries
 (benchmarks/scan_copy_bound.py), such bounds leave 0.05-0.2 % of the keys within reach of the k-th best.
 """
 

@@ -33,7 +33,6 @@ def scan_codes(query, keys, codes, scales, errors, norms, live, scale: float, fi
     return upper, positions, left
 
 
-
 def rescore(query, keys, positions, upper, scale: float, first_row: int) -> torch.Tensor:
     batch, kv_heads, rows, count = positions.shape
     dim = query.shape[-1]
