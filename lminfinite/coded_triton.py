@@ -8,10 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .recall_kernel import interpreted
-from .recall_triton import FEW_ROWS, padded_rows, summed_products
-
-INTERPRETED = interpreted()
+from .recall_triton import FEW_ROWS, INTERPRETED, padded_rows, summed_products
 
 
 def scan_codes(query, keys, codes, scales, errors, norms, live, scale: float, first_row: int, keep: int,

@@ -31,9 +31,10 @@ def scan_copy_row_bytes(num_kv_heads: int, head_dim: int) -> int:
     return num_kv_heads * head_dim * 2
 
 
-def keeps_codes(requested: str, device_type: str) -> bool:
-    """Whether a model's middle stores keep an int8 copy of their keys (key_codes.py), as far as bytes go: on a GPU
-    unless ``off`` (``auto`` also needs Triton there: this counts them whenever they may be kept)."""
+def may_keep_codes(requested: str, device_type: str) -> bool:
+    """Whether a model's middle stores may keep an int8 copy of their keys (key_codes.py), as far as bytes go: on a
+    GPU unless ``off``. coded_recall.keeps_codes decides for a store (``auto`` also needs Triton there); this counts
+    the bytes whenever they may be kept."""
     return requested != "off" and device_type == "cuda"
 
 
@@ -95,7 +96,7 @@ def span_bytes(shape: KVShape, config: LMInfiniteConfig, dtype: Any, keep_middle
     keep = config.topk > 0 if keep_middle is None else keep_middle
     middle_layers = max(0, shape.num_layers - config.topk_from_layer) if keep else 0
     copy = keeps_scan_copy(config.recall_scan_copy, dtype, device_type)
-    coded = keeps_codes(config.recall_key_codes, device_type) and not config.offload_middle
+    coded = may_keep_codes(config.recall_key_codes, device_type) and not config.offload_middle
     return SpanBytes(
         starting=2 * shape.token_bytes(dtype),
         window=shape.token_bytes(dtype),
