@@ -16,6 +16,12 @@ LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32
                  num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096)
 
 
+# Llama-2-7B's 32 layers at a size where the host's work is nearly all there is: what a layer launches and the
+# Python around it, which a GPU's host must keep ahead of (benchmarks/profile_prefill.py).
+HOST_BOUND = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=32, num_attention_heads=4,
+                  num_key_value_heads=4, vocab_size=1000, max_position_embeddings=4096)
+
+
 def cpu_default_shape(window: int) -> dict:
     """Hidden size equal to L: attention is the same share of the work as Llama-2-7B's at L = 4096."""
     return dict(hidden_size=window, intermediate_size=int(window * 11008 / 4096), num_hidden_layers=8,
@@ -24,13 +30,14 @@ def cpu_default_shape(window: int) -> dict:
 
 
 def build_model(spec: str, *, window: int, device: str, dtype: torch.dtype, load_in_4bit: bool = False):
-    """``random`` (CPU default shape), ``random-7b`` (Llama-2-7B shape) or a checkpoint path / hub id."""
+    """``random`` (CPU default shape), ``random-7b`` (Llama-2-7B shape), ``random-host`` (its layers, tiny) or a
+    checkpoint path / hub id."""
     quantization = None
     if load_in_4bit:
         quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                           bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)
-    if spec in ("random", "random-7b"):
-        shape = cpu_default_shape(window) if spec == "random" else LLAMA2_7B
+    if spec in ("random", "random-7b", "random-host"):
+        shape = {"random": cpu_default_shape(window), "random-7b": LLAMA2_7B, "random-host": HOST_BOUND}[spec]
         config = LlamaConfig(**shape, attn_implementation="sdpa")
         if quantization is None:
             torch.manual_seed(0)

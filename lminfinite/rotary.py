@@ -67,10 +67,26 @@ class Rope:
 
     def span(self, lo: int, hi: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos_sin(arange(lo, hi))``; a slice of the table (no gather, no device sync) when it lies inside."""
-        if 0 <= lo and hi <= self.table_rows:
+        return self.consecutive(lo, 1, hi - lo, dtype, device)
+
+    def consecutive(self, first: int, step: int, n: int, dtype: torch.dtype,
+                    device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos_sin`` of first, first + step, ... (n offsets, step ±1), without reading the device (no sync).
+
+        Offsets on one side of zero, inside the table, are a slice of it (sin negated below zero; reversed where
+        their sizes fall): a prefill's few start keys are rotated with no gather and no offsets computed, so a
+        layer launches fewer kernels than a rotation by a list of offsets does. Otherwise looked up as listed."""
+        last = first + step * (n - 1)
+        lo, hi = min(first, last), max(first, last)
+        if n and (lo >= 0 or hi <= 0) and max(-lo, hi) < self.table_rows:
             cos_table, sin_table = self._table(torch.device(device), dtype)
-            return _full(cos_table[lo:hi]), _full(sin_table[lo:hi])
-        return self.cos_sin(torch.arange(lo, hi, device=device), dtype, max_abs=max(abs(lo), abs(hi - 1)))
+            a, b = sorted((abs(first), abs(last)))
+            cos, sin = cos_table[a : b + 1], sin_table[a : b + 1]
+            if abs(last) < abs(first):  # sizes falling: the rows in the offsets' order
+                cos, sin = cos.flip(0), sin.flip(0)
+            return _full(cos), _full(sin if lo >= 0 else 0.0 - sin)  # offset 0 keeps sin(0) = +0.0, as cos_sin
+        offsets = first + step * torch.arange(n, device=device)
+        return self.cos_sin(offsets, dtype, max_abs=max(abs(first), abs(last)) if n else 0)
 
     def rotate_from(self, x: torch.Tensor, first: int) -> torch.Tensor:
         """Rows of ``x`` (n, head_dim) rotated by first, first + 1, ...: a call's queries or new keys.
@@ -130,11 +146,7 @@ class Rope:
     def rotate_range(self, x: torch.Tensor, first: int, step: int) -> torch.Tensor:
         """``rotate`` by first, first + step, first + 2·step, ... (one per row): offsets of consecutive positions,
         whose largest size is known from the two ends, so the device is never asked for it (no sync on a GPU)."""
-        n = x.shape[-2]
-        last = first + step * (n - 1)
-        offsets = first + step * torch.arange(n, device=x.device)
-        bound = max(abs(first), abs(last)) if n else 0
-        return apply_rotation(x, *self.cos_sin(offsets, rotation_dtype(x.dtype), max_abs=bound))
+        return apply_rotation(x, *self.consecutive(first, step, x.shape[-2], rotation_dtype(x.dtype), x.device))
 
     @property
     def nbytes(self) -> int:
