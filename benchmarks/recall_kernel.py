@@ -9,8 +9,9 @@ The store is a fixed-shape one (a GPU's default: the whole buffer, an eighth of 
 use on the device), the query one token's 32 heads of 128 in bfloat16, k = 5 (the app's). The GB/s column counts
 the middle keys in use once: what a scan must read at least. Both ways must recall the same tokens, up to
 near-ties: the table says how many picks differ and by how much their logits do, and for the codes how many heads
-their certificate sent to the full scan. The keys are random normal numbers, not a model's: the codes' bound is
-measured on a real model's keys by benchmarks/scan_copy_bound.py.
+their certificate sent to the full scan. The codes are scanned keeping 16 candidates per block and query row (the
+library's KEEP) and 8 (``triton-int8-keep8``), so one GPU run says which pays. The keys are random normal numbers,
+not a model's: the codes' bound is measured on a real model's keys by benchmarks/scan_copy_bound.py.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from ingest.tables import markdown_table
 from lminfinite import coded_recall, recall_kernel
 from lminfinite.graphed import CudaGraph
 from lminfinite.kernel import _merge_into
-from lminfinite.key_codes import KeyCodes
+from lminfinite.key_codes import KEEP, KeyCodes
 from lminfinite.key_context import KeyContext
 from lminfinite.recall import recall_topk
 
 N_STARTING = 10
+CODED = {"triton-int8": KEEP, "triton-int8-keep8": 8}  # the ways over codes: candidates kept per block
 
 
 def parse_args(argv=None):
@@ -54,7 +56,7 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    kernels = ["torch"] + (["triton", "triton-int8"] if recall_kernel.runs_on(device) else [])
+    kernels = ["torch"] + (["triton", *CODED] if recall_kernel.runs_on(device) else [])
     results = []
     for middle in (int(n) for n in args.middle.split(",")):
         step_args, step_kwargs = decode_step(args, middle, device, dtype)
@@ -63,8 +65,9 @@ def main(argv=None) -> None:
         picked = {}
         for kernel in kernels:
             ctx = step_args[3]
-            if kernel == "triton-int8":
-                ctx = dataclasses.replace(ctx, middle_codes=KeyCodes().grown(ctx.middle_k, ctx.middle_k.shape[-2]))
+            if kernel in CODED:
+                codes = KeyCodes(keep=CODED[kernel]).grown(ctx.middle_k, ctx.middle_k.shape[-2])
+                ctx = dataclasses.replace(ctx, middle_codes=codes)
                 ctx.middle_codes.code(ctx.middle_k, middle)
             call = (*step_args[:3], ctx, *step_args[4:])
 
@@ -80,7 +83,7 @@ def main(argv=None) -> None:
                                 key_bytes=middle * args.heads * args.head_dim * dtype.itemsize))
             if kernel != "torch":
                 results[-1].update(agreement(picked["torch"], picked[kernel]))
-            if kernel == "triton-int8":
+            if kernel in CODED:
                 certain = coded_recall.certified_topk(call[0].flatten(2, 3), ctx.middle_k, ctx.middle_codes,
                                                       ctx.middle_live, k=args.k, scale=step_kwargs["scale"],
                                                       first_row=N_STARTING)[2]

@@ -29,9 +29,8 @@ import functools
 import torch
 
 from . import recall_kernel
-from .key_codes import BLOCK, KeyCodes
+from .key_codes import BLOCK, KEEP, KeyCodes  # noqa: F401 (KEEP: benchmarks read it from here)
 
-KEEP = 16  # candidates per block and query row
 BUDGET = 128  # candidates rescored per query row
 SAFETY = 1.25
 PAYS_FROM = 16384  # rows of a store's buffer from which ``auto`` scans its codes (to be timed on a GPU)
@@ -43,7 +42,7 @@ def rounding(head_dim: int) -> float:
 
 
 def fits(codes: KeyCodes | None, k: int) -> bool:
-    return codes is not None and codes.codes is not None and k <= KEEP
+    return codes is not None and codes.codes is not None and k <= codes.keep
 
 
 def coded_topk(query: torch.Tensor, keys: torch.Tensor, codes: KeyCodes, live: torch.Tensor | None, *, k: int,
@@ -64,7 +63,7 @@ def certified_topk(query: torch.Tensor, keys: torch.Tensor, codes: KeyCodes, liv
     """Steps 1 and 2 and the certificate: per query row, the k best rescored logits and their positions, and
     whether they are surely the store's top k (B, Hkv, R) bool."""
     upper, positions, left = torch.ops.lminfinite.recall_scan_codes(
-        query, keys, codes.codes, codes.scales, codes.errors, codes.norms, live, scale, first_row)
+        query, keys, codes.codes, codes.scales, codes.errors, codes.norms, live, scale, first_row, codes.keep)
     count = min(BUDGET, upper.shape[-1])
     ceiling = left.amax(dim=-1)
     if count < upper.shape[-1]:
@@ -98,20 +97,20 @@ def keeps_codes(requested: str, recall_kernel_name: str, device: torch.device, d
 @torch.library.custom_op("lminfinite::recall_scan_codes", mutates_args=())
 def recall_scan_codes(query: torch.Tensor, keys: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                       errors: torch.Tensor, norms: torch.Tensor, live: torch.Tensor | None, scale: float,
-                      first_row: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per query row: each block's KEEP largest bounds and their positions (B, Hkv, R, blocks·KEEP), and the
+                      first_row: int, keep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per query row: each block's ``keep`` largest bounds and their positions (B, Hkv, R, blocks·keep), and the
     largest bound each block left out (B, Hkv, R, blocks); -inf for rows not in use."""
     from . import coded_triton
 
-    return coded_triton.scan_codes(query, keys, codes, scales, errors, norms, live, scale, first_row, KEEP, BLOCK,
+    return coded_triton.scan_codes(query, keys, codes, scales, errors, norms, live, scale, first_row, keep, BLOCK,
                                    rounding(query.shape[-1]), SAFETY)
 
 
 @recall_scan_codes.register_fake
-def _(query, keys, codes, scales, errors, norms, live, scale, first_row):
+def _(query, keys, codes, scales, errors, norms, live, scale, first_row, keep):
     batch, kv_heads, rows, _ = query.shape
     blocks = -(-keys.shape[-2] // BLOCK)
-    shape = (batch, kv_heads, rows, blocks * KEEP)
+    shape = (batch, kv_heads, rows, blocks * keep)
     return (query.new_empty(shape, dtype=torch.float32), query.new_empty(shape, dtype=torch.long),
             query.new_empty((batch, kv_heads, rows, blocks), dtype=torch.float32))
 

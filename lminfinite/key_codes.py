@@ -20,6 +20,7 @@ from .kv_bytes import CODED_BLOCK as BLOCK  # keys per block: recall_kernel.BLOC
 from .modes import outside_inference_mode
 
 LEVELS = 127  # codes in [-127, 127]
+KEEP = 16  # candidates a scan of the codes keeps per block and query row (coded_recall.py)
 
 
 def code_blocks(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -39,11 +40,14 @@ def code_blocks(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 class KeyCodes:
     """The copy inside a MiddleStore's primary, which grows it with its buffers, codes each block as it fills and
-    forgets blocks a truncation reopens. ``blocks``: the blocks coded (every full one of the rows in use)."""
+    forgets blocks a truncation reopens. ``blocks``: the blocks coded (every full one of the rows in use); ``keep``:
+    the candidates a scan of them keeps per block and query row (KEEP; benchmarks/recall_kernel.py times others)."""
 
     def __init__(self, codes: torch.Tensor | None = None, scales: torch.Tensor | None = None,
-                 errors: torch.Tensor | None = None, norms: torch.Tensor | None = None, blocks: int = 0):
+                 errors: torch.Tensor | None = None, norms: torch.Tensor | None = None, blocks: int = 0,
+                 keep: int = KEEP):
         self.codes, self.scales, self.errors, self.norms, self.blocks = codes, scales, errors, norms, blocks
+        self.keep = keep
 
     def grown(self, like: torch.Tensor, capacity: int) -> "KeyCodes":
         """A copy with room for ``capacity`` rows shaped like ``like`` (B, H, n, D), holding this one's coded
@@ -56,6 +60,7 @@ class KeyCodes:
                 torch.ones((batch, heads, slots, dim), dtype=torch.float32, device=like.device),
                 torch.zeros((batch, heads, capacity), dtype=torch.float32, device=like.device),
                 torch.zeros((batch, heads, slots), dtype=torch.float32, device=like.device),
+                keep=self.keep,
             )
         if self.codes is not None and self.blocks:
             rows = self.blocks * BLOCK

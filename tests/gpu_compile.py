@@ -32,8 +32,8 @@ def kernels(dtype: str) -> list[tuple]:
         *((coded_triton._scan_coded_blocks,
            [dtype, dtype, "*i8", "*fp32", "*fp32", "*fp32", "*i64", "*fp32", "*i64", "*fp32",
             I32, I32, I32, I32, F32, I32, F32, F32] + [I64] * 18,
-           dict(scan, ROWS=recall_triton.padded_rows(rows), KEEP=16, IEEE=False, DOT=rows > recall_triton.FEW_ROWS))
-          for rows in (1, 4)),
+           dict(scan, ROWS=recall_triton.padded_rows(rows), KEEP=keep, IEEE=False, DOT=rows > recall_triton.FEW_ROWS))
+          for rows in (1, 4) for keep in (16, 8)),
         (coded_triton._rescore_rows, [dtype, dtype, "*i64", "*fp32", "*fp32", I32, I32, I32, I32, F32, I32] + [I64] * 4,
          dict(CHUNK=64, DIM=128)),
         *((recall_triton._scan_blocks,
@@ -50,8 +50,8 @@ def kernels(dtype: str) -> list[tuple]:
 
 
 def compile_all(capability: int = 90) -> list[str]:
-    """Each kernel compiled for ``capability``; a line per kernel, dtype and query rows: its registers per thread and
-    the bytes it spills to local memory, as ptxas reports them (an error raises)."""
+    """Each kernel compiled for ``capability``; a line per kernel, dtype, query rows (and candidates kept): its
+    registers per thread and the bytes it spills to local memory, as ptxas reports them (an error raises)."""
     target, done = GPUTarget("cuda", capability, 32), []
     for dtype in ("*bf16", "*fp16", "*fp32"):
         for kernel, types, constants in kernels(dtype):
@@ -61,8 +61,8 @@ def compile_all(capability: int = 90) -> list[str]:
             signature = dict(zip(names, types)) | {name: "constexpr" for name in constants}
             compiled = triton.compile(ASTSource(kernel, signature, constants), target=target)
             registers, spilled = _registers(compiled.asm["ptx"])
-            rows = f" rows={constants['ROWS']}" if "ROWS" in constants else ""
-            done.append(f"{kernel.__name__} {dtype[1:]}{rows}: {registers} registers, {spilled} bytes spilled")
+            shape = "".join(f" {name.lower()}={constants[name]}" for name in ("ROWS", "KEEP") if name in constants)
+            done.append(f"{kernel.__name__} {dtype[1:]}{shape}: {registers} registers, {spilled} bytes spilled")
     return done
 
 

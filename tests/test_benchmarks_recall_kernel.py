@@ -1,4 +1,4 @@
-"""The recall-kernel benchmark's machinery at a tiny size (Triton under its interpreter here): the three ways time a
+"""The recall-kernel benchmark's machinery at a tiny size (Triton under its interpreter here): the four ways time a
 steady decode step's recall and pick the same tokens, and the table says so, so a GPU's device time is not spent
 finding out it does not run."""
 
@@ -10,18 +10,19 @@ from benchmarks import recall_kernel as benchmark
 from lminfinite import recall_kernel
 
 
-def test_the_three_ways_recall_the_same_tokens_and_the_table_lists_them(tmp_path):
+def test_the_four_ways_recall_the_same_tokens_and_the_table_lists_them(tmp_path):
     if not recall_kernel.runs_on(benchmark.torch.device("cpu")):
         pytest.skip("needs Triton and TRITON_INTERPRET=1 (conftest.py)")
     benchmark.main(["--device", "cpu", "--middle", "200,300", "--heads", "2", "--head-dim", "32", "--window", "16",
                     "--repeats", "1", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "recall_kernel_cpu.json").read_text())
-    ways = ["torch", "triton", "triton-int8"]
+    ways = ["torch", "triton", "triton-int8", "triton-int8-keep8"]
     assert [(r["middle"], r["kernel"]) for r in saved["results"]] == [(n, way) for n in (200, 300) for way in ways]
     for row in saved["results"]:  # the torch path rounds each product to bfloat16 before it selects
         if row["kernel"] != "torch":
             assert row["differing_heads"] == 0 and row["heads"] == 2 and 0 <= row["logit_gap"] < 0.05
-    assert [row["full_scans"] for row in saved["results"] if row["kernel"] == "triton-int8"] == [0, 0]
+    assert [row["full_scans"] for row in saved["results"] if "int8" in row["kernel"]] == [0, 0, 0, 0]
     assert all(row["eager_s"] > 0 and row["graph_s"] is None for row in saved["results"])
     table = (tmp_path / "recall_kernel_cpu.md").read_text()
     assert "| 300 | triton |" in table and "| 300 | triton-int8 |" in table and "0 heads scanned in full" in table
+    assert "| 300 | triton-int8-keep8 |" in table
