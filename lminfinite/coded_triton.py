@@ -8,17 +8,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .recall_triton import FEW_ROWS, INTERPRETED, padded_rows, summed_products
+from .recall_triton import FEW_ROWS, INTERPRETED, candidates, padded_rows, summed_products
 
 
 def scan_codes(query, keys, codes, scales, errors, norms, live, scale: float, first_row: int, keep: int,
                block: int, rounding: float, safety: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, kv_heads, rows, dim = query.shape
     n = keys.shape[-2]
-    blocks = triton.cdiv(n, block)
     query = query.contiguous()
-    upper = torch.empty((batch, kv_heads, rows, blocks * keep), dtype=torch.float32, device=query.device)
-    positions = torch.empty((batch, kv_heads, rows, blocks * keep), dtype=torch.long, device=query.device)
+    blocks, upper, positions = candidates(query, keys, block, keep)
     left = torch.empty((batch, kv_heads, rows, blocks), dtype=torch.float32, device=query.device)
     _scan_coded_blocks[(batch * kv_heads, blocks)](
         query, keys, codes, scales, errors, norms, query if live is None else live, upper, positions, left,

@@ -23,14 +23,22 @@ def padded_rows(rows: int) -> int:
     return triton.next_power_of_2(rows) if rows <= FEW_ROWS else max(16, triton.next_power_of_2(rows))
 
 
+def candidates(query: torch.Tensor, keys: torch.Tensor, block: int,
+               per_block: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """A scan's blocks of ``keys`` and its outputs, ``per_block`` candidates per block and query row: float32
+    logits (or bounds) and int64 positions, (B, Hkv, R, blocks·per_block) each, filled by the kernel."""
+    blocks = triton.cdiv(keys.shape[-2], block)
+    shape = (*query.shape[:3], blocks * per_block)
+    return (blocks, torch.empty(shape, dtype=torch.float32, device=query.device),
+            torch.empty(shape, dtype=torch.long, device=query.device))
+
+
 def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float, first_row: int,
          block: int, skip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     batch, kv_heads, rows, dim = query.shape
     n = keys.shape[-2]
-    blocks = triton.cdiv(n, block)
     query = query.contiguous()
-    cand_logits = torch.empty((batch, kv_heads, rows, blocks * k), dtype=torch.float32, device=query.device)
-    cand_positions = torch.empty((batch, kv_heads, rows, blocks * k), dtype=torch.long, device=query.device)
+    blocks, cand_logits, cand_positions = candidates(query, keys, block, k)
     _scan_blocks[(batch * kv_heads, blocks)](
         query, keys, query if live is None else live, query if skip is None else skip, cand_logits, cand_positions,
         kv_heads, rows, n, dim, float(scale), first_row, *keys.stride(),

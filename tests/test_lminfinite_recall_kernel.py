@@ -14,6 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lminfinite
+from benchmarks.profile_prefill import VIEWS  # operators that only make a view: no kernel runs
 from graph_replay import ReplayedOps
 from lminfinite import recall_kernel
 from lminfinite.graphed import GraphedDecoder
@@ -199,11 +200,6 @@ def test_steps_that_recall_through_the_kernels_replay_with_the_models_own_logits
             torch.testing.assert_close(got, expected, atol=0, rtol=0, msg=lambda m: f"step {step}: {m}")
             token = expected[:, -1:].argmax(-1)
     assert len(buffers) >= 3 and decoder.recordings <= len(buffers) + 1 and not decoder.unrecordable
-
-
-# Operators that only make a view: no kernel runs for them on a GPU.
-VIEWS = {"view", "_unsafe_view", "slice", "select", "t", "transpose", "permute", "unsqueeze", "squeeze", "expand",
-         "alias", "detach", "reshape", "as_strided", "split", "unbind", "promote_types"}
 
 
 def test_a_decode_step_that_recalls_launches_eight_kernels_more_per_layer_not_fortyfive():
