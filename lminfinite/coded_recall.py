@@ -1,14 +1,16 @@
 """Top-k recall through a middle store's int8 copy (key_codes.py): the store's own top k, reading half the bytes.
 
-The steps, none of which waits for the device (a CUDA graph records them as they are):
+The steps, none of which waits for the device (a CUDA graph records them as they are), five launches in all:
   1. ``recall_scan_codes``: per block, an upper bound on every key's logit (its scanned logit plus its error bound,
      or in the block being filled its own logit plus a rounding), the block's KEEP largest bounds and positions,
      and the largest bound it left out;
-  2. the BUDGET largest bounds among the blocks' candidates are rescored from the store's own keys
-     (``recall_rescore``), and their k best kept;
-  3. the certificate: where no key left out (in a block, or among the candidates) has a bound above the k-th best
-     rescored logit, that k best is the store's top k. The heads of any row without one are scanned in full
-     (recall_kernel.store_topk, told to skip the other heads), and those rows take that scan's result.
+  2. torch.topk: the BUDGET largest bounds among the blocks' candidates (and the next one, which joins the
+     certificate), where the blocks keep more;
+  3. ``recall_certify``: those candidates rescored from the store's own keys, their k best kept, and the
+     certificate: where no key left out (in a block, or among the candidates) has a bound above the k-th best
+     rescored logit, that k best is the store's top k, and the row is settled;
+  4. ``recall_scan`` scans in full the heads of any row not settled, told to skip the other heads' blocks;
+  5. ``recall_settle_``: each row not settled takes the k best of that scan's candidates, in place.
 
 The bound. For a coded key, k̃ = code · scale, and the scan computes q·k̃ as (q ⊙ scale)·code in float32 on
 tensor cores (inputs rounded to TF32: 2^-10 relative at worst; codes are exact), or for one or two query rows as
@@ -50,32 +52,26 @@ def coded_topk(query: torch.Tensor, keys: torch.Tensor, codes: KeyCodes, live: t
     """recall_kernel.store_topk's result (the store's k best logits per query row, and their positions), through
     the store's codes. query (B, Hkv, R, D); keys (B, Hkv, n, D), the buffer ``codes`` copies (n: its rows, or
     those in use); live: the rows in use, as store_topk takes it."""
-    logits, positions, certain = certified_topk(query, keys, codes, live, k=k, scale=scale, first_row=first_row)
-    unsure_heads = ~certain.all(dim=-1)
-    full_logits, full_positions = recall_kernel.store_topk(query, keys, live, k=k, scale=scale, first_row=first_row,
-                                                           skip=(~unsure_heads).to(torch.int32))
-    certain = certain[..., None]
-    return torch.where(certain, logits, full_logits), torch.where(certain, positions, full_positions)
+    logits, positions, settled = _certified(query, keys, codes, live, k=k, scale=scale, first_row=first_row)
+    full_logits, full_positions = torch.ops.lminfinite.recall_scan(query, keys, live, k, scale, first_row, settled)
+    torch.ops.lminfinite.recall_settle_(logits, positions, settled, full_logits, full_positions, first_row)
+    return logits, positions
 
 
 def certified_topk(query: torch.Tensor, keys: torch.Tensor, codes: KeyCodes, live: torch.Tensor | None, *, k: int,
                    scale: float, first_row: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Steps 1 and 2 and the certificate: per query row, the k best rescored logits and their positions, and
-    whether they are surely the store's top k (B, Hkv, R) bool."""
+    """Steps 1 to 3: per query row, the k best rescored logits and their positions, and whether they are surely
+    the store's top k (B, Hkv, R) bool."""
+    logits, positions, settled = _certified(query, keys, codes, live, k=k, scale=scale, first_row=first_row)
+    return logits, positions, settled.bool()
+
+
+def _certified(query, keys, codes, live, *, k, scale, first_row):
     upper, positions, left = torch.ops.lminfinite.recall_scan_codes(
         query, keys, codes.codes, codes.scales, codes.errors, codes.norms, live, scale, first_row, codes.keep)
     count = min(BUDGET, upper.shape[-1])
-    ceiling = left.amax(dim=-1)
-    if count < upper.shape[-1]:
-        bounds, pick = upper.topk(count + 1, dim=-1)
-        ceiling = torch.maximum(ceiling, bounds[..., -1])
-        bounds, candidates = bounds[..., :count], positions.gather(-1, pick[..., :count])
-    else:
-        bounds, candidates = upper, positions
-    exact = torch.ops.lminfinite.recall_rescore(query, keys, candidates, bounds, scale, first_row)
-    logits, pick = exact.topk(k, dim=-1)
-    certain = (ceiling < logits[..., -1]) | (ceiling == float("-inf"))
-    return logits, candidates.gather(-1, pick), certain
+    bounds, pick = upper.topk(count + 1, dim=-1) if count < upper.shape[-1] else (upper, None)
+    return torch.ops.lminfinite.recall_certify(query, keys, positions, bounds, pick, left, k, count, scale, first_row)
 
 
 def keeps_codes(requested: str, recall_kernel_name: str, device: torch.device, dtype: torch.dtype,
@@ -115,18 +111,38 @@ def _(query, keys, codes, scales, errors, norms, live, scale, first_row, keep):
             query.new_empty((batch, kv_heads, rows, blocks), dtype=torch.float32))
 
 
-@torch.library.custom_op("lminfinite::recall_rescore", mutates_args=())
-def recall_rescore(query: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, bounds: torch.Tensor,
-                   scale: float, first_row: int) -> torch.Tensor:
-    """The logits of the candidates at ``positions`` (B, Hkv, R, m) from the store's keys; -inf where the bound is."""
+@torch.library.custom_op("lminfinite::recall_certify", mutates_args=())
+def recall_certify(query: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, bounds: torch.Tensor,
+                   pick: torch.Tensor | None, left: torch.Tensor, k: int, count: int, scale: float,
+                   first_row: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per query row, the ``count`` candidates of ``bounds`` (the blocks' ``positions`` at ``pick``, or all of them)
+    rescored from the store's keys: their k best logits and positions (B, Hkv, R, k), best first, and whether no
+    bound left out (``left``, and ``bounds``' last where they are picked) reaches the k-th: (B, Hkv, R) int32."""
     from . import coded_triton
 
-    return coded_triton.rescore(query, keys, positions, bounds, scale, first_row)
+    return coded_triton.certify(query, keys, positions, bounds, pick, left, k, count, scale, first_row)
 
 
-@recall_rescore.register_fake
-def _(query, keys, positions, bounds, scale, first_row):
-    return query.new_empty(positions.shape, dtype=torch.float32)
+@recall_certify.register_fake
+def _(query, keys, positions, bounds, pick, left, k, count, scale, first_row):
+    shape = (*query.shape[:3], k)
+    return (query.new_empty(shape, dtype=torch.float32), query.new_empty(shape, dtype=torch.long),
+            query.new_empty(query.shape[:3], dtype=torch.int32))
+
+
+@torch.library.custom_op("lminfinite::recall_settle_", mutates_args=("logits", "positions"))
+def recall_settle_(logits: torch.Tensor, positions: torch.Tensor, settled: torch.Tensor, full_logits: torch.Tensor,
+                   full_positions: torch.Tensor, first_row: int) -> None:
+    """Rows not ``settled`` take the k best of the full scan's candidates (``full_logits``, ``full_positions``:
+    recall_scan's), in place."""
+    from . import coded_triton
+
+    coded_triton.settle(logits, positions, settled, full_logits, full_positions, first_row)
+
+
+@recall_settle_.register_fake
+def _(logits, positions, settled, full_logits, full_positions, first_row):
+    return None
 
 
 @functools.lru_cache(maxsize=None)

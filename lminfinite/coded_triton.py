@@ -28,17 +28,30 @@ def scan_codes(query, keys, codes, scales, errors, norms, live, scale: float, fi
     return upper, positions, left
 
 
-def rescore(query, keys, positions, upper, scale: float, first_row: int) -> torch.Tensor:
-    batch, kv_heads, rows, count = positions.shape
-    dim = query.shape[-1]
-    chunk = min(64, max(16, triton.next_power_of_2(count)))
-    out = torch.empty((batch, kv_heads, rows, count), dtype=torch.float32, device=query.device)
-    _rescore_rows[(batch * kv_heads * rows, triton.cdiv(count, chunk))](
-        query.contiguous(), keys, positions.contiguous(), upper.contiguous(), out,
-        kv_heads, rows, count, dim, float(scale), first_row, *keys.stride(),
-        CHUNK=chunk, DIM=max(16, triton.next_power_of_2(dim)),
+def certify(query, keys, positions, bounds, pick, left, k: int, count: int, scale: float,
+            first_row: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, kv_heads, rows, dim = query.shape
+    logits = torch.empty((batch, kv_heads, rows, k), dtype=torch.float32, device=query.device)
+    found = torch.empty((batch, kv_heads, rows, k), dtype=torch.long, device=query.device)
+    settled = torch.empty((batch, kv_heads, rows), dtype=torch.int32, device=query.device)
+    bounds = bounds.contiguous()
+    _certify_rows[(batch * kv_heads * rows,)](
+        query.contiguous(), keys, positions.contiguous(), bounds, bounds if pick is None else pick.contiguous(),
+        left.contiguous(), logits, found, settled,
+        kv_heads, rows, count, bounds.shape[-1], positions.shape[-1], left.shape[-1], dim, float(scale), first_row,
+        *keys.stride(),
+        HAS_PICK=pick is not None, COUNT=triton.next_power_of_2(count), K=k, DIM=max(16, triton.next_power_of_2(dim)),
+        LEFT=min(1024, triton.next_power_of_2(left.shape[-1])),
     )
-    return out
+    return logits, found, settled
+
+
+def settle(logits, positions, settled, cand_logits, cand_positions, first_row: int) -> None:
+    k, count = logits.shape[-1], cand_logits.shape[-1]
+    _settle_rows[(settled.numel(),)](
+        logits, positions, settled.contiguous(), cand_logits.contiguous(), cand_positions.contiguous(), count,
+        first_row, K=k, SLOTS=triton.next_power_of_2(k), CHUNK=min(1024, triton.next_power_of_2(count)),
+    )
 
 
 @triton.jit
@@ -117,23 +130,84 @@ def _scan_coded_blocks(q_ptr, k_ptr, c_ptr, s_ptr, e_ptr, m_ptr, live_ptr, out_u
 
 
 @triton.jit
-def _rescore_rows(q_ptr, k_ptr, positions_ptr, upper_ptr, out_ptr, kv_heads, rows, count, dim, scale, first_row,
-                  k_b, k_h, k_n, k_d, CHUNK: tl.constexpr, DIM: tl.constexpr):
-    """One program: one query row's chunk of candidates, their logits from the store's own keys in float32 (-inf
-    where the candidate is none: its bound is -inf)."""
+def _certify_rows(q_ptr, k_ptr, positions_ptr, bounds_ptr, pick_ptr, left_ptr, out_logits, out_positions,
+                  out_settled, kv_heads, rows, count, width, candidates, blocks, dim, scale, first_row,
+                  k_b, k_h, k_n, k_d, HAS_PICK: tl.constexpr, COUNT: tl.constexpr, K: tl.constexpr,
+                  DIM: tl.constexpr, LEFT: tl.constexpr):
+    """One program: one query row. Its ``count`` candidates of the largest bounds (the blocks' candidates at
+    ``pick``, or all of them) rescored from the store's own keys in float32, their K best kept, best first; and
+    whether these are surely the store's K best: no bound left out (the largest each block left, and the bound
+    after the ``count`` picked) reaches the K-th, and no rescored logit is NaN."""
     row = tl.program_id(0)
-    chunk = tl.program_id(1)
     head = row // rows
     b = (head // kv_heads).to(tl.int64)
     h = (head % kv_heads).to(tl.int64)
-    j = chunk * CHUNK + tl.arange(0, CHUNK)
-    d = tl.arange(0, DIM)
-    picked = j < count
-    bound = tl.load(upper_ptr + row * count + j, mask=picked, other=float("-inf"))
-    found = picked & (bound > float("-inf"))
-    key_rows = tl.load(positions_ptr + row * count + j, mask=found, other=first_row) - first_row
-    q = tl.load(q_ptr + row * dim + d, mask=d < dim, other=0.0).to(tl.float32)
-    keys = tl.load(k_ptr + b * k_b + h * k_h + key_rows[:, None] * k_n + d[None, :] * k_d,
-                   mask=found[:, None] & (d[None, :] < dim), other=0.0).to(tl.float32)
-    logits = tl.sum(keys * q[None, :], axis=1) * scale
-    tl.store(out_ptr + row * count + j, tl.where(found, logits, float("-inf")), mask=picked)
+    j = tl.arange(0, COUNT)
+    bound = tl.load(bounds_ptr + row * width + j, mask=j < count, other=float("-inf"))
+    found = (j < count) & (bound > float("-inf"))
+    if HAS_PICK:
+        index = tl.load(pick_ptr + row * width + j, mask=found, other=0)
+    else:
+        index = j.to(tl.int64)
+    position = tl.load(positions_ptr + row.to(tl.int64) * candidates + index, mask=found, other=first_row)
+    keys_at = k_ptr + b * k_b + h * k_h + (position - first_row)[:, None] * k_n
+    CHUNK: tl.constexpr = 32 if DIM > 32 else DIM
+    products = tl.zeros((COUNT,), tl.float32)
+    for start in tl.static_range(0, DIM, CHUNK):  # channels a chunk at a time: the keys are never whole in registers
+        d = start + tl.arange(0, CHUNK)
+        q = tl.load(q_ptr + row * dim + d, mask=d < dim, other=0.0).to(tl.float32)
+        tile = tl.load(keys_at + d[None, :] * k_d, mask=found[:, None] & (d[None, :] < dim), other=0.0)
+        products += tl.sum(tile.to(tl.float32) * q[None, :], axis=1)
+    logits = tl.where(found, products * scale, float("-inf"))
+    unsure = tl.max(tl.where(logits != logits, 1, 0), axis=0)  # a NaN logit: nothing about this row is sure
+    top = tl.full((LEFT,), float("-inf"), tl.float32)
+    start = 0
+    while start < blocks:  # not range(): Triton 3.6's interpreter cannot bound one by an argument under numpy 2.4
+        i = start + tl.arange(0, LEFT)
+        top = tl.maximum(top, tl.load(left_ptr + row.to(tl.int64) * blocks + i, mask=i < blocks, other=float("-inf")))
+        start += LEFT
+    ceiling = tl.max(top, axis=0)
+    if HAS_PICK:
+        ceiling = tl.maximum(ceiling, tl.load(bounds_ptr + row * width + count))
+    kth = ceiling
+    for i in tl.static_range(K):
+        kth, at = tl.max(logits, axis=0, return_indices=True)
+        tl.store(out_logits + row * K + i, kth)
+        tl.store(out_positions + row * K + i, tl.sum(tl.where(j == at, position, 0), axis=0))
+        logits = tl.where(j == at, float("-inf"), logits)
+    certain = (unsure == 0) & ((ceiling < kth) | (ceiling == float("-inf")))
+    tl.store(out_settled + row, certain.to(tl.int32))
+
+
+@triton.jit
+def _settle_rows(logits_ptr, positions_ptr, settled_ptr, cand_logits_ptr, cand_positions_ptr, count, first_row,
+                 K: tl.constexpr, SLOTS: tl.constexpr, CHUNK: tl.constexpr):
+    """One program: one query row the certificate did not settle (any other returns at once): its K best among the
+    full scan's ``count`` candidates, best first, written over the certified ones. A running K best over chunks of
+    candidates: each of a chunk's K best replaces the worst kept where it is better."""
+    row = tl.program_id(0)
+    if tl.load(settled_ptr + row) != 0:
+        return
+    slot = tl.arange(0, SLOTS)
+    kept = tl.where(slot < K, float("-inf"), float("inf"))  # slots past K are never the worst
+    places = tl.zeros((SLOTS,), tl.int64) + first_row
+    c = tl.arange(0, CHUNK)
+    start = 0
+    while start < count:  # a while loop, as in _certify_rows
+        offsets = row.to(tl.int64) * count + start + c
+        chunk = tl.load(cand_logits_ptr + offsets, mask=start + c < count, other=float("-inf"))
+        chunk_at = tl.load(cand_positions_ptr + offsets, mask=start + c < count, other=first_row)
+        for _ in tl.static_range(K):
+            best, at = tl.max(chunk, axis=0, return_indices=True)
+            into = tl.argmin(kept, axis=0)
+            replace = (slot == into) & (kept < best)
+            kept = tl.where(replace, best, kept)
+            places = tl.where(replace, tl.sum(tl.where(c == at, chunk_at, 0), axis=0), places)
+            chunk = tl.where(c == at, float("-inf"), chunk)
+        start += CHUNK
+    ranked = tl.where(slot < K, kept, float("-inf"))
+    for i in tl.static_range(K):
+        best, at = tl.max(ranked, axis=0, return_indices=True)
+        tl.store(logits_ptr + row * K + i, best)
+        tl.store(positions_ptr + row * K + i, tl.sum(tl.where(slot == at, places, 0), axis=0))
+        ranked = tl.where(slot == at, float("-inf"), ranked)

@@ -91,30 +91,31 @@ def gather(positions: torch.Tensor, logits: torch.Tensor, values: torch.Tensor, 
 
 
 def store_topk(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, *, k: int, scale: float,
-               first_row: int, skip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 logits (B, Hkv, R, k), best first, and their positions ``first_row`` + the row in the store (-inf
     where fewer rows are in use).
 
     query: (B, Hkv, R, D); keys: (B, Hkv, n, D); live: the rows in use (a 0-d count on the keys' device), None for
-    all n; skip: (B, Hkv) flags on the keys' device, a head's set where its rows' results are not wanted (left
-    unscanned, its results garbage: coded_recall.py's fallback)."""
-    cand_logits, cand_positions = torch.ops.lminfinite.recall_scan(query, keys, live, k, scale, first_row, skip)
+    all n."""
+    cand_logits, cand_positions = torch.ops.lminfinite.recall_scan(query, keys, live, k, scale, first_row)
     logits, pick = cand_logits.topk(k, dim=-1)
     return logits, cand_positions.gather(-1, pick)
 
 
 @torch.library.custom_op("lminfinite::recall_scan", mutates_args=())
 def recall_scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float,
-                first_row: int, skip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                first_row: int, settled: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query row, the ``k`` best scaled float32 logits of each block of BLOCK keys and their positions:
-    (B, Hkv, R, blocks·k) each, -inf where a block holds fewer rows in use."""
+    (B, Hkv, R, blocks·k) each, -inf where a block holds fewer rows in use. ``settled``: (B, Hkv, R) int32 flags,
+    nonzero for a row whose result is known already; a head all of whose rows are is left unscanned, its results
+    garbage (coded_recall.py's full scan)."""
     from . import recall_triton
 
-    return recall_triton.scan(query, keys, live, k, scale, first_row, BLOCK, skip)
+    return recall_triton.scan(query, keys, live, k, scale, first_row, BLOCK, settled)
 
 
 @recall_scan.register_fake
-def _(query, keys, live, k, scale, first_row, skip=None):
+def _(query, keys, live, k, scale, first_row, settled=None):
     batch, kv_heads, rows, _ = query.shape
     candidates = -(-keys.shape[-2] // BLOCK) * k
     shape = (batch, kv_heads, rows, candidates)

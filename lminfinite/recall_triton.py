@@ -34,15 +34,16 @@ def candidates(query: torch.Tensor, keys: torch.Tensor, block: int,
 
 
 def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float, first_row: int,
-         block: int, skip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+         block: int, settled: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     batch, kv_heads, rows, dim = query.shape
     n = keys.shape[-2]
     query = query.contiguous()
     blocks, cand_logits, cand_positions = candidates(query, keys, block, k)
     _scan_blocks[(batch * kv_heads, blocks)](
-        query, keys, query if live is None else live, query if skip is None else skip, cand_logits, cand_positions,
+        query, keys, query if live is None else live, query if settled is None else settled.contiguous(),
+        cand_logits, cand_positions,
         kv_heads, rows, n, dim, float(scale), first_row, *keys.stride(),
-        HAS_LIVE=live is not None, HAS_SKIP=skip is not None, ROWS=padded_rows(rows),
+        HAS_LIVE=live is not None, HAS_SETTLED=settled is not None, ROWS=padded_rows(rows),
         DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block, K=k, IEEE=query.dtype == torch.float32 or INTERPRETED,
         DOT=rows > FEW_ROWS,
     )
@@ -82,19 +83,19 @@ def merge(out: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, positions:
 
 
 @triton.jit
-def _scan_blocks(q_ptr, k_ptr, live_ptr, skip_ptr, out_logits, out_positions,
+def _scan_blocks(q_ptr, k_ptr, live_ptr, settled_ptr, out_logits, out_positions,
                  kv_heads, rows, n, dim, scale, first_row, stride_b, stride_h, stride_n, stride_d,
-                 HAS_LIVE: tl.constexpr, HAS_SKIP: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr,
+                 HAS_LIVE: tl.constexpr, HAS_SETTLED: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr,
                  BLOCK: tl.constexpr, K: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr):
     """One program: one key head's query rows against one block of its keys; the block's K best per row (logit,
-    and position: first_row + the key's row). A head whose ``skip`` flag is set is left unwritten."""
+    and position: first_row + the key's row). A head all of whose rows are ``settled`` is left unwritten."""
     head = tl.program_id(0)
-    if HAS_SKIP:
-        if tl.load(skip_ptr + head) != 0:
+    r = tl.arange(0, ROWS)
+    if HAS_SETTLED:
+        if tl.min(tl.load(settled_ptr + head * rows + r, mask=r < rows, other=1), axis=0) != 0:
             return
     block = tl.program_id(1)
     blocks = tl.num_programs(1)
-    r = tl.arange(0, ROWS)
     d = tl.arange(0, DIM)
     c = tl.arange(0, BLOCK)
     key_rows = block.to(tl.int64) * BLOCK + c  # offsets in a store beyond 2^31 elements

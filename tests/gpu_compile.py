@@ -34,11 +34,14 @@ def kernels(dtype: str) -> list[tuple]:
             I32, I32, I32, I32, F32, I32, F32, F32] + [I64] * 18,
            dict(scan, ROWS=recall_triton.padded_rows(rows), KEEP=keep, IEEE=False, DOT=rows > recall_triton.FEW_ROWS))
           for rows in (1, 4) for keep in (16, 8)),
-        (coded_triton._rescore_rows, [dtype, dtype, "*i64", "*fp32", "*fp32", I32, I32, I32, I32, F32, I32] + [I64] * 4,
-         dict(CHUNK=64, DIM=128)),
+        (coded_triton._certify_rows,
+         [dtype, dtype, "*i64", "*fp32", "*i64", "*fp32", "*fp32", "*i64", "*i32"] + [I32] * 7 + [F32, I32] + [I64] * 4,
+         dict(HAS_PICK=True, COUNT=128, K=5, DIM=128, LEFT=1024)),
+        (coded_triton._settle_rows, ["*fp32", "*i64", "*i32", "*fp32", "*i64", I32, I32],
+         dict(K=5, SLOTS=8, CHUNK=1024)),
         *((recall_triton._scan_blocks,
            [dtype, dtype, "*i64", "*i32", "*fp32", "*i64", I32, I32, I32, I32, F32, I32] + [I64] * 4,
-           dict(scan, ROWS=recall_triton.padded_rows(rows), HAS_SKIP=True, K=5, IEEE=not half,
+           dict(scan, ROWS=recall_triton.padded_rows(rows), HAS_SETTLED=True, K=5, IEEE=not half,
                 DOT=rows > recall_triton.FEW_ROWS))
           for rows in (1, 4)),
         (recall_triton._gather_rows, ["*i64", "*fp32", dtype, dtype, I32, I32, I32, I32, I32] + [I64] * 4,

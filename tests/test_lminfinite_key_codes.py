@@ -19,9 +19,10 @@ from lminfinite.graphed import GraphedDecoder
 from lminfinite.key_codes import BLOCK, KeyCodes, code_blocks
 from lminfinite.kv_bytes import KVShape, codes_row_bytes, span_bytes
 from lminfinite.middle_store import MiddleStore
+from benchmarks.profile_prefill import VIEWS  # operators that only make a view: no kernel runs
 from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
 from test_lminfinite_graphed import one_thread  # noqa: F401 (a fixture)
-from test_lminfinite_recall_kernel import decoded_against_the_reference
+from test_lminfinite_recall_kernel import CountOps, decoded_against_the_reference
 
 pytestmark = pytest.mark.skipif(not recall_kernel.runs_on(torch.device("cpu")),
                                 reason="needs Triton (requirements-dev.txt) and TRITON_INTERPRET=1 (conftest.py)")
@@ -140,6 +141,79 @@ def test_a_budget_smaller_than_the_candidates_rescores_the_best_bounds_and_stays
     torch.testing.assert_close(logits.double(), best, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(exact.gather(-1, positions), best, atol=1e-5, rtol=1e-5)
     assert unsure_heads(query, keys, codes, k=5, scale=0.125, first_row=0).any() == (spread < 1)
+
+
+def test_a_row_left_unsettled_takes_the_k_best_of_the_full_scans_candidates_over_many_chunks():
+    """recall_settle_ over 2,600 candidates per row (three chunks of 1,024, as a store of 66K keys gives at k = 5),
+    -inf among them: a row not settled takes their 5 best and those candidates' positions, best first; a settled
+    row keeps what the certificate gave it, bit for bit."""
+    generator = torch.Generator().manual_seed(5)
+    count, k = 2600, 5
+    full_logits = torch.randn(2, 3, 2, count, generator=generator)
+    full_logits[0, 1, 1, ::3] = float("-inf")
+    full_logits[1, 2, 0, 2500:] += 10  # the best all in the last chunk
+    full_positions = torch.randperm(12 * count, generator=generator).reshape(2, 3, 2, count) + 7
+    settled = torch.randint(0, 2, (2, 3, 2), generator=generator, dtype=torch.int32)
+    settled[1, 2, 0] = 0
+    logits, positions = torch.randn(2, 3, 2, k, generator=generator), torch.randint(7, 99, (2, 3, 2, k))
+    before = logits.clone(), positions.clone()
+    torch.ops.lminfinite.recall_settle_(logits, positions, settled, full_logits, full_positions, 7)
+    best, pick = full_logits.topk(k, dim=-1)
+    kept = settled.bool()[..., None]
+    assert torch.equal(logits, torch.where(kept, before[0], best))
+    assert torch.equal(positions, torch.where(kept, before[1], full_positions.gather(-1, pick)))
+    assert not settled.all() and settled.any()
+
+
+def test_the_certificate_reads_the_bound_every_block_left_out_and_the_best_bound_not_picked():
+    """recall_certify over 2,100 blocks' left-out bounds (three chunks of 1,024): a row is settled only where the
+    largest of them, and the bound after the picked candidates, lie below its k-th best rescored logit; a left-out
+    bound in the last chunk, or the next bound, reaching it unsettles the row alone. The logits are float64's of
+    the picked keys, their k best, best first."""
+    generator = torch.Generator().manual_seed(6)
+    keys = torch.randn(1, 2, 400, 64, generator=generator).bfloat16()
+    query = torch.randn(1, 2, 3, 64, generator=generator).bfloat16()
+    blocks, width, count, k = 2100, 40, 16, 5
+    rows = [torch.randperm(400, generator=generator)[:width] for _ in range(6)]
+    positions = torch.stack(rows).reshape(1, 2, 3, width) + 10
+    exact = (query.double() @ keys.double().transpose(-1, -2)) * 0.125
+    upper = exact.gather(-1, positions - 10).float() + 0.01  # bounds: a key's logit and a little
+    bounds, pick = upper.topk(count + 1, dim=-1)
+    bounds[..., -1] = -50.0  # the bound after the picked ones: far below, but in row (0, 1, 2)
+    bounds[0, 1, 2, -1] = 50.0
+    left = torch.full((1, 2, 3, blocks), -50.0)
+    left[0, 0, 1, 2050] = 50.0
+    logits, found, settled = torch.ops.lminfinite.recall_certify(
+        query, keys, positions, bounds, pick, left, k, count, 0.125, 10)
+    rescored = exact.gather(-1, positions.gather(-1, pick[..., :count]) - 10)
+    torch.testing.assert_close(logits.double(), rescored.topk(k, dim=-1).values, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(exact.gather(-1, found - 10), logits.double(), atol=1e-5, rtol=1e-5)
+    assert settled.tolist() == [[[1, 0, 1], [1, 1, 0]]]
+
+
+def test_a_decode_step_through_the_codes_launches_ten_kernels_more_per_layer_than_without_recall(monkeypatch):
+    """What a graph replays is launches: the coded scan, the top BUDGET of its bounds, the certificate (rescoring
+    and the k best with it), the full scan told which heads to skip, the settling of the rows it scanned, and
+    what recall through the keys themselves runs besides its scan (the query's rotation, the window part with its
+    log-sum-exp, the count's copy, the merge): 10 more per recall layer than the same step without recall, where
+    these steps launched 25 (22 without the top BUDGET); recall through the keys launches 8."""
+    monkeypatch.setattr(coded_recall, "BUDGET", 8)  # fewer than the blocks keep: the top BUDGET runs
+    extra = {}
+    for codes in ("off", "int8"):
+        config = dataclasses.replace(CONFIG, recall_key_codes=codes)
+        model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16), config)
+        launches = []
+        for topk in (0, config.topk):  # the same step of two caches fed the same, the second one recalling
+            cache = lminfinite.InfiniteCache(model, recall_fixed_shapes=True)
+            cache.topk = topk
+            token = feed_in_chunks(model, random_ids(3 * WINDOW, seed=3), 7, cache)[:, -1:].argmax(-1)
+            with torch.no_grad(), CountOps() as counted:
+                model(input_ids=token, past_key_values=cache)
+            launches.append(sum(n for name, n in counted.calls.items()
+                                if name.split("::")[1].split(".")[0] not in VIEWS))
+        extra[codes] = (launches[1] - launches[0]) / (model.config.num_hidden_layers - config.topk_from_layer)
+        assert (counted.calls["lminfinite::recall_scan_codes"] > 0) == (codes == "int8")
+    assert extra == {"off": 8, "int8": 10}
 
 
 def test_the_check_the_auto_choice_runs_agrees_and_a_store_keeps_codes_only_where_asked():
