@@ -14,14 +14,15 @@ from dataclasses import dataclass
 import torch
 
 from .modes import outside_inference_mode
-from .rotary import Rope, rotation_dtype
+from .rotary import Rope, half_negated, rotation_dtype
 
 
 @dataclass(eq=False)
 class DecodeStep:
     """slot (1,) int64: the ring row the token goes to. cos, sin (1, head_dim), keys' dtype: the token's key and
     query into the frame (offset position - frame). start_cos, start_sin, float32 at least: the start keys to
-    distance ``window`` from the token (offset position - frame - window). recall_cos, recall_sin, float32 at
+    distance ``window`` from the token (offset position - frame - window), the sine with its first half negated
+    (rotary.rotate_into's). recall_cos, recall_sin, float32 at
     least: the query from its frame rotation to ``topk_distance``, where recall scores the unrotated middle keys
     (offset topk_distance - (position - frame)). position: the token they were last loaded for (-1: never)."""
 
@@ -57,8 +58,8 @@ class DecodeStep:
         self.position = position
         self.slot.fill_(slot)
         _fill(self.cos, self.sin, rope.row(position - frame, self.cos.dtype, self.cos.device))
-        start = rope.row(position - frame - window, self.start_cos.dtype, self.cos.device)
-        _fill(self.start_cos, self.start_sin, start)
+        start_cos, start_sin = rope.row(position - frame - window, self.start_cos.dtype, self.cos.device)
+        _fill(self.start_cos, self.start_sin, (start_cos, half_negated(start_sin)))
         recall = rope.row(recall_distance - (position - frame), self.recall_cos.dtype, self.cos.device)
         _fill(self.recall_cos, self.recall_sin, recall)
 

@@ -33,7 +33,7 @@ from .kv_bytes import row_bytes
 from .layer_state import MIDDLE_TENSORS, POSITIONS, TENSORS, LayerCounters, LayerState
 from .middle_store import MiddleStore
 from .modes import outside_inference_mode
-from .rotary import Rope, apply_rotation
+from .rotary import Rope, apply_rotation, rotate_into
 
 
 def rebase_interval(window: int) -> int:
@@ -227,7 +227,7 @@ class InfiniteLayer(CacheLayerMixin):
         self.ring_k.index_copy_(-2, step.slot, rotated.detach())
         self.ring_v.index_copy_(-2, step.slot, value_states.detach())
         # Start keys at exactly distance `window` from this query: the distance ceiling.
-        self.ring_k[..., :n_starting, :] = apply_rotation(self.start_k, step.start_cos, step.start_sin)
+        rotate_into(self.ring_k[..., :n_starting, :], self.start_k, step.start_cos, step.start_sin)
         self.ring_v[..., :n_starting, :] = self.start_v
         fixed = None if self.middle is None else self.middle.fixed_view()
         middle = self._middle_view() if fixed is None else (fixed[0], fixed[1], None, ())

@@ -179,6 +179,20 @@ def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return (xw * cos + _rotate_half(xw) * sin).to(x.dtype)
 
 
+def half_negated(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` (..., D) with its first half negated: what ``rotate_into`` takes."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def rotate_into(out: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin_half_negated: torch.Tensor) -> None:
+    """``out`` (x's dtype) = apply_rotation(x, cos, sin), bit for bit, in four operators where apply_rotation and
+    a copy make eight: rotate_half(x)·sin is roll(x)·``half_negated(sin)`` (a negation is exact, whichever side of
+    a product it lies), x is widened to cos' dtype inside the products, and the sum is rounded as it is stored.
+    A steady decode step places the start keys so in every layer (layer.py)."""
+    torch.add(x * cos, x.roll(x.shape[-1] // 2, dims=-1) * sin_half_negated, out=out)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

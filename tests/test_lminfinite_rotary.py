@@ -1,4 +1,5 @@
-"""rotary.Rope: a range of consecutive offsets read as a slice of the table gives cos_sin's numbers, bit for bit."""
+"""rotary: a range of consecutive offsets read as a slice of Rope's table gives cos_sin's numbers, and rotate_into
+gives apply_rotation's, bit for bit."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import itertools
 import pytest
 import torch
 
-from lminfinite.rotary import Rope
+from lminfinite.rotary import Rope, apply_rotation, half_negated, rotate_into, rotation_dtype
 
 TABLE_ROWS = 40
-BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float64: torch.int64}
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -18,7 +19,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(BITS[t.dtype])
 
 
-@pytest.mark.parametrize("dtype", list(BITS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_consecutive_offsets_are_cos_sin_of_the_listed_offsets_bit_for_bit(dtype):
     """Ranges rising and falling, on either side of zero, ending at it, crossing it, at the table's edge and past
     it, of 0 to 30 offsets: the slice (negated below zero, reversed where sizes fall) or the fallback equals the
@@ -32,3 +33,20 @@ def test_consecutive_offsets_are_cos_sin_of_the_listed_offsets_bit_for_bit(dtype
         for part, want in zip(got, expected):
             assert part.shape == want.shape == (n, 32)
             assert torch.equal(bits(part), bits(want)), (first, step, n)
+
+
+@pytest.mark.parametrize("dtype", list(BITS))
+def test_rotating_into_a_rows_slice_writes_apply_rotations_numbers_bit_for_bit(dtype):
+    """What a steady decode step places as its start keys (layer.py): keys over six decades, zeros of either sign,
+    angles whose sine is +0.0 or -0.0 in either half, written into the first rows of a larger buffer (strided),
+    whose other rows stay as they were. With the sine's first half not negated it fails."""
+    generator = torch.Generator().manual_seed(1)
+    keys = (torch.randn(2, 3, 10, 64, generator=generator, dtype=torch.float64) * torch.logspace(-3, 3, 64)).to(dtype)
+    keys[0, 0, 0, :5], keys[0, 0, 1, :5] = 0.0, -0.0
+    angle = torch.rand(1, 32, generator=generator, dtype=torch.float64) * 6
+    cos, sin = (torch.cat((f(angle), f(angle)), dim=-1).to(rotation_dtype(dtype)) for f in (torch.cos, torch.sin))
+    sin[0, 3], sin[0, 40] = 0.0, -0.0
+    ring = torch.full((2, 3, 30, 64), float("nan"), dtype=dtype)
+    rotate_into(ring[..., :10, :], keys, cos, half_negated(sin))
+    assert torch.equal(bits(ring[..., :10, :]), bits(apply_rotation(keys, cos, sin)))
+    assert ring[..., 10:, :].isnan().all()
