@@ -22,9 +22,9 @@ class DecodeStep:
     """slot (1,) int64: the ring row the token goes to. cos, sin (1, head_dim), keys' dtype: the token's key and
     query into the frame (offset position - frame). start_cos, start_sin, float32 at least: the start keys to
     distance ``window`` from the token (offset position - frame - window), the sine with its first half negated
-    (rotary.rotate_into's). recall_cos, recall_sin, float32 at
-    least: the query from its frame rotation to ``topk_distance``, where recall scores the unrotated middle keys
-    (offset topk_distance - (position - frame)). position: the token they were last loaded for (-1: never)."""
+    (rotary.rotate_into's). recall_cos, recall_sin, float32 at least: the query from its frame rotation to
+    ``topk_distance``, where recall scores the unrotated middle keys (offset topk_distance - (position - frame)).
+    position: the token they were last loaded for (-1: never)."""
 
     slot: torch.Tensor
     cos: torch.Tensor

@@ -18,6 +18,11 @@ INTERPRETED = interpreted()
 # and every pass of the block's selection would otherwise run over 16.
 FEW_ROWS = 2
 
+# Programs per key head of a scan told which rows are settled (coded_recall.py's full scan): each takes every
+# FALLBACK_PROGRAMS-th block. Where no head needs it, 32 × 64 programs read their flags and return at Llama-2-7B's
+# heads, not 32 × 1,024 at 128K tokens; where one does, 64 programs still read its keys side by side.
+FALLBACK_PROGRAMS = 64
+
 
 def padded_rows(rows: int) -> int:
     return triton.next_power_of_2(rows) if rows <= FEW_ROWS else max(16, triton.next_power_of_2(rows))
@@ -39,10 +44,11 @@ def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: 
     n = keys.shape[-2]
     query = query.contiguous()
     blocks, cand_logits, cand_positions = candidates(query, keys, block, k)
-    _scan_blocks[(batch * kv_heads, blocks)](
+    programs = blocks if settled is None else min(blocks, FALLBACK_PROGRAMS)
+    _scan_blocks[(batch * kv_heads, programs)](
         query, keys, query if live is None else live, query if settled is None else settled.contiguous(),
         cand_logits, cand_positions,
-        kv_heads, rows, n, dim, float(scale), first_row, *keys.stride(),
+        kv_heads, rows, n, blocks, dim, float(scale), first_row, *keys.stride(),
         HAS_LIVE=live is not None, HAS_SETTLED=settled is not None, ROWS=padded_rows(rows),
         DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block, K=k, IEEE=query.dtype == torch.float32 or INTERPRETED,
         DOT=rows > FEW_ROWS,
@@ -84,18 +90,38 @@ def merge(out: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, positions:
 
 @triton.jit
 def _scan_blocks(q_ptr, k_ptr, live_ptr, settled_ptr, out_logits, out_positions,
-                 kv_heads, rows, n, dim, scale, first_row, stride_b, stride_h, stride_n, stride_d,
+                 kv_heads, rows, n, blocks, dim, scale, first_row, stride_b, stride_h, stride_n, stride_d,
                  HAS_LIVE: tl.constexpr, HAS_SETTLED: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr,
                  BLOCK: tl.constexpr, K: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr):
-    """One program: one key head's query rows against one block of its keys; the block's K best per row (logit,
-    and position: first_row + the key's row). A head all of whose rows are ``settled`` is left unwritten."""
+    """One program: one key head's query rows against one block of its keys (``_scan_block``). Told which rows
+    are ``settled`` (coded_recall.py's full scan, seldom needed): a head all of whose rows are returns at once,
+    and any other's programs take every FALLBACK_PROGRAMS-th block, so a scan that is not needed launches a few
+    programs per head rather than one per block."""
     head = tl.program_id(0)
-    r = tl.arange(0, ROWS)
     if HAS_SETTLED:
+        r = tl.arange(0, ROWS)
         if tl.min(tl.load(settled_ptr + head * rows + r, mask=r < rows, other=1), axis=0) != 0:
             return
-    block = tl.program_id(1)
-    blocks = tl.num_programs(1)
+        block = tl.program_id(1)
+        while block < blocks:  # not range(): see coded_triton._certify_rows
+            _scan_block_apart(q_ptr, k_ptr, live_ptr, out_logits, out_positions, head, block, kv_heads, rows, n,
+                              blocks, dim, scale, first_row, stride_b, stride_h, stride_n, stride_d,
+                              HAS_LIVE, ROWS, DIM, BLOCK, K, IEEE, DOT)
+            block += tl.num_programs(1)
+    else:
+        _scan_block(q_ptr, k_ptr, live_ptr, out_logits, out_positions, head, tl.program_id(1), kv_heads, rows, n,
+                    tl.num_programs(1), dim, scale, first_row, stride_b, stride_h, stride_n, stride_d,
+                    HAS_LIVE, ROWS, DIM, BLOCK, K, IEEE, DOT)
+
+
+@triton.jit
+def _scan_block(q_ptr, k_ptr, live_ptr, out_logits, out_positions, head, block, kv_heads, rows, n, blocks, dim,
+                scale, first_row, stride_b, stride_h, stride_n, stride_d, HAS_LIVE: tl.constexpr,
+                ROWS: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr, IEEE: tl.constexpr,
+                DOT: tl.constexpr):
+    """One key head's query rows against one ``block`` of its keys; the block's K best per row (logit, and
+    position: first_row + the key's row)."""
+    r = tl.arange(0, ROWS)
     d = tl.arange(0, DIM)
     c = tl.arange(0, BLOCK)
     key_rows = block.to(tl.int64) * BLOCK + c  # offsets in a store beyond 2^31 elements
@@ -124,6 +150,12 @@ def _scan_blocks(q_ptr, k_ptr, live_ptr, settled_ptr, out_logits, out_positions,
         tl.store(out_logits + out + j, best, mask=r < rows)
         tl.store(out_positions + out + j, (block * BLOCK + at + first_row).to(tl.int64), mask=r < rows)
         scores = tl.where(c[None, :] == at[:, None], float("-inf"), scores)
+
+
+# The same, as a function of its own (not inlined): inlined into the while loop above, the float32 products of many
+# query rows on tensor cores spill 9.7 KB of registers (ptxas, sm_90); called, they take what the loop's body alone
+# takes.
+_scan_block_apart = triton.jit(noinline=True)(_scan_block.fn)
 
 
 @triton.jit

@@ -40,10 +40,10 @@ def kernels(dtype: str) -> list[tuple]:
         (coded_triton._settle_rows, ["*fp32", "*i64", "*i32", "*fp32", "*i64", I32, I32],
          dict(K=5, SLOTS=8, CHUNK=1024)),
         *((recall_triton._scan_blocks,
-           [dtype, dtype, "*i64", "*i32", "*fp32", "*i64", I32, I32, I32, I32, F32, I32] + [I64] * 4,
-           dict(scan, ROWS=recall_triton.padded_rows(rows), HAS_SETTLED=True, K=5, IEEE=not half,
+           [dtype, dtype, "*i64", "*i32", "*fp32", "*i64", I32, I32, I32, I32, I32, F32, I32] + [I64] * 4,
+           dict(scan, ROWS=recall_triton.padded_rows(rows), HAS_SETTLED=settled, K=5, IEEE=not half,
                 DOT=rows > recall_triton.FEW_ROWS))
-          for rows in (1, 4)),
+          for rows in (1, 4) for settled in (False, True)),
         (recall_triton._gather_rows, ["*i64", "*fp32", dtype, dtype, I32, I32, I32, I32, I32] + [I64] * 4,
          dict(K=8, DIM=128)),
         (recall_triton._merge_rows, ["*fp32", "*fp32", "*fp32", "*i64", dtype, I32, I32, I32, I32, I32] + [I64] * 8,
@@ -64,13 +64,14 @@ def compile_all(capability: int = 90) -> list[str]:
             signature = dict(zip(names, types)) | {name: "constexpr" for name in constants}
             compiled = triton.compile(ASTSource(kernel, signature, constants), target=target)
             registers, spilled = _registers(compiled.asm["ptx"])
-            shape = "".join(f" {name.lower()}={constants[name]}" for name in ("ROWS", "KEEP") if name in constants)
+            shape = "".join(f" {name.lower()}={constants[name]}" for name in ("ROWS", "KEEP", "HAS_SETTLED")
+                            if name in constants)
             done.append(f"{kernel.__name__} {dtype[1:]}{shape}: {registers} registers, {spilled} bytes spilled")
     return done
 
 
 def _registers(ptx: str) -> tuple[int, int]:
-    """(registers per thread, bytes of spill stores) of one kernel's PTX, from ptxas -v."""
+    """(registers per thread, bytes of spill stores) of one kernel's PTX and the functions it calls, from ptxas -v."""
     arch = re.search(r"^\.target (\w+)", ptx, re.M).group(1)
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as folder:
@@ -79,8 +80,8 @@ def _registers(ptx: str) -> tuple[int, int]:
             file.write(ptx)
         report = subprocess.run([ptxas, f"-arch={arch}", "-v", source, "-o", os.path.join(folder, "kernel.cubin")],
                                 capture_output=True, text=True, check=True).stderr
-    return (int(re.search(r"Used (\d+) registers", report).group(1)),
-            int(re.search(r"(\d+) bytes spill stores", report).group(1)))
+    return (max(int(n) for n in re.findall(r"Used (\d+) registers", report)),
+            sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", report)))  # a called function's too
 
 
 if __name__ == "__main__":

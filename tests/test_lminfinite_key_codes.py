@@ -107,9 +107,14 @@ def test_the_codes_recall_float64s_top_k_and_spare_the_full_scan(dtype, keep, ro
     assert not unsure_heads(query, keys, codes, count, k=k, scale=0.125, first_row=10).any()
 
 
-def test_where_the_codes_cannot_tell_keys_apart_those_heads_alone_are_scanned_in_full():
+@pytest.mark.parametrize("programs", [64, 3])
+def test_where_the_codes_cannot_tell_keys_apart_those_heads_alone_are_scanned_in_full(programs, monkeypatch):
     """Head 0's keys differ by less than a code's step (so the bound of every key reaches the k-th best), head 1's
-    do not; with a NaN among head 2's keys nothing of it can be left out. The result is float64's either way."""
+    do not; with a NaN among head 2's keys nothing of it can be left out. The result is float64's either way, with
+    a program per block of the full scan or 3 programs per head taking every third block."""
+    from lminfinite import recall_triton  # Triton's, imported where it runs
+
+    monkeypatch.setattr(recall_triton, "FALLBACK_PROGRAMS", programs)
     generator = torch.Generator().manual_seed(2)
     keys = torch.randn(1, 3, 4 * BLOCK, 64, generator=generator)
     keys[0, 0] = keys[0, 0, :1] + 1e-4 * keys[0, 0]
