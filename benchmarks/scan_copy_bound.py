@@ -55,6 +55,20 @@ def int8_per_block_channel(keys: torch.Tensor) -> torch.Tensor:
     return ((blocks / scale).round().clamp(-127, 127) * scale).flatten(-3, -2)[..., :n, :]
 
 
+def asymmetric_per_block_channel(bits: int, block: int = BLOCK) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Codes of ``bits`` bits from each channel's least to its largest value in each block of ``block`` keys (a
+    step and an offset per channel and block): the narrowest copies, to see how loose their bound gets."""
+
+    def quantize(keys: torch.Tensor) -> torch.Tensor:
+        n = keys.shape[-2]
+        blocks = torch.nn.functional.pad(keys, (0, 0, 0, -n % block)).unflatten(-2, (-1, block))
+        low = blocks.amin(-2, keepdim=True)
+        step = ((blocks.amax(-2, keepdim=True) - low) / (2**bits - 1)).clamp(min=1e-30)
+        return (((blocks - low) / step).round() * step + low).flatten(-3, -2)[..., :n, :]
+
+    return quantize
+
+
 def fp8_e4m3(keys: torch.Tensor) -> torch.Tensor:
     return keys.float().to(torch.float8_e4m3fn).double()
 
@@ -64,6 +78,12 @@ COPIES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[int], 
     "int8, one scale per key": (int8_per_key, lambda d: d + 2 + 2),
     f"int8, one scale per channel per {BLOCK} keys": (int8_per_block_channel, lambda d: d + 2 * d / BLOCK + 2),
     "fp8 e4m3": (fp8_e4m3, lambda d: d + 2),
+    f"int6, a step and an offset per channel per {BLOCK} keys": (asymmetric_per_block_channel(6),
+                                                                  lambda d: 6 * d / 8 + 4 * d / BLOCK + 2),
+    f"int4, a step and an offset per channel per {BLOCK} keys": (asymmetric_per_block_channel(4),
+                                                                  lambda d: d / 2 + 4 * d / BLOCK + 2),
+    "int4, a step and an offset per channel per 32 keys": (asymmetric_per_block_channel(4, 32),
+                                                           lambda d: d / 2 + 4 * d / 32 + 2),
 }
 
 

@@ -67,6 +67,16 @@ def test_a_row_is_certain_unless_a_block_holds_more_of_the_best_than_it_keeps():
     assert scan_copy_bound.certified_shares(query, keys, keep=16, budget=5, **options).tolist() == [0.0]
 
 
+def test_asymmetric_codes_lie_within_half_a_step_of_each_channels_range_per_block():
+    keys = keys_with_outlier_channels(n=200)  # blocks of 32: six full ones and one of 8
+    copy = scan_copy_bound.asymmetric_per_block_channel(4, 32)(keys)
+    for lo in range(0, 200, 32):
+        block, coded = keys[..., lo : lo + 32, :], copy[..., lo : lo + 32, :]
+        low, high = block.amin(-2, keepdim=True), block.amax(-2, keepdim=True)
+        assert ((block - coded).abs() <= (high - low) / 15 / 2 * (1 + 1e-9) + 1e-12).all()
+        assert (((coded - low) / ((high - low) / 15)).round().unique().numel()) <= 16
+
+
 def test_a_block_scale_is_per_channel_and_a_partial_block_keeps_its_rows():
     keys = keys_with_outlier_channels(n=200)  # one block of 128 and one of 72
     copy = scan_copy_bound.int8_per_block_channel(keys)
@@ -109,7 +119,7 @@ def test_the_report_has_a_row_per_copy_each_share_between_k_over_n_and_all(tmp_p
         torch.set_num_threads(threads)
     assert (tmp_path / f"scan_copy_bound_{model_dir().name}_1k.md").read_text() == text + "\n"
     k_over_n = float(re.search(r"k / n = ([\d.]+) %", text).group(1))
-    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| int8") or line.startswith("| fp8")]
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith(("| int", "| fp8"))]
     assert [cells[0].strip() for cells in rows] == list(scan_copy_bound.COPIES)
     for cells in rows:
         mean, median, p99, worst = (float(cell.strip().rstrip(" %")) for cell in cells[2:])
