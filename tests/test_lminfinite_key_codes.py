@@ -19,10 +19,9 @@ from lminfinite.graphed import GraphedDecoder
 from lminfinite.key_codes import BLOCK, KeyCodes, code_blocks
 from lminfinite.kv_bytes import KVShape, codes_row_bytes, span_bytes
 from lminfinite.middle_store import MiddleStore
-from benchmarks.profile_prefill import VIEWS  # operators that only make a view: no kernel runs
 from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
 from test_lminfinite_graphed import one_thread  # noqa: F401 (a fixture)
-from test_lminfinite_recall_kernel import CountOps, decoded_against_the_reference
+from test_lminfinite_recall_kernel import decoded_against_the_reference, extra_launches_per_recall_layer
 
 pytestmark = pytest.mark.skipif(not recall_kernel.runs_on(torch.device("cpu")),
                                 reason="needs Triton (requirements-dev.txt) and TRITON_INTERPRET=1 (conftest.py)")
@@ -205,19 +204,8 @@ def test_a_decode_step_through_the_codes_launches_ten_kernels_more_per_layer_tha
     monkeypatch.setattr(coded_recall, "BUDGET", 8)  # fewer than the blocks keep: the top BUDGET runs
     extra = {}
     for codes in ("off", "int8"):
-        config = dataclasses.replace(CONFIG, recall_key_codes=codes)
-        model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16), config)
-        launches = []
-        for topk in (0, config.topk):  # the same step of two caches fed the same, the second one recalling
-            cache = lminfinite.InfiniteCache(model, recall_fixed_shapes=True)
-            cache.topk = topk
-            token = feed_in_chunks(model, random_ids(3 * WINDOW, seed=3), 7, cache)[:, -1:].argmax(-1)
-            with torch.no_grad(), CountOps() as counted:
-                model(input_ids=token, past_key_values=cache)
-            launches.append(sum(n for name, n in counted.calls.items()
-                                if name.split("::")[1].split(".")[0] not in VIEWS))
-        extra[codes] = (launches[1] - launches[0]) / (model.config.num_hidden_layers - config.topk_from_layer)
-        assert (counted.calls["lminfinite::recall_scan_codes"] > 0) == (codes == "int8")
+        extra[codes], calls = extra_launches_per_recall_layer(dataclasses.replace(CONFIG, recall_key_codes=codes))
+        assert (calls["lminfinite::recall_scan_codes"] > 0) == (codes == "int8")
     assert extra == {"off": 8, "int8": 10}
 
 

@@ -202,24 +202,28 @@ def test_steps_that_recall_through_the_kernels_replay_with_the_models_own_logits
     assert len(buffers) >= 3 and decoder.recordings <= len(buffers) + 1 and not decoder.unrecordable
 
 
+def extra_launches_per_recall_layer(config) -> tuple[float, collections.Counter]:
+    """How many operators a steady decode step runs per recall layer more than the same step of a cache fed the
+    same without recall (views left out: no kernel runs), and what the recalling step ran, by name."""
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16), config)
+    launches = []
+    for topk in (0, config.topk):
+        cache = lminfinite.InfiniteCache(model, recall_fixed_shapes=True)
+        cache.topk = topk
+        token = feed_in_chunks(model, random_ids(3 * WINDOW, seed=3), 7, cache)[:, -1:].argmax(-1)
+        with torch.no_grad(), CountOps() as counted:
+            model(input_ids=token, past_key_values=cache)
+        launches.append(sum(n for name, n in counted.calls.items() if name.split("::")[1].split(".")[0] not in VIEWS))
+    return (launches[1] - launches[0]) / (model.config.num_hidden_layers - config.topk_from_layer), counted.calls
+
+
 def test_a_decode_step_that_recalls_launches_eight_kernels_more_per_layer_not_fortyfive():
     """What a graph replays is launches: a steady decode step with recall through the kernels runs 8 operators per
     recall layer more than the same step without recall (the query's rotation for recall, the window part with its
     log-sum-exp, the count's copy, the scan, the top-k and the candidates' positions, the merge), where PyTorch's
     operators run 45."""
-    extra = {}
-    for kernel in ("torch", "triton"):
-        config = dataclasses.replace(CONFIG, recall_kernel=kernel)
-        model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16), config)
-        launches = []
-        for topk in (0, config.topk):  # the same step of two caches fed the same, the second one recalling
-            cache = lminfinite.InfiniteCache(model, recall_fixed_shapes=True)
-            cache.topk = topk
-            token = feed_in_chunks(model, random_ids(3 * WINDOW, seed=3), 7, cache)[:, -1:].argmax(-1)
-            with torch.no_grad(), CountOps() as counted:
-                model(input_ids=token, past_key_values=cache)
-            launches.append(sum(n for name, n in counted.calls.items() if name.split("::")[1].split(".")[0] not in VIEWS))
-        extra[kernel] = (launches[1] - launches[0]) / (model.config.num_hidden_layers - config.topk_from_layer)
+    extra = {kernel: extra_launches_per_recall_layer(dataclasses.replace(CONFIG, recall_kernel=kernel))[0]
+             for kernel in ("torch", "triton")}
     assert extra == {"torch": 45, "triton": 8}
 
 
