@@ -10,8 +10,10 @@ use on the device), the query one token's 32 heads of 128 in bfloat16, k = 5 (th
 the middle keys in use once: what a scan must read at least. Both ways must recall the same tokens, up to
 near-ties: the table says how many picks differ and by how much their logits do, and for the codes how many heads
 their certificate sent to the full scan. The codes are scanned keeping 16 candidates per block and query row (the
-library's KEEP) and 8 (``triton-int8-keep8``), so one GPU run says which pays. The keys are random normal numbers,
-not a model's: the codes' bound is measured on a real model's keys by benchmarks/scan_copy_bound.py.
+library's KEEP) and 8 (``triton-int8-keep8``), so one GPU run says which pays; ``triton-int8-unsure`` is the first
+with every key's error bound made huge, so no row is certain and every head is scanned in full: what a step costs
+where the certificate fails (seldom on a real model's keys). The keys are random normal numbers, not a model's: the
+codes' bound is measured on a real model's keys by benchmarks/scan_copy_bound.py.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from lminfinite.key_context import KeyContext
 from lminfinite.recall import recall_topk
 
 N_STARTING = 10
-CODED = {"triton-int8": KEEP, "triton-int8-keep8": 8}  # the ways over codes: candidates kept per block
+CODED = {"triton-int8": KEEP, "triton-int8-keep8": 8, "triton-int8-unsure": KEEP}  # candidates kept per block
+UNSURE = "triton-int8-unsure"  # the error bounds made huge: every head scanned in full
 
 
 def parse_args(argv=None):
@@ -69,6 +72,8 @@ def main(argv=None) -> None:
                 codes = KeyCodes(keep=CODED[kernel]).grown(ctx.middle_k, ctx.middle_k.shape[-2])
                 ctx = dataclasses.replace(ctx, middle_codes=codes)
                 ctx.middle_codes.code(ctx.middle_k, middle)
+                if kernel == UNSURE:
+                    ctx.middle_codes.errors.fill_(1e30)
             call = (*step_args[:3], ctx, *step_args[4:])
 
             def run(fused=kernel != "torch", call=call):
