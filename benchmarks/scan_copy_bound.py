@@ -46,13 +46,19 @@ def int8_per_key(keys: torch.Tensor) -> torch.Tensor:
     return (keys / scale).round().clamp(-127, 127) * scale
 
 
+def in_blocks(keys: torch.Tensor, block: int) -> torch.Tensor:
+    """Keys (B, H, n, D) as blocks of ``block`` (B, H, blocks, block, D), a partial last one filled with copies of
+    its last key: neither a channel's range nor its largest size changes."""
+    filler = keys[..., -1:, :].expand(*keys.shape[:-2], -keys.shape[-2] % block, keys.shape[-1])
+    return torch.cat((keys, filler), dim=-2).unflatten(-2, (-1, block))
+
+
 def int8_per_block_channel(keys: torch.Tensor) -> torch.Tensor:
     """One scale per channel for each block of BLOCK keys: a store appends without rescaling older blocks."""
-    n = keys.shape[-2]
-    padded = torch.nn.functional.pad(keys, (0, 0, 0, -n % BLOCK))
-    blocks = padded.unflatten(-2, (-1, BLOCK))
+    blocks = in_blocks(keys, BLOCK)
     scale = blocks.abs().amax(-2, keepdim=True).clamp(min=1e-30) / 127
-    return ((blocks / scale).round().clamp(-127, 127) * scale).flatten(-3, -2)[..., :n, :]
+    coded = (blocks / scale).round().clamp(-127, 127) * scale
+    return coded.flatten(-3, -2)[..., : keys.shape[-2], :]
 
 
 def asymmetric_per_block_channel(bits: int, block: int = BLOCK) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -60,11 +66,10 @@ def asymmetric_per_block_channel(bits: int, block: int = BLOCK) -> Callable[[tor
     step and an offset per channel and block): the narrowest copies, to see how loose their bound gets."""
 
     def quantize(keys: torch.Tensor) -> torch.Tensor:
-        n = keys.shape[-2]
-        blocks = torch.nn.functional.pad(keys, (0, 0, 0, -n % block)).unflatten(-2, (-1, block))
+        blocks = in_blocks(keys, block)
         low = blocks.amin(-2, keepdim=True)
         step = ((blocks.amax(-2, keepdim=True) - low) / (2**bits - 1)).clamp(min=1e-30)
-        return (((blocks - low) / step).round() * step + low).flatten(-3, -2)[..., :n, :]
+        return (((blocks - low) / step).round() * step + low).flatten(-3, -2)[..., : keys.shape[-2], :]
 
     return quantize
 
