@@ -130,7 +130,7 @@ class InfiniteCache(Cache):
             ring = first.ring_k
             if self._step is None or not self._step.fits(ring.dtype, ring.device):
                 self._step = DecodeStep.allocate(ring.shape[-1], ring.dtype, ring.device)
-            first.load_step(self._step)
+            first.load_step(self._step, evicts=self.keeps_middle)
 
     def replay_buffers(self, model_config: LMInfiniteConfig, observed: bool = False) -> tuple | None:
         """The recall k and the tensors a recorded steady decode step of this cache reads and writes (a recording
@@ -172,7 +172,7 @@ class InfiniteCache(Cache):
     def advance(self) -> None:
         """Count one replayed steady decode step in every layer, as the step itself does when it runs."""
         for layer in self.layers:
-            layer.advance()
+            layer.advance(self._step)
 
     @property
     def topk(self) -> int | None:

@@ -1,8 +1,9 @@
 """DecodeStep: what changes from one steady decode step to the next, held in tensors on the cache's device.
 
 A steady decode step (one token, window full) writes the token's key and value into one ring slot, rotates the
-token's key and query into the frame, and places the start keys at distance ``window`` from it (layer.py). Only
-the slot and the two rotations depend on the position. The cache loads them here before the step, and every
+token's key and query into the frame, and places the start keys at distance ``window`` from it (layer.py); after it,
+a layer that keeps a middle store moves the window's oldest token there, unrotated. Only the slot and the rotations
+depend on the position. The cache loads them here before the step, and every
 layer reads them as tensors, not as Python numbers. So every step runs the same kernels on the same buffers,
 and a CUDA graph recorded at one step replays any later one (graphed.py).
 """
@@ -24,6 +25,8 @@ class DecodeStep:
     distance ``window`` from the token (offset position - frame - window), the sine with its first half negated
     (rotary.rotate_into's). recall_cos, recall_sin, float32 at least: the query from its frame rotation to
     ``topk_distance``, where recall scores the unrotated middle keys (offset topk_distance - (position - frame)).
+    evict_cos, evict_sin, float32 at least: the window's oldest key out of the frame, unrotated, as it goes into the
+    middle store after the step (offset frame - (position - window + 1)), the sine half-negated like start_sin.
     position: the token they were last loaded for (-1: never)."""
 
     slot: torch.Tensor
@@ -33,18 +36,21 @@ class DecodeStep:
     start_sin: torch.Tensor
     recall_cos: torch.Tensor
     recall_sin: torch.Tensor
+    evict_cos: torch.Tensor
+    evict_sin: torch.Tensor
     position: int = -1
 
     @classmethod
     def allocate(cls, head_dim: int, dtype: torch.dtype, device) -> "DecodeStep":
         with outside_inference_mode():  # written in place at every step, whatever the caller's mode
-            kinds = (dtype, dtype, *[rotation_dtype(dtype)] * 4)
+            kinds = (dtype, dtype, *[rotation_dtype(dtype)] * 6)
             rows = [torch.zeros(1, head_dim, dtype=kind, device=device) for kind in kinds]
             return cls(torch.zeros(1, dtype=torch.long, device=device), *rows)
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.slot, self.cos, self.sin, self.start_cos, self.start_sin, self.recall_cos, self.recall_sin
+        return (self.slot, self.cos, self.sin, self.start_cos, self.start_sin, self.recall_cos, self.recall_sin,
+                self.evict_cos, self.evict_sin)
 
     @property
     def nbytes(self) -> int:
@@ -53,15 +59,26 @@ class DecodeStep:
     def fits(self, dtype: torch.dtype, device) -> bool:
         return self.cos.dtype == dtype and self.cos.device == torch.device(device)
 
-    def load(self, rope: Rope, *, position: int, frame: int, slot: int, window: int, recall_distance: int) -> None:
-        """Fill in place for the token at ``position``: device copies only, no sync."""
+    def load(self, rope: Rope, *, position: int, frame: int, slot: int, window: int, recall_distance: int,
+             evicts: bool = True) -> None:
+        """Fill in place for the token at ``position``: device copies only, no sync. ``evicts``: whether a middle
+        store takes the oldest token after the step (else the eviction's rotation is left as it was)."""
         self.position = position
         self.slot.fill_(slot)
         _fill(self.cos, self.sin, rope.row(position - frame, self.cos.dtype, self.cos.device))
-        start_cos, start_sin = rope.row(position - frame - window, self.start_cos.dtype, self.cos.device)
-        _fill(self.start_cos, self.start_sin, (start_cos, half_negated(start_sin)))
-        recall = rope.row(recall_distance - (position - frame), self.recall_cos.dtype, self.cos.device)
-        _fill(self.recall_cos, self.recall_sin, recall)
+        _fill(self.start_cos, self.start_sin, _half_negated(rope.row(position - frame - window, *self._rotation)))
+        _fill(self.recall_cos, self.recall_sin, rope.row(recall_distance - (position - frame), *self._rotation))
+        if evicts:
+            oldest = position - (window - 1)
+            _fill(self.evict_cos, self.evict_sin, _half_negated(rope.row(frame - oldest, *self._rotation)))
+
+    @property
+    def _rotation(self) -> tuple[torch.dtype, torch.device]:
+        return self.start_cos.dtype, self.cos.device
+
+
+def _half_negated(row: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return row[0], half_negated(row[1])
 
 
 def _fill(cos: torch.Tensor, sin: torch.Tensor, row: tuple[torch.Tensor, torch.Tensor]) -> None:

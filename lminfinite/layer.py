@@ -109,7 +109,7 @@ class InfiniteLayer(CacheLayerMixin):
         if key_states.shape[-2] == 1 and self.steady:
             ctx = self._decode_step(key_states, value_states, step, rotated)
             if advance:
-                self.advance()
+                self.advance(step)
         else:
             keys = key_states if rotated else self.rope.rotate_from(key_states, self.seen - self.frame)
             ctx = self._prefill(keys, value_states)
@@ -142,22 +142,30 @@ class InfiniteLayer(CacheLayerMixin):
         """The window is full: a one-token call is a steady decode step."""
         return self.seen >= self.config.n_starting + self.config.window_ - 1
 
-    def load_step(self, step: DecodeStep) -> None:
-        """Fill ``step`` for this layer's next token (every layer of a cache is at the same position and frame)."""
+    def load_step(self, step: DecodeStep, evicts: bool) -> None:
+        """Fill ``step`` for this layer's next token (every layer of a cache is at the same position and frame);
+        ``evicts``: whether some layer's middle store takes the oldest token after it."""
         step.load(self.rope, position=self.seen, frame=self.frame, slot=self._slot(self.seen),
-                  window=self.config.window_, recall_distance=self.config.topk_distance)
+                  window=self.config.window_, recall_distance=self.config.topk_distance, evicts=evicts)
 
     def rebase_if_due(self) -> None:
         if self.seen - self.frame > rebase_interval(self.config.window_):
             self._rebase(self.win_start)
 
-    def advance(self) -> None:
+    def advance(self, step: DecodeStep | None = None) -> None:
         """Count a steady decode step: one more token seen, the oldest out of the window (into the middle store,
-        if this layer keeps one). Python's part of the step, so a replayed step does it too (graphed.py)."""
+        if this layer keeps one). Python's part of the step, so a replayed step does it too (graphed.py). With the
+        ``step`` loaded for it, the oldest key is unrotated as the store writes it (its rotation row is the
+        step's): 6 launches, where a rotation by a table row and a copy are 13, after every replay in every
+        recall layer."""
         oldest = self.win_start  # at distance window - 1 from the step's token, beyond the window from the next on
         if self.middle is not None:
             old = self._slot(oldest)
-            self.middle.append(self._unrotate(self.ring_k[..., old : old + 1, :], oldest), self.ring_v[..., old : old + 1, :])
+            keys, values = self.ring_k[..., old : old + 1, :], self.ring_v[..., old : old + 1, :]
+            if step is not None and step.position == self.seen:
+                self.middle.append(keys, values, rotation=(step.evict_cos, step.evict_sin))
+            else:
+                self.middle.append(self._unrotate(keys, oldest), values)
         self.win_start += 1
         self.seen += 1
 

@@ -17,6 +17,7 @@ from .coded_recall import PAYS_FROM, keeps_codes
 from .key_codes import KeyCodes
 from .kv_bytes import codes_row_bytes, keeps_scan_copy, row_bytes, scan_copy_row_bytes
 from .modes import outside_inference_mode
+from .rotary import rotate_into
 from .scan_copy import ScanCopy, ScanKeys
 
 # Each growth copies the primary's rows into a buffer this much larger, and at most MAX_SPARE_ROWS larger. Doubling
@@ -89,15 +90,22 @@ class MiddleStore:
     def primary_rows(self) -> int:
         return self.length if self.primary_cap is None else min(self.length, self.primary_cap)
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def append(self, keys: torch.Tensor, values: torch.Tensor,
+               rotation: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Rows after the last; ``rotation`` (cos, sine half-negated: rotary.rotate_into's) rotates the keys as
+        they are written into the primary, where a copy would have followed a rotation (a decode step's evicted key)."""
         n = keys.shape[-2]
         if n == 0:
             return
         if self.keys is None and not self.pages:
             self._place(keys, keys.device)
         into_primary = n if self.primary_cap is None else max(0, min(n, self.primary_cap - self.length))
+        if rotation is not None and into_primary < n:  # a page takes rotated rows
+            rotated = torch.empty_like(keys)
+            rotate_into(rotated, keys, *rotation)
+            keys, rotation = rotated, None
         if into_primary:
-            self._append_primary(keys[..., :into_primary, :], values[..., :into_primary, :])
+            self._append_primary(keys[..., :into_primary, :], values[..., :into_primary, :], rotation)
         if into_primary < n:
             self._append_pages(keys[..., into_primary:, :], values[..., into_primary:, :])
 
@@ -119,17 +127,22 @@ class MiddleStore:
             coded = codes_row_bytes(kv_heads, head_dim) if self.coded else 0
             self.primary_cap = self.device_budget // (batch * (row_bytes(kv_heads, head_dim, itemsize) + coded))
 
-    def _append_primary(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def _append_primary(self, keys: torch.Tensor, values: torch.Tensor,
+                        rotation: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         needed = self.length + keys.shape[-2]
         if self.keys is None or needed > self.keys.shape[-2]:
             held = 0 if self.keys is None else self.keys.shape[-2]
             grown = max(needed, min(int(GROWTH * held), held + MAX_SPARE_ROWS), 64)
             capacity = grown if self.primary_cap is None else min(grown, self.primary_cap)
             self._reallocate(keys, values, capacity, keys.device)
-        self.keys[..., self.length : needed, :] = keys
+        rows = self.keys[..., self.length : needed, :]
+        if rotation is None:
+            rows.copy_(keys)
+        else:
+            rotate_into(rows, keys, *rotation)
         self.values[..., self.length : needed, :] = values
         if self.scan is not None:
-            self.scan.write(self.length, keys)
+            self.scan.write(self.length, rows)
         if self.codes is not None:
             self.codes.code(self.keys, needed)
         self.length = needed

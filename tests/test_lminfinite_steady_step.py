@@ -13,8 +13,9 @@ import torch
 from transformers import DynamicCache
 
 import lminfinite
-from benchmarks.profile_prefill import operators_per_layer
+from benchmarks.profile_prefill import VIEWS, operators_per_layer
 from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
+from test_lminfinite_recall_kernel import CountOps
 
 CONFIG = lminfinite.LMInfiniteConfig(n_starting=4)
 
@@ -45,3 +46,51 @@ def test_a_steady_step_adds_five_operators_per_layer_to_vanillas(dtype):
     added = {"index_copy_": 2, "mul": 2, "roll": 1, "add": 1, "copy_": 1}
     assert infinite - vanilla == collections.Counter({name: n * layers for name, n in added.items()})
     assert vanilla - infinite == collections.Counter(cat=2 * layers)
+
+
+RECALL = lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1)
+
+
+def cache_before_a_replay(dtype, **cache_options):
+    """A cache after three windows of prompt and one steady step with recall, its next step prepared as a replayer
+    prepares it (graphed.py): what ``advance`` after a replay finds."""
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=dtype), RECALL)
+    cache = lminfinite.InfiniteCache(model, **cache_options)
+    token = feed_in_chunks(model, random_ids(3 * WINDOW, seed=5), 7, cache)[:, -1:].argmax(-1)
+    with torch.no_grad():
+        model(input_ids=token, past_key_values=cache, use_cache=True)
+    cache.prepare_forward(1)
+    return cache
+
+
+def test_after_a_replayed_step_a_recall_layer_moves_its_oldest_key_into_the_store_in_six_operators():
+    """After every replay, every recall layer unrotates the window's oldest key into its middle store (27 layers
+    of Llama-2-7B per token, launched one by one outside the graph). Unrotated by the step's row as the store
+    writes it: 2 products, a roll and a sum, the value's copy, the store's count on the device. By a table row and
+    then copied, it ran 13 (2 cats and a negation to make the row, the widening, a negation and a cat for
+    rotate_half, 3 for the rotation, the narrowing, 2 copies, the count)."""
+    cache = cache_before_a_replay(torch.bfloat16, recall_fixed_shapes=True)
+    with torch.no_grad(), CountOps() as counted:
+        cache.layers[1].advance(cache._step)
+    kernels = collections.Counter()
+    for name, n in counted.calls.items():
+        if (short := name.split("::")[1].split(".")[0]) not in VIEWS:
+            kernels[short] += n
+    assert kernels == collections.Counter(mul=2, roll=1, add=1, copy_=1, fill_=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("middle_device_bytes", [None, 4096])  # 4 KiB: the store's rows go to pages
+def test_the_key_moved_with_the_steps_row_is_the_key_unrotated_by_a_table_row_bit_for_bit(dtype, middle_device_bytes):
+    with_step, by_table = (cache_before_a_replay(dtype, middle_device_bytes=middle_device_bytes) for _ in range(2))
+    for layer in range(1, len(with_step.layers)):
+        with_step.layers[layer].advance(with_step._step)
+        by_table.layers[layer].advance()
+        assert bool(with_step.layers[layer].middle.pages) == (middle_device_bytes is not None)
+        keys, values = with_step.layers[layer].middle.view()
+        expected_keys, expected_values = by_table.layers[layer].middle.view()
+        assert keys.shape[-2] == expected_keys.shape[-2] > 0
+        assert torch.equal(keys.view(torch.int8 if dtype == torch.bfloat16 else torch.int32),
+                           expected_keys.view(torch.int8 if dtype == torch.bfloat16 else torch.int32))
+        assert torch.equal(values, expected_values)
+
