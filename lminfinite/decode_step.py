@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .modes import outside_inference_mode
-from .rotary import Rope, half_negated, rotation_dtype
+from .rotary import Rope, rotation_dtype
 
 
 @dataclass(eq=False)
@@ -65,22 +65,9 @@ class DecodeStep:
         store takes the oldest token after the step (else the eviction's rotation is left as it was)."""
         self.position = position
         self.slot.fill_(slot)
-        _fill(self.cos, self.sin, rope.row(position - frame, self.cos.dtype, self.cos.device))
-        _fill(self.start_cos, self.start_sin, _half_negated(rope.row(position - frame - window, *self._rotation)))
-        _fill(self.recall_cos, self.recall_sin, rope.row(recall_distance - (position - frame), *self._rotation))
+        rope.fill_row(self.cos, self.sin, position - frame)
+        rope.fill_row(self.start_cos, self.start_sin, position - frame - window, negate_first_half=True)
+        rope.fill_row(self.recall_cos, self.recall_sin, recall_distance - (position - frame))
         if evicts:
             oldest = position - (window - 1)
-            _fill(self.evict_cos, self.evict_sin, _half_negated(rope.row(frame - oldest, *self._rotation)))
-
-    @property
-    def _rotation(self) -> tuple[torch.dtype, torch.device]:
-        return self.start_cos.dtype, self.cos.device
-
-
-def _half_negated(row: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    return row[0], half_negated(row[1])
-
-
-def _fill(cos: torch.Tensor, sin: torch.Tensor, row: tuple[torch.Tensor, torch.Tensor]) -> None:
-    cos.copy_(row[0])
-    sin.copy_(row[1])
+            rope.fill_row(self.evict_cos, self.evict_sin, frame - oldest, negate_first_half=True)

@@ -22,6 +22,9 @@ from .modes import outside_inference_mode
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
+SIGN_PAIRS = ((1.0, 1.0), (-1.0, -1.0), (-1.0, 1.0), (1.0, -1.0))  # fill_row's signs of a row's two halves
+
+
 def lookup_rows(window: int) -> int:
     """Offsets a Rope looks up rather than computes: [0, 4·window).
 
@@ -41,6 +44,7 @@ class Rope:
     table_rows: int = 4096  # enable() sets lookup_rows(window)
     _tables: dict = field(default_factory=dict, init=False, repr=False)
     _rows: dict = field(default_factory=dict, init=False, repr=False)  # kept one-offset rows, see _row
+    _sign_rows: dict = field(default_factory=dict, init=False, repr=False)  # per table, see _signs
 
     @property
     def head_dim(self) -> int:
@@ -118,6 +122,29 @@ class Rope:
         sin = sin_table[size : size + 1]
         return _full(cos_table[size : size + 1]), _full(sin if offset >= 0 else -sin)
 
+    def fill_row(self, cos: torch.Tensor, sin: torch.Tensor, offset: int, negate_first_half: bool = False) -> None:
+        """Write ``row(offset)`` into ``cos`` and ``sin`` (1, head_dim; their dtype, on their device), the sine
+        ``half_negated`` if asked: inside the table, the half row copied into both halves and the half sine times a
+        sign for each half (exact), two launches where making the row and copying it take four to seven. A decode
+        step's rows are filled so before every step (decode_step.py), on the host's path to the GPU."""
+        size = abs(offset)
+        if size >= self.table_rows:
+            row_cos, row_sin = self.row(offset, cos.dtype, cos.device)
+            cos.copy_(row_cos)
+            sin.copy_(half_negated(row_sin) if negate_first_half else row_sin)
+            return
+        cos_table, sin_table = self._table(cos.device, cos.dtype)
+        halves = (1, 2, self.head_dim // 2)
+        cos.view(halves).copy_(cos_table[size : size + 1, None, :].expand(halves))
+        sign = -1.0 if offset < 0 else 1.0
+        signs = self._signs((-sign if negate_first_half else sign, sign), cos.device, cos.dtype)
+        torch.mul(sin_table[size : size + 1, None, :], signs, out=sin.view(halves))
+
+    def _signs(self, signs: tuple[float, float], device, dtype) -> torch.Tensor:
+        """(1, 2, 1): a sign for each half of a row, made with the table (on the device: no copy from the host)."""
+        self._table(torch.device(device), dtype)
+        return self._sign_rows[(torch.device(device), dtype)][signs]
+
     def _row(self, purpose: str, offset: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin (1, head_dim) of one offset. Every layer of a decode step asks for the same one, so the last
         row of each purpose is kept (the rotate_from and rotate_uniform offsets of a step differ)."""
@@ -134,6 +161,7 @@ class Rope:
         if key not in self._tables:
             with outside_inference_mode():
                 self._tables[key] = _half_cos_sin(torch.arange(self.table_rows, device=device), self.inv_freq, dtype)
+                self._sign_rows[key] = {signs: _sign_row(signs, device, dtype) for signs in SIGN_PAIRS}
         return self._tables[key]
 
     def rotate(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -150,10 +178,17 @@ class Rope:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: inv_freq, the tables (table_rows rows per device and dtype used), the kept rows."""
+        """Bytes held: inv_freq, the tables (table_rows rows per device and dtype used), the kept rows and signs."""
         tensors = [self.inv_freq, *(t for pair in self._tables.values() for t in pair)]
         tensors += [t for _, pair in self._rows.values() for t in pair]
+        tensors += [t for signs in self._sign_rows.values() for t in signs.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _sign_row(signs: tuple[float, float], device, dtype) -> torch.Tensor:
+    row = torch.full((1, 2, 1), signs[1], dtype=dtype, device=device)
+    row[:, :1].fill_(signs[0])
+    return row
 
 
 def _half_cos_sin(index: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -50,3 +50,19 @@ def test_rotating_into_a_rows_slice_writes_apply_rotations_numbers_bit_for_bit(d
     rotate_into(ring[..., :10, :], keys, cos, half_negated(sin))
     assert torch.equal(bits(ring[..., :10, :]), bits(apply_rotation(keys, cos, sin)))
     assert ring[..., 10:, :].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", list(BITS))
+def test_a_row_filled_in_place_is_rows_numbers_bit_for_bit(dtype):
+    """What a decode step loads before it runs (decode_step.py): offsets of either sign, zero (whose sine is +0.0,
+    and -0.0 where its first half is negated), at the table's edge and past it, into rows that held NaN, the sine
+    as is and half-negated."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2, dtype=torch.float64) / 32))
+    rope = Rope(inv_freq, table_rows=TABLE_ROWS)
+    for offset, negate in itertools.product([0, 1, -1, 17, -17, TABLE_ROWS - 1, 1 - TABLE_ROWS, TABLE_ROWS,
+                                             -TABLE_ROWS, 3 * TABLE_ROWS + 5, -3 * TABLE_ROWS - 5], (False, True)):
+        cos, sin = torch.full((2, 1, 32), float("nan"), dtype=dtype).unbind(0)
+        rope.fill_row(cos, sin, offset, negate_first_half=negate)
+        want_cos, want_sin = rope.row(offset, dtype, "cpu")
+        assert torch.equal(bits(cos), bits(want_cos)), (offset, negate)
+        assert torch.equal(bits(sin), bits(half_negated(want_sin) if negate else want_sin)), (offset, negate)

@@ -70,13 +70,35 @@ def test_after_a_replayed_step_a_recall_layer_moves_its_oldest_key_into_the_stor
     then copied, it ran 13 (2 cats and a negation to make the row, the widening, a negation and a cat for
     rotate_half, 3 for the rotation, the narrowing, 2 copies, the count)."""
     cache = cache_before_a_replay(torch.bfloat16, recall_fixed_shapes=True)
+    kernels = kernels_run(lambda: cache.layers[1].advance(cache._step))
+    assert kernels == collections.Counter(mul=2, roll=1, add=1, copy_=1, fill_=1)
+
+
+def kernels_run(run) -> collections.Counter:
+    """The operators ``run()`` runs, by name, views left out."""
     with torch.no_grad(), CountOps() as counted:
-        cache.layers[1].advance(cache._step)
+        run()
     kernels = collections.Counter()
     for name, n in counted.calls.items():
         if (short := name.split("::")[1].split(".")[0]) not in VIEWS:
             kernels[short] += n
-    assert kernels == collections.Counter(mul=2, roll=1, add=1, copy_=1, fill_=1)
+    return kernels
+
+
+@pytest.mark.parametrize("keep_middle", [False, True])
+def test_a_step_is_prepared_in_two_launches_per_rotation_row(keep_middle):
+    """Before every step, on the host's way to the GPU, the cache loads the step's slot and rotation rows:
+    the token's, the start keys', recall's and, where a store takes the evicted key, its. Each row is a half row of
+    the table copied into both halves and a half sine times a sign per half: 7 launches, 9 with the eviction's row,
+    where making each row (2 cats, a negation below zero, another negation and cat to half-negate it) and copying
+    it ran 16 and 23."""
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16), RECALL)
+    cache = lminfinite.InfiniteCache(model, keep_middle=keep_middle, topk=None if keep_middle else 0)
+    token = feed_in_chunks(model, random_ids(3 * WINDOW, seed=5), 7, cache)[:, -1:].argmax(-1)
+    with torch.no_grad():
+        model(input_ids=token, past_key_values=cache, use_cache=True)
+    rows = 4 if keep_middle else 3
+    assert kernels_run(lambda: cache.prepare_forward(1)) == collections.Counter(fill_=1, copy_=rows, mul=rows)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
