@@ -12,7 +12,9 @@ near-ties: the table says how many picks differ and by how much their logits do,
 their certificate sent to the full scan. The codes are scanned keeping 16 candidates per block and query row (the
 library's KEEP) and 8 (``triton-int8-keep8``), so one GPU run says which pays; ``triton-int8-unsure`` is the first
 with every key's error bound made huge, so no row is certain and every head is scanned in full: what a step costs
-where the certificate fails (seldom on a real model's keys). The keys are random normal numbers, not a model's: the
+where the certificate fails (seldom on a real model's keys). A second table times the coded ways' launches one
+by one (the scan of the codes, the top-k of its candidates, the rescoring and certificate, the full scan, the
+settling), so a GPU run says which of them a step waits on. The keys are random normal numbers, not a model's: the
 codes' bound is measured on a real model's keys by benchmarks/scan_copy_bound.py.
 """
 
@@ -93,6 +95,11 @@ def main(argv=None) -> None:
                                                       ctx.middle_live, k=args.k, scale=step_kwargs["scale"],
                                                       first_row=N_STARTING)[2]
                 results[-1]["full_scans"] = int((~certain.all(-1)).sum())
+                results[-1]["stages_s"] = {
+                    stage: (timed_graph(run_stage, args.repeats) if device.type == "cuda"
+                            else timed(run_stage, device, args.repeats))
+                    for stage, run_stage in coded_stages(call[0].flatten(2, 3), ctx, args.k,
+                                                         step_kwargs["scale"]).items()}
             print(results[-1], flush=True)
     write_results(args, device, results)
 
@@ -117,6 +124,30 @@ def decode_step(args, middle: int, device, dtype) -> tuple:
     query = normal(1, 1, args.head_dim)
     return (query, torch.tensor([position], device=device), position, ctx, None), dict(
         k=args.k, n_starting=N_STARTING, window=args.window, scale=args.head_dim ** -0.5)
+
+
+def coded_stages(query: torch.Tensor, ctx: KeyContext, k: int, scale: float) -> dict:
+    """The coded path's launches one by one (coded_recall.py's steps), each a call on the previous ones' outputs,
+    computed once here: where a layer's recall through the codes spends its time."""
+    codes, keys, live, ops = ctx.middle_codes, ctx.middle_k, ctx.middle_live, torch.ops.lminfinite
+    upper, positions, left = ops.recall_scan_codes(query, keys, codes.codes, codes.scales, codes.errors, codes.norms,
+                                                   live, scale, N_STARTING, codes.keep)
+    count = min(coded_recall.BUDGET, upper.shape[-1])
+
+    def pick():  # none where the blocks keep no more candidates than are rescored (an empty stage)
+        return upper.topk(count + 1, dim=-1) if count < upper.shape[-1] else (upper, None)
+
+    picked = pick()
+    logits, picks, settled = ops.recall_certify(query, keys, positions, *picked, left, k, count, scale, N_STARTING)
+    full = ops.recall_scan(query, keys, live, k, scale, N_STARTING, settled)
+    return {
+        "scan": lambda: ops.recall_scan_codes(query, keys, codes.codes, codes.scales, codes.errors, codes.norms,
+                                              live, scale, N_STARTING, codes.keep),
+        "top-k": pick,
+        "certify": lambda: ops.recall_certify(query, keys, positions, *picked, left, k, count, scale, N_STARTING),
+        "full scan": lambda: ops.recall_scan(query, keys, live, k, scale, N_STARTING, settled),
+        "settle": lambda: ops.recall_settle_(logits, picks, settled, *full, N_STARTING),  # the same picks again
+    }
 
 
 def timed(run, device, repeats: int) -> float:
@@ -177,7 +208,20 @@ def write_results(args, device, results: list[dict]) -> None:
                f"step, {args.heads} heads of {args.head_dim}, {args.dtype}, k = {args.k}, a fixed-shape store; "
                f"median of {args.repeats}.")
     publish(name, dict(device=where, heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, k=args.k,
-                       results=results), heading + "\n\n" + table, readme=args.readme, out=args.out)
+                       results=results), heading + "\n\n" + table + "\n\n" + stages_table(results, on_cuda),
+            readme=args.readme, out=args.out)
+
+
+def stages_table(results: list[dict], on_cuda: bool) -> str:
+    """The coded ways' launches one by one (coded_stages), each timed alone, beside their sum."""
+    coded = [r for r in results if "stages_s" in r]
+    stages = list(coded[0]["stages_s"]) if coded else []
+    how = "each replayed alone from a CUDA graph" if on_cuda else "each run alone, eagerly"
+    rows = [[f"{r['middle']:,}", r["kernel"], *(f"{r['stages_s'][s] * 1e6:,.1f}" for s in stages),
+             f"{sum(r['stages_s'].values()) * 1e6:,.1f}"] for r in coded]
+    return (f"The coded ways' launches, µs, {how} (benchmarks.recall_kernel.coded_stages; the whole way, above, "
+            "also rotates the query and merges the picks):\n\n"
+            + markdown_table(["middle tokens", "recall", *stages, "sum"], rows))
 
 
 if __name__ == "__main__":

@@ -26,3 +26,8 @@ def test_the_five_ways_recall_the_same_tokens_and_the_table_lists_them(tmp_path)
     table = (tmp_path / "recall_kernel_cpu.md").read_text()
     assert "| 300 | triton |" in table and "| 300 | triton-int8 |" in table and "0 heads scanned in full" in table
     assert "| 300 | triton-int8-keep8 |" in table and "2 heads scanned in full" in table
+    stages = ["scan", "top-k", "certify", "full scan", "settle"]
+    for row in saved["results"]:
+        assert list(row.get("stages_s", {})) == (stages if "int8" in row["kernel"] else [])
+        assert all(seconds > 0 for seconds in row.get("stages_s", {}).values())
+    assert "| middle tokens | recall | scan | top-k | certify | full scan | settle | sum |" in table
