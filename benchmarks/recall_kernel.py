@@ -135,7 +135,7 @@ def coded_stages(query: torch.Tensor, ctx: KeyContext, k: int, scale: float) -> 
     count = min(coded_recall.BUDGET, upper.shape[-1])
 
     def pick():  # none where the blocks keep no more candidates than are rescored (an empty stage)
-        return upper.topk(count + 1, dim=-1) if count < upper.shape[-1] else (upper, None)
+        return upper.topk(count + 1, dim=-1, sorted=False) if count < upper.shape[-1] else (upper, None)
 
     picked = pick()
     logits, picks, settled = ops.recall_certify(query, keys, positions, *picked, left, k, count, scale, N_STARTING)

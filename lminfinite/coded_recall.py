@@ -4,8 +4,8 @@ The steps, none of which waits for the device (a CUDA graph records them as they
   1. ``recall_scan_codes``: per block, an upper bound on every key's logit (its scanned logit plus its error bound,
      or in the block being filled its own logit plus a rounding), the block's KEEP largest bounds and positions,
      and the largest bound it left out;
-  2. torch.topk: the BUDGET largest bounds among the blocks' candidates (and the next one, which joins the
-     certificate), where the blocks keep more;
+  2. torch.topk: the BUDGET + 1 largest bounds among the blocks' candidates, unsorted (no sort launched), where
+     the blocks keep more; the smallest of them is not rescored but joins the certificate;
   3. ``recall_certify``: those candidates rescored from the store's own keys, their k best kept, and the
      certificate: where no key left out (in a block, or among the candidates) has a bound above the k-th best
      rescored logit, that k best is the store's top k, and the row is settled;
@@ -70,7 +70,7 @@ def _certified(query, keys, codes, live, *, k, scale, first_row):
     upper, positions, left = torch.ops.lminfinite.recall_scan_codes(
         query, keys, codes.codes, codes.scales, codes.errors, codes.norms, live, scale, first_row, codes.keep)
     count = min(BUDGET, upper.shape[-1])
-    bounds, pick = upper.topk(count + 1, dim=-1) if count < upper.shape[-1] else (upper, None)
+    bounds, pick = upper.topk(count + 1, dim=-1, sorted=False) if count < upper.shape[-1] else (upper, None)
     return torch.ops.lminfinite.recall_certify(query, keys, positions, bounds, pick, left, k, count, scale, first_row)
 
 
@@ -115,9 +115,10 @@ def _(query, keys, codes, scales, errors, norms, live, scale, first_row, keep):
 def recall_certify(query: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, bounds: torch.Tensor,
                    pick: torch.Tensor | None, left: torch.Tensor, k: int, count: int, scale: float,
                    first_row: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per query row, the ``count`` candidates of ``bounds`` (the blocks' ``positions`` at ``pick``, or all of them)
-    rescored from the store's keys: their k best logits and positions (B, Hkv, R, k), best first, and whether no
-    bound left out (``left``, and ``bounds``' last where they are picked) reaches the k-th: (B, Hkv, R) int32."""
+    """Per query row, the ``count`` candidates of ``bounds`` (all of them, or the count + 1 at ``pick`` in any order
+    but the smallest) rescored from the store's keys: their k best logits and positions (B, Hkv, R, k), best first,
+    and whether no bound left out (``left``, and where they are picked the smallest) reaches the k-th: (B, Hkv, R)
+    int32."""
     from . import coded_triton
 
     return coded_triton.certify(query, keys, positions, bounds, pick, left, k, count, scale, first_row)

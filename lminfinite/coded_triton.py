@@ -134,21 +134,28 @@ def _certify_rows(q_ptr, k_ptr, positions_ptr, bounds_ptr, pick_ptr, left_ptr, o
                   out_settled, kv_heads, rows, count, width, candidates, blocks, dim, scale, first_row,
                   k_b, k_h, k_n, k_d, HAS_PICK: tl.constexpr, COUNT: tl.constexpr, K: tl.constexpr,
                   DIM: tl.constexpr, LEFT: tl.constexpr):
-    """One program: one query row. Its ``count`` candidates of the largest bounds (the blocks' candidates at
-    ``pick``, or all of them) rescored from the store's own keys in float32, their K best kept, best first; and
-    whether these are surely the store's K best: no bound left out (the largest each block left, and the bound
-    after the ``count`` picked) reaches the K-th, and no rescored logit is NaN."""
+    """One program: one query row. Its ``count`` candidates of the largest bounds rescored from the store's own
+    keys in float32, their K best kept, best first; and whether these are surely the store's K best: no bound left
+    out (the largest each block left, and the smallest of the count + 1 picked) reaches the K-th, and no rescored
+    logit is NaN. The candidates: all the blocks' (no ``pick``), or the count + 1 at ``pick`` in any order
+    (torch.topk unsorted: no sort launched), of which the smallest bound is left out."""
     row = tl.program_id(0)
     head = row // rows
     b = (head // kv_heads).to(tl.int64)
     h = (head % kv_heads).to(tl.int64)
     j = tl.arange(0, COUNT)
     bound = tl.load(bounds_ptr + row * width + j, mask=j < count, other=float("-inf"))
-    found = (j < count) & (bound > float("-inf"))
-    if HAS_PICK:
-        index = tl.load(pick_ptr + row * width + j, mask=found, other=0)
+    if HAS_PICK:  # the last pick takes the place of the smallest of the others where it is larger
+        index = tl.load(pick_ptr + row * width + j, mask=j < count, other=0)
+        last = tl.load(bounds_ptr + row * width + count)
+        low, low_at = tl.min(tl.where(j < count, bound, float("inf")), axis=0, return_indices=True)
+        swap = (j == low_at) & (bound < last)
+        bound = tl.where(swap, last, bound)
+        index = tl.where(swap, tl.load(pick_ptr + row * width + count), index)
+        left_out = tl.minimum(low, last)
     else:
         index = j.to(tl.int64)
+    found = (j < count) & (bound > float("-inf"))
     position = tl.load(positions_ptr + row.to(tl.int64) * candidates + index, mask=found, other=first_row)
     keys_at = k_ptr + b * k_b + h * k_h + (position - first_row)[:, None] * k_n
     CHUNK: tl.constexpr = 32 if DIM > 32 else DIM
@@ -168,7 +175,7 @@ def _certify_rows(q_ptr, k_ptr, positions_ptr, bounds_ptr, pick_ptr, left_ptr, o
         start += LEFT
     ceiling = tl.max(top, axis=0)
     if HAS_PICK:
-        ceiling = tl.maximum(ceiling, tl.load(bounds_ptr + row * width + count))
+        ceiling = tl.maximum(ceiling, left_out)
     kth = ceiling
     for i in tl.static_range(K):
         kth, at = tl.max(logits, axis=0, return_indices=True)

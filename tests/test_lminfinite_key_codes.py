@@ -169,11 +169,13 @@ def test_a_row_left_unsettled_takes_the_k_best_of_the_full_scans_candidates_over
     assert not settled.all() and settled.any()
 
 
-def test_the_certificate_reads_the_bound_every_block_left_out_and_the_best_bound_not_picked():
-    """recall_certify over 2,100 blocks' left-out bounds (three chunks of 1,024): a row is settled only where the
-    largest of them, and the bound after the picked candidates, lie below its k-th best rescored logit; a left-out
-    bound in the last chunk, or the next bound, reaching it unsettles the row alone. The logits are float64's of
-    the picked keys, their k best, best first."""
+def test_the_certificate_reads_the_bound_every_block_left_out_and_the_smallest_picked():
+    """recall_certify over 2,100 blocks' left-out bounds (three chunks of 1,024) and count + 1 picks in any order
+    (torch.topk unsorted): the smallest picked bound, wherever it lies, is left out, the others rescored. A row is
+    settled only where the largest bound the blocks left, and that smallest picked, lie below its k-th best rescored
+    logit; a left-out bound in the last chunk, or picks all raised above every logit, unsettle the row alone. The
+    logits are float64's of the rescored keys, their k best, best first. Reading the picks as sorted (the last one
+    left out) fails."""
     generator = torch.Generator().manual_seed(6)
     keys = torch.randn(1, 2, 400, 64, generator=generator).bfloat16()
     query = torch.randn(1, 2, 3, 64, generator=generator).bfloat16()
@@ -182,14 +184,16 @@ def test_the_certificate_reads_the_bound_every_block_left_out_and_the_best_bound
     positions = torch.stack(rows).reshape(1, 2, 3, width) + 10
     exact = (query.double() @ keys.double().transpose(-1, -2)) * 0.125
     upper = exact.gather(-1, positions - 10).float() + 0.01  # bounds: a key's logit and a little
-    bounds, pick = upper.topk(count + 1, dim=-1)
-    bounds[..., -1] = -50.0  # the bound after the picked ones: far below, but in row (0, 1, 2)
-    bounds[0, 1, 2, -1] = 50.0
+    upper[0, 1, 2] += 100.0  # every bound of this row above every logit
+    sorted_bounds, sorted_pick = upper.topk(count + 1, dim=-1)
+    shuffle = torch.stack([torch.randperm(count + 1, generator=generator) for _ in range(6)]).reshape(1, 2, 3, -1)
+    shuffle[0, 0, 0] = torch.arange(count, -1, -1)  # one row with its smallest first
+    bounds, pick = sorted_bounds.gather(-1, shuffle), sorted_pick.gather(-1, shuffle)
     left = torch.full((1, 2, 3, blocks), -50.0)
     left[0, 0, 1, 2050] = 50.0
     logits, found, settled = torch.ops.lminfinite.recall_certify(
         query, keys, positions, bounds, pick, left, k, count, 0.125, 10)
-    rescored = exact.gather(-1, positions.gather(-1, pick[..., :count]) - 10)
+    rescored = exact.gather(-1, positions.gather(-1, sorted_pick[..., :count]) - 10)
     torch.testing.assert_close(logits.double(), rescored.topk(k, dim=-1).values, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(exact.gather(-1, found - 10), logits.double(), atol=1e-5, rtol=1e-5)
     assert settled.tolist() == [[[1, 0, 1], [1, 1, 0]]]
