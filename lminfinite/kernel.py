@@ -62,17 +62,19 @@ def lm_infinite_attention(
     kernels = kernels_for(config.window_kernel, query.device, query.dtype, dim)
     if ctx.decode_keys is None and ctx.recent_start == 0 and ctx.end <= config.window_ and kernels.window != "float32":
         return within_window(query, ctx, scale, groups)
-    query_pos = torch.arange(first_pos, ctx.end, device=query.device)
-
     # Query head h reads key/value head h // groups, as HF's repeat_kv lays them out.
     q_frame = query.view(batch, kv_heads, groups, c, dim)
     if ctx.decode_keys is not None:  # decoding with top-k: one query, over the decode keys and its recalled tokens
+        # Its position as a tensor only for an observer: no recent token lies beyond its window (one launch less
+        # per recall layer of every step, which a CUDA graph replays).
+        query_pos = torch.arange(first_pos, ctx.end, device=query.device) if observer is not None else None
         block = _attend_block(q_frame, query_pos, first_pos, ctx, config, rope, layer_idx, scale, observer, None,
                               kernels.band)
         return block.reshape(batch, heads, c, dim).to(query.dtype)  # CUDA's fused kernels may return it strided
 
     # Prefill: the window span for every query at once (window.py). Queries before position L see nothing
     # beyond it; the others get the start (and middle) spans merged in place.
+    query_pos = torch.arange(first_pos, ctx.end, device=query.device)
     win_out, win_lse = window_attention(query, ctx, config.window_, scale, kernels.window)
     out = win_out.view(batch, kv_heads, groups, c, dim)
     lse = win_lse.view(batch, kv_heads, groups, c)

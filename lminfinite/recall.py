@@ -62,7 +62,8 @@ def recall_topk(
     """Select the top-k middle tokens for queries already rotated to ``topk_distance``.
 
     q_scored: (B, Hkv, g, nb, D); query_pos: (nb,) absolute positions, the first of them ``first_pos`` (a number,
-    so the scan's bounds are known without reading the device). A token j is "middle" for query i iff
+    so the scan's bounds are known without reading the device); None for a decode step's query, whose recent
+    tokens all lie inside its window. A token j is "middle" for query i iff
     n_starting <= j and i - j >= window: causal, not a starting token, outside the window. ``fused``: scan the
     store with recall_kernel.py's kernels where one call covers it (then, where the store holds every middle
     token, the values stay there: Recalled.values is None).

@@ -217,14 +217,14 @@ def extra_launches_per_recall_layer(config) -> tuple[float, collections.Counter]
     return (launches[1] - launches[0]) / (model.config.num_hidden_layers - config.topk_from_layer), counted.calls
 
 
-def test_a_decode_step_that_recalls_launches_eight_kernels_more_per_layer_not_fortyfive():
-    """What a graph replays is launches: a steady decode step with recall through the kernels runs 8 operators per
-    recall layer more than the same step without recall (the query's rotation for recall, the window part with its
-    log-sum-exp, the count's copy, the scan, the top-k and the candidates' positions, the merge), where PyTorch's
-    operators run 45."""
+def test_a_decode_step_that_recalls_launches_seven_kernels_more_per_layer_not_fortyfour():
+    """What a graph replays is launches: a steady decode step with recall through the kernels runs 7 operators per
+    recall layer more than the same step without recall (the query's rotation for recall, the window part in
+    float32 with its log-sum-exp and back, the scan, the top-k and the candidates' positions, the merge), where
+    PyTorch's operators run 44. The query's position as a tensor is made only for an observer (it was one more)."""
     extra = {kernel: extra_launches_per_recall_layer(dataclasses.replace(CONFIG, recall_kernel=kernel))[0]
              for kernel in ("torch", "triton")}
-    assert extra == {"torch": 45, "triton": 8}
+    assert extra == {"torch": 44, "triton": 7}
 
 
 def test_the_kernel_named_must_be_one_there_is():
