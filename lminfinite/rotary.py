@@ -44,7 +44,7 @@ class Rope:
     table_rows: int = 4096  # enable() sets lookup_rows(window)
     _tables: dict = field(default_factory=dict, init=False, repr=False)
     _rows: dict = field(default_factory=dict, init=False, repr=False)  # kept one-offset rows, see _row
-    _sign_rows: dict = field(default_factory=dict, init=False, repr=False)  # per table, see _signs
+    _sign_rows: dict = field(default_factory=dict, init=False, repr=False)  # see _signs
 
     @property
     def head_dim(self) -> int:
@@ -141,9 +141,13 @@ class Rope:
         torch.mul(sin_table[size : size + 1, None, :], signs, out=sin.view(halves))
 
     def _signs(self, signs: tuple[float, float], device, dtype) -> torch.Tensor:
-        """(1, 2, 1): a sign for each half of a row, made with the table (on the device: no copy from the host)."""
-        self._table(torch.device(device), dtype)
-        return self._sign_rows[(torch.device(device), dtype)][signs]
+        """(1, 2, 1): a sign for each half of a row, the four pairs made at the first decode step that asks (on the
+        device: no copy from the host) and kept."""
+        key = (torch.device(device), dtype)
+        if key not in self._sign_rows:
+            with outside_inference_mode():
+                self._sign_rows[key] = {pair: _sign_row(pair, device, dtype) for pair in SIGN_PAIRS}
+        return self._sign_rows[key][signs]
 
     def _row(self, purpose: str, offset: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin (1, head_dim) of one offset. Every layer of a decode step asks for the same one, so the last
@@ -161,7 +165,6 @@ class Rope:
         if key not in self._tables:
             with outside_inference_mode():
                 self._tables[key] = _half_cos_sin(torch.arange(self.table_rows, device=device), self.inv_freq, dtype)
-                self._sign_rows[key] = {signs: _sign_row(signs, device, dtype) for signs in SIGN_PAIRS}
         return self._tables[key]
 
     def rotate(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:

@@ -30,9 +30,8 @@ def test_memory_is_constant_in_context_length(model):
     assert long.memory() == short.memory()
     # A ring of n_starting + window rows per layer, plus the unrotated start keys.
     row_bytes = 2 * 3 * model.config.num_key_value_heads * HEAD_DIM * 4  # k+v, layers, kv heads, head_dim, fp32
-    # The model's rotation: cos and sin tables of 4 × window rows of head_dim / 2 (fp32), inv_freq (float64), and
-    # beside the tables 4 pairs of signs for a row's halves (rotary.SIGN_PAIRS, fp32).
-    rotation_bytes = 2 * 4 * WINDOW * HEAD_DIM // 2 * 4 + HEAD_DIM // 2 * 8 + 4 * 2 * 4
+    # The model's rotation: cos and sin tables of 4 × window rows of head_dim / 2 (fp32), and inv_freq (float64).
+    rotation_bytes = 2 * 4 * WINDOW * HEAD_DIM // 2 * 4 + HEAD_DIM // 2 * 8
     assert long.memory() == {
         "starting": 2 * N_STARTING * row_bytes, "window": WINDOW * row_bytes, "middle": 0, "middle_scan": 0,
         "middle_reserved": 0, "rotation": rotation_bytes,
