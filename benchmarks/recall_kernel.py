@@ -130,21 +130,16 @@ def coded_stages(query: torch.Tensor, ctx: KeyContext, k: int, scale: float) -> 
     """The coded path's launches one by one (coded_recall.py's steps), each a call on the previous ones' outputs,
     computed once here: where a layer's recall through the codes spends its time."""
     codes, keys, live, ops = ctx.middle_codes, ctx.middle_k, ctx.middle_live, torch.ops.lminfinite
-    upper, positions, left = ops.recall_scan_codes(query, keys, codes.codes, codes.scales, codes.errors, codes.norms,
-                                                   live, scale, N_STARTING, codes.keep)
-    count = min(coded_recall.BUDGET, upper.shape[-1])
-
-    def pick():  # none where the blocks keep no more candidates than are rescored (an empty stage)
-        return upper.topk(count + 1, dim=-1, sorted=False) if count < upper.shape[-1] else (upper, None)
-
-    picked = pick()
-    logits, picks, settled = ops.recall_certify(query, keys, positions, *picked, left, k, count, scale, N_STARTING)
+    options = dict(scale=scale, first_row=N_STARTING)
+    upper, positions, left = coded_recall.scan_bounds(query, keys, codes, live, **options)
+    bounds, pick, count = coded_recall.best_bounds(upper)
+    logits, picks, settled = ops.recall_certify(query, keys, positions, bounds, pick, left, k, count, scale,
+                                                N_STARTING)
     full = ops.recall_scan(query, keys, live, k, scale, N_STARTING, settled)
     return {
-        "scan": lambda: ops.recall_scan_codes(query, keys, codes.codes, codes.scales, codes.errors, codes.norms,
-                                              live, scale, N_STARTING, codes.keep),
-        "top-k": pick,
-        "certify": lambda: ops.recall_certify(query, keys, positions, *picked, left, k, count, scale, N_STARTING),
+        "scan": lambda: coded_recall.scan_bounds(query, keys, codes, live, **options),
+        "top-k": lambda: coded_recall.best_bounds(upper),  # nothing launched where no more than BUDGET
+        "certify": lambda: ops.recall_certify(query, keys, positions, bounds, pick, left, k, count, scale, N_STARTING),
         "full scan": lambda: ops.recall_scan(query, keys, live, k, scale, N_STARTING, settled),
         "settle": lambda: ops.recall_settle_(logits, picks, settled, *full, N_STARTING),  # the same picks again
     }

@@ -67,11 +67,24 @@ def certified_topk(query: torch.Tensor, keys: torch.Tensor, codes: KeyCodes, liv
 
 
 def _certified(query, keys, codes, live, *, k, scale, first_row):
-    upper, positions, left = torch.ops.lminfinite.recall_scan_codes(
-        query, keys, codes.codes, codes.scales, codes.errors, codes.norms, live, scale, first_row, codes.keep)
+    upper, positions, left = scan_bounds(query, keys, codes, live, scale=scale, first_row=first_row)
+    bounds, pick, count = best_bounds(upper)
+    return torch.ops.lminfinite.recall_certify(query, keys, positions, bounds, pick, left, k, count, scale, first_row)
+
+
+def scan_bounds(query: torch.Tensor, keys: torch.Tensor, codes: KeyCodes, live: torch.Tensor | None, *,
+                scale: float, first_row: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step 1: the blocks' candidates' bounds and positions, and the largest bound each block left out."""
+    return torch.ops.lminfinite.recall_scan_codes(query, keys, codes.codes, codes.scales, codes.errors, codes.norms,
+                                                  live, scale, first_row, codes.keep)
+
+
+def best_bounds(upper: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """Step 2: (bounds, their places among the candidates, how many are rescored): the BUDGET + 1 largest,
+    unsorted, or every candidate (no pick, nothing launched) where there are no more than BUDGET."""
     count = min(BUDGET, upper.shape[-1])
     bounds, pick = upper.topk(count + 1, dim=-1, sorted=False) if count < upper.shape[-1] else (upper, None)
-    return torch.ops.lminfinite.recall_certify(query, keys, positions, bounds, pick, left, k, count, scale, first_row)
+    return bounds, pick, count
 
 
 def keeps_codes(requested: str, recall_kernel_name: str, device: torch.device, dtype: torch.dtype,

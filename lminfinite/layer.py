@@ -152,20 +152,16 @@ class InfiniteLayer(CacheLayerMixin):
         if self.seen - self.frame > rebase_interval(self.config.window_):
             self._rebase(self.win_start)
 
-    def advance(self, step: DecodeStep | None = None) -> None:
+    def advance(self, step: DecodeStep) -> None:
         """Count a steady decode step: one more token seen, the oldest out of the window (into the middle store,
-        if this layer keeps one). Python's part of the step, so a replayed step does it too (graphed.py). With the
-        ``step`` loaded for it, the oldest key is unrotated as the store writes it (its rotation row is the
-        step's): 6 launches, where a rotation by a table row and a copy are 13, after every replay in every
-        recall layer."""
+        if this layer keeps one). Python's part of the step, so a replayed step does it too (graphed.py). The
+        oldest key is unrotated by the row of the ``step`` it was loaded for as the store writes it: 6 launches,
+        where a rotation by a table row and a copy are 13, after every replay in every recall layer."""
         oldest = self.win_start  # at distance window - 1 from the step's token, beyond the window from the next on
         if self.middle is not None:
             old = self._slot(oldest)
-            keys, values = self.ring_k[..., old : old + 1, :], self.ring_v[..., old : old + 1, :]
-            if step is not None and step.position == self.seen:
-                self.middle.append(keys, values, rotation=(step.evict_cos, step.evict_sin))
-            else:
-                self.middle.append(self._unrotate(keys, oldest), values)
+            self.middle.append(self.ring_k[..., old : old + 1, :], self.ring_v[..., old : old + 1, :],
+                               rotation=(step.evict_cos, step.evict_sin))
         self.win_start += 1
         self.seen += 1
 

@@ -20,8 +20,6 @@ from .modes import outside_inference_mode
 # RoPE variants whose frequencies do not depend on the sequence length: a fixed inv_freq (and, for
 # YaRN, a fixed logit scale) describes them completely.
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-
-
 SIGN_PAIRS = ((1.0, 1.0), (-1.0, -1.0), (-1.0, 1.0), (1.0, -1.0))  # fill_row's signs of a row's two halves
 
 
