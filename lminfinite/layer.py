@@ -265,7 +265,7 @@ class InfiniteLayer(CacheLayerMixin):
         recent_k = _join(placed, ordered_k, rotated)
         recent_v = _join(self.start_v, ordered_v, value_states)
         filling = max(0, n_starting - first)  # the start keys this chunk completes (the start holds min(first, n))
-        start_k = _join(self.start_k, self._unrotate(rotated[..., :filling, :], first))
+        start_k = _join(self.start_k, self._unrotate(rotated[..., :filling, :], first, keep_rows=True))
         start_v = _join(self.start_v, value_states[..., :filling, :])
         return KeyContext(recent_k, recent_v, 0, self.frame, start_k, start_v, *self._middle_view())
 
@@ -331,12 +331,13 @@ class InfiniteLayer(CacheLayerMixin):
     def _slot(self, position):
         return self.config.n_starting + position % self.config.window_
 
-    def _unrotate(self, keys: torch.Tensor, first_position: int) -> torch.Tensor:
+    def _unrotate(self, keys: torch.Tensor, first_position: int, keep_rows: bool = False) -> torch.Tensor:
+        """``keep_rows``: the start keys, which every layer of a first prefill unrotates alike (Rope.rotate_range)."""
         if not keys.shape[-2]:  # a later chunk's start keys: none to unrotate, nothing to launch
             return keys
         if keys.shape[-2] == 1:  # a decode step's evicted token: one table row, no gather and no device sync
             return self.rope.rotate_by(keys, self.frame - first_position)
-        return self.rope.rotate_range(keys, self.frame - first_position, -1)
+        return self.rope.rotate_range(keys, self.frame - first_position, -1, keep=keep_rows)
 
     def _writable(self) -> None:
         if self.shared:

@@ -21,6 +21,9 @@ from .modes import outside_inference_mode
 # YaRN, a fixed logit scale) describes them completely.
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 SIGN_PAIRS = ((1.0, 1.0), (-1.0, -1.0), (-1.0, 1.0), (1.0, -1.0))  # fill_row's signs of a row's two halves
+# rotate_range(keep=True) keeps the rows of runs this short (a prefill's start keys: every layer of a forward asks
+# for the same), at most KEPT_RUNS of them: 2 × 64 × head_dim floats each, 64 KB at head_dim 128.
+KEPT_RUN_ROWS, KEPT_RUNS = 64, 8
 
 
 def lookup_rows(window: int) -> int:
@@ -43,6 +46,7 @@ class Rope:
     _tables: dict = field(default_factory=dict, init=False, repr=False)
     _rows: dict = field(default_factory=dict, init=False, repr=False)  # kept one-offset rows, see _row
     _sign_rows: dict = field(default_factory=dict, init=False, repr=False)  # see _signs
+    _runs: dict = field(default_factory=dict, init=False, repr=False)  # kept rows of short runs, see _run_rows
 
     @property
     def head_dim(self) -> int:
@@ -172,17 +176,37 @@ class Rope:
         """
         return apply_rotation(x, *self.cos_sin(offsets, rotation_dtype(x.dtype)))
 
-    def rotate_range(self, x: torch.Tensor, first: int, step: int) -> torch.Tensor:
+    def rotate_range(self, x: torch.Tensor, first: int, step: int, keep: bool = False) -> torch.Tensor:
         """``rotate`` by first, first + step, first + 2·step, ... (one per row): offsets of consecutive positions,
-        whose largest size is known from the two ends, so the device is never asked for it (no sync on a GPU)."""
-        return apply_rotation(x, *self.consecutive(first, step, x.shape[-2], rotation_dtype(x.dtype), x.device))
+        whose largest size is known from the two ends, so the device is never asked for it (no sync on a GPU).
+        Bit for bit ``apply_rotation``'s numbers, computed as ``rotate_into`` does (no widening copy, no negation of
+        x). ``keep``: the run's rows are kept (a first prefill's start keys, which every layer rotates alike), so
+        the layers after the first launch no operator to make them."""
+        cos, sin_half_negated = self._run_rows(first, step, x.shape[-2], rotation_dtype(x.dtype), x.device, keep)
+        return (x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_half_negated).to(x.dtype)
+
+    def _run_rows(self, first: int, step: int, n: int, dtype: torch.dtype, device,
+                  keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``consecutive``'s rows, the sine half-negated; kept if asked for runs of up to KEPT_RUN_ROWS, the last
+        KEPT_RUNS of them."""
+        if not keep or n > KEPT_RUN_ROWS:
+            cos, sin = self.consecutive(first, step, n, dtype, device)
+            return cos, half_negated(sin)
+        key = (first, step, n, torch.device(device), dtype)
+        if key not in self._runs:
+            if len(self._runs) >= KEPT_RUNS:
+                self._runs.clear()
+            with outside_inference_mode():  # kept across calls, whatever their mode
+                self._runs[key] = self._run_rows(first, step, n, dtype, device, keep=False)
+        return self._runs[key]
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: inv_freq, the tables (table_rows rows per device and dtype used), the kept rows and signs."""
+        """Bytes held: inv_freq, the tables (table_rows rows per device and dtype used), kept rows, runs and signs."""
         tensors = [self.inv_freq, *(t for pair in self._tables.values() for t in pair)]
         tensors += [t for _, pair in self._rows.values() for t in pair]
         tensors += [t for signs in self._sign_rows.values() for t in signs.values()]
+        tensors += [t for pair in self._runs.values() for t in pair]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 

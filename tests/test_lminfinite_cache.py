@@ -30,8 +30,9 @@ def test_memory_is_constant_in_context_length(model):
     assert long.memory() == short.memory()
     # A ring of n_starting + window rows per layer, plus the unrotated start keys.
     row_bytes = 2 * 3 * model.config.num_key_value_heads * HEAD_DIM * 4  # k+v, layers, kv heads, head_dim, fp32
-    # The model's rotation: cos and sin tables of 4 × window rows of head_dim / 2 (fp32), and inv_freq (float64).
-    rotation_bytes = 2 * 4 * WINDOW * HEAD_DIM // 2 * 4 + HEAD_DIM // 2 * 8
+    # The model's rotation: cos and sin tables of 4 × window rows of head_dim / 2 (fp32), inv_freq (float64), and
+    # the rows that unrotate the start keys of a first call, kept (cos and sin of n_starting rows, fp32).
+    rotation_bytes = 2 * 4 * WINDOW * HEAD_DIM // 2 * 4 + HEAD_DIM // 2 * 8 + 2 * N_STARTING * HEAD_DIM * 4
     assert long.memory() == {
         "starting": 2 * N_STARTING * row_bytes, "window": WINDOW * row_bytes, "middle": 0, "middle_scan": 0,
         "middle_reserved": 0, "rotation": rotation_bytes,

@@ -66,3 +66,31 @@ def test_a_row_filled_in_place_is_rows_numbers_bit_for_bit(dtype):
         want_cos, want_sin = rope.row(offset, dtype, "cpu")
         assert torch.equal(bits(cos), bits(want_cos)), (offset, negate)
         assert torch.equal(bits(sin), bits(half_negated(want_sin) if negate else want_sin)), (offset, negate)
+
+
+@pytest.mark.parametrize("dtype", list(BITS))
+def test_a_rotated_range_is_apply_rotations_numbers_bit_for_bit_its_short_runs_rows_kept(dtype):
+    """What a layer's start keys and evicted keys go through (layer.py): runs rising and falling, on either side of
+    zero, at the table's edge and past it, short (rows kept, asked for twice) and long (not kept); keys over six
+    decades and zeros of either sign. The kept runs stay bounded, and rows first made in inference mode rotate keys
+    under autograd later."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2, dtype=torch.float64) / 32))
+    rope = Rope(inv_freq, table_rows=TABLE_ROWS)
+    generator = torch.Generator().manual_seed(2)
+    scale = torch.logspace(-3, 3, 32, dtype=torch.float64)
+    for first, step, n in itertools.product((-45, -TABLE_ROWS, -3, 0, 5, TABLE_ROWS - 1, 45), (1, -1), (1, 10, 80)):
+        keys = (torch.randn(2, 3, n, 32, generator=generator, dtype=torch.float64) * scale).to(dtype)
+        keys[0, 0, 0, :5] = -0.0
+        cos, sin = rope.consecutive(first, step, n, rotation_dtype(dtype), "cpu")
+        for _ in range(2):
+            with torch.inference_mode():
+                got = rope.rotate_range(keys, first, step, keep=True)
+            assert torch.equal(bits(got), bits(apply_rotation(keys, cos, sin))), (first, step, n)
+    kept = rope._runs
+    assert 0 < len(kept) <= 8 and all(pair[0].shape[0] <= 64 for pair in kept.values())
+    keys = torch.randn(1, 1, 10, 32, dtype=dtype, requires_grad=True)
+    rope.rotate_range(keys, -3, -1, keep=True).sum().backward()  # kept rows are no inference tensors
+    assert keys.grad is not None
+    rope._runs.clear()
+    rope.rotate_range(keys.detach(), 7, 1)
+    assert not rope._runs  # kept only when asked
