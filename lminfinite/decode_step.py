@@ -60,7 +60,7 @@ class DecodeStep:
         return self.cos.dtype == dtype and self.cos.device == torch.device(device)
 
     def load(self, rope: Rope, *, position: int, frame: int, slot: int, window: int, recall_distance: int,
-             evicts: bool = True) -> None:
+             evicts: bool) -> None:
         """Fill in place for the token at ``position``: device copies only, no sync. ``evicts``: whether a middle
         store takes the oldest token after the step (else the eviction's rotation is left as it was)."""
         self.position = position

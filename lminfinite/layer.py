@@ -335,7 +335,7 @@ class InfiniteLayer(CacheLayerMixin):
         """``keep_rows``: the start keys, which every layer of a first prefill unrotates alike (Rope.rotate_range)."""
         if not keys.shape[-2]:  # a later chunk's start keys: none to unrotate, nothing to launch
             return keys
-        if keys.shape[-2] == 1:  # a decode step's evicted token: one table row, no gather and no device sync
+        if keys.shape[-2] == 1:  # a chunk's one evicted token: one table row (a steady step's goes by its DecodeStep)
             return self.rope.rotate_by(keys, self.frame - first_position)
         return self.rope.rotate_range(keys, self.frame - first_position, -1, keep=keep_rows)
 
