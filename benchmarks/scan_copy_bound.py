@@ -103,10 +103,11 @@ def rescore_shares(query: torch.Tensor, keys: torch.Tensor, copy: torch.Tensor, 
 
 
 def certified_shares(query: torch.Tensor, keys: torch.Tensor, *, k: int, scale: float, keep: int,
-                     budget: int) -> torch.Tensor:
-    """Per query row, whether coded_recall.py's certificate holds with ``keep`` candidates per block and ``budget``
-    rescored (1.0; else 0.0: the row's head is scanned in full), with the library's codes and its bound (float64
-    here, so without the margin for the scan's own rounding). query (B, H, R, D), keys (B, H, n, D)."""
+                     budget: int, span: int = BLOCK) -> torch.Tensor:
+    """Per query row, whether coded_recall.py's certificate holds with ``keep`` candidates per ``span`` keys (a
+    block, or several blocks selected from together) and ``budget`` rescored (1.0; else 0.0: the row's head is
+    scanned in full), with the library's codes and its bound (float64 here, so without the margin for the scan's
+    own rounding). query (B, H, R, D), keys (B, H, n, D)."""
     n, dim = keys.shape[-2], keys.shape[-1]
     full = n // BLOCK * BLOCK
     codes, scales, errors, norms = (t.double() for t in code_blocks(keys[..., :full, :]))
@@ -116,10 +117,10 @@ def certified_shares(query: torch.Tensor, keys: torch.Tensor, *, k: int, scale: 
     q_norm = query.norm(dim=-1, keepdim=True)
     reach = errors[..., None, :] + coded_recall.rounding(dim) * norms.repeat_interleave(BLOCK, dim=-1)[..., None, :]
     upper = torch.cat((scanned + scale * q_norm * reach, exact[..., full:]), dim=-1)
-    upper = torch.nn.functional.pad(upper, (0, -n % BLOCK), value=float("-inf")).unflatten(-1, (-1, BLOCK))
-    kept, at = upper.topk(min(keep, BLOCK), dim=-1)
+    upper = torch.nn.functional.pad(upper, (0, -n % span), value=float("-inf")).unflatten(-1, (-1, span))
+    kept, at = upper.topk(min(keep, span), dim=-1)
     left = upper.scatter(-1, at, float("-inf")).amax(-1).amax(-1)
-    positions = (at + BLOCK * torch.arange(upper.shape[-2])[:, None]).flatten(-2)
+    positions = (at + span * torch.arange(upper.shape[-2])[:, None]).flatten(-2)
     kept = kept.flatten(-2)
     count = min(budget, kept.shape[-1])
     bounds, pick = kept.topk(min(count + 1, kept.shape[-1]), dim=-1)

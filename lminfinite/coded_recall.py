@@ -2,12 +2,12 @@
 
 The steps, none of which waits for the device (a CUDA graph records them as they are), five launches in all:
   1. ``recall_scan_codes``: per block, an upper bound on every key's logit (its scanned logit plus its error bound,
-     or in the block being filled its own logit plus a rounding), the block's KEEP largest bounds and positions,
-     and the largest bound it left out;
-  2. torch.topk: the BUDGET + 1 largest bounds among the blocks' candidates, unsorted (no sort launched), where
-     the blocks keep more; the smallest of them is not rescored but joins the certificate;
+     or in the block being filled its own logit plus a rounding); per pool of POOL keys (a few blocks), the KEEP
+     largest bounds and their positions, and the largest bound it left out;
+  2. torch.topk: the BUDGET + 1 largest bounds among the pools' candidates, unsorted (no sort launched), where
+     the pools keep more; the smallest of them is not rescored but joins the certificate;
   3. ``recall_certify``: those candidates rescored from the store's own keys, their k best kept, and the
-     certificate: where no key left out (in a block, or among the candidates) has a bound above the k-th best
+     certificate: where no key left out (in a pool, or among the candidates) has a bound above the k-th best
      rescored logit, that k best is the store's top k, and the row is settled;
   4. ``recall_scan`` scans in full the heads of any row not settled, told to skip the other heads' blocks;
   5. ``recall_settle_``: each row not settled takes the k best of that scan's candidates, in place.
@@ -31,7 +31,7 @@ import functools
 import torch
 
 from . import recall_kernel
-from .key_codes import BLOCK, KEEP, KeyCodes  # noqa: F401 (KEEP: benchmarks read it from here)
+from .key_codes import BLOCK, KEEP, POOL, KeyCodes  # noqa: F401 (KEEP, POOL: benchmarks read them from here)
 
 BUDGET = 128  # candidates rescored per query row
 SAFETY = 1.25
@@ -74,9 +74,9 @@ def _certified(query, keys, codes, live, *, k, scale, first_row):
 
 def scan_bounds(query: torch.Tensor, keys: torch.Tensor, codes: KeyCodes, live: torch.Tensor | None, *,
                 scale: float, first_row: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Step 1: the blocks' candidates' bounds and positions, and the largest bound each block left out."""
+    """Step 1: the pools' candidates' bounds and positions, and the largest bound each pool left out."""
     return torch.ops.lminfinite.recall_scan_codes(query, keys, codes.codes, codes.scales, codes.errors, codes.norms,
-                                                  live, scale, first_row, codes.keep)
+                                                  live, scale, first_row, codes.keep, codes.pool)
 
 
 def best_bounds(upper: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, int]:
@@ -106,22 +106,23 @@ def keeps_codes(requested: str, recall_kernel_name: str, device: torch.device, d
 @torch.library.custom_op("lminfinite::recall_scan_codes", mutates_args=())
 def recall_scan_codes(query: torch.Tensor, keys: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                       errors: torch.Tensor, norms: torch.Tensor, live: torch.Tensor | None, scale: float,
-                      first_row: int, keep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per query row: each block's ``keep`` largest bounds and their positions (B, Hkv, R, blocks·keep), and the
-    largest bound each block left out (B, Hkv, R, blocks); -inf for rows not in use."""
+                      first_row: int, keep: int, pool: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per query row: the ``keep`` largest bounds of each pool of ``pool`` keys and their positions
+    (B, Hkv, R, pools·keep), and the largest bound each pool left out (B, Hkv, R, pools); -inf for rows not in
+    use."""
     from . import coded_triton
 
-    return coded_triton.scan_codes(query, keys, codes, scales, errors, norms, live, scale, first_row, keep, BLOCK,
-                                   rounding(query.shape[-1]), SAFETY)
+    return coded_triton.scan_codes(query, keys, codes, scales, errors, norms, live, scale, first_row, keep, pool,
+                                   BLOCK, rounding(query.shape[-1]), SAFETY)
 
 
 @recall_scan_codes.register_fake
-def _(query, keys, codes, scales, errors, norms, live, scale, first_row, keep):
+def _(query, keys, codes, scales, errors, norms, live, scale, first_row, keep, pool):
     batch, kv_heads, rows, _ = query.shape
-    blocks = -(-keys.shape[-2] // BLOCK)
-    shape = (batch, kv_heads, rows, blocks * keep)
+    pools = -(-keys.shape[-2] // pool)
+    shape = (batch, kv_heads, rows, pools * keep)
     return (query.new_empty(shape, dtype=torch.float32), query.new_empty(shape, dtype=torch.long),
-            query.new_empty((batch, kv_heads, rows, blocks), dtype=torch.float32))
+            query.new_empty((batch, kv_heads, rows, pools), dtype=torch.float32))
 
 
 @torch.library.custom_op("lminfinite::recall_certify", mutates_args=())

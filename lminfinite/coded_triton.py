@@ -12,20 +12,26 @@ from .recall_triton import FEW_ROWS, INTERPRETED, candidates, padded_rows, summe
 
 
 def scan_codes(query, keys, codes, scales, errors, norms, live, scale: float, first_row: int, keep: int,
-               block: int, rounding: float, safety: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               pool: int, block: int, rounding: float, safety: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, kv_heads, rows, dim = query.shape
     n = keys.shape[-2]
     query = query.contiguous()
-    blocks, upper, positions = candidates(query, keys, block, keep)
-    left = torch.empty((batch, kv_heads, rows, blocks), dtype=torch.float32, device=query.device)
-    _scan_coded_blocks[(batch * kv_heads, blocks)](
+    pools, upper, positions = candidates(query, keys, pool, keep)
+    left = torch.empty((batch, kv_heads, rows, pools), dtype=torch.float32, device=query.device)
+    _scan_coded_pools[(batch * kv_heads, pools)](
         query, keys, codes, scales, errors, norms, query if live is None else live, upper, positions, left,
         kv_heads, rows, n, dim, float(scale), first_row, float(rounding), float(safety),
         *keys.stride(), *codes.stride(), *scales.stride(), *errors.stride(), *norms.stride(),
         HAS_LIVE=live is not None, ROWS=padded_rows(rows), DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block,
-        KEEP=keep, IEEE=INTERPRETED, DOT=rows > FEW_ROWS,
+        POOL=pool // block, KEEP=keep, IEEE=INTERPRETED, DOT=rows > FEW_ROWS, num_warps=scan_warps(rows),
     )
     return upper, positions, left
+
+
+def scan_warps(rows: int) -> int:
+    """Warps of a coded scan's program: 8 where tensor cores take many query rows, whose float32 tiles and a pool's
+    running selection spilled registers over 4 warps (ptxas, sm_90: tests/gpu_compile.py)."""
+    return 8 if rows > FEW_ROWS else 4
 
 
 def certify(query, keys, positions, bounds, pick, left, k: int, count: int, scale: float,
@@ -55,26 +61,83 @@ def settle(logits, positions, settled, cand_logits, cand_positions, first_row: i
 
 
 @triton.jit
-def _scan_coded_blocks(q_ptr, k_ptr, c_ptr, s_ptr, e_ptr, m_ptr, live_ptr, out_upper, out_positions, out_left,
-                       kv_heads, rows, n, dim, scale, first_row, rounding, safety,
-                       k_b, k_h, k_n, k_d, c_b, c_h, c_n, c_d, s_b, s_h, s_n, s_d, e_b, e_h, e_n, m_b, m_h, m_n,
-                       HAS_LIVE: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr,
-                       KEEP: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr):
-    """One program: one key head's query rows against one block of its keys. Per row, an upper bound on each key's
-    logit: a coded block's scanned logit plus its bound, the block being filled its own logit plus a rounding's
-    worth; then the block's KEEP largest bounds (and positions) and the largest bound left out. Tensor cores take
-    TF32 inputs (the bound's 2^-10), IEEE float32 only under the interpreter (IEEE)."""
+def _scan_coded_pools(q_ptr, k_ptr, c_ptr, s_ptr, e_ptr, m_ptr, live_ptr, out_upper, out_positions, out_left,
+                      kv_heads, rows, n, dim, scale, first_row, rounding, safety,
+                      k_b, k_h, k_n, k_d, c_b, c_h, c_n, c_d, s_b, s_h, s_n, s_d, e_b, e_h, e_n, m_b, m_h, m_n,
+                      HAS_LIVE: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr,
+                      POOL: tl.constexpr, KEEP: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr):
+    """One program: one key head's query rows against one pool of POOL blocks of its keys, a block at a time
+    (``_block_bounds``): its coded blocks, then the block being filled where it lies in the pool; blocks past the
+    rows in use are not read. Per row, the pool's KEEP largest bounds (and positions) and the largest bound left
+    out (``_take``). The blocks are unrolled, not looped over: in a loop, what the compiler hoists out of it took
+    50 registers a thread more (ptxas, sm_90), and a loop's iterations would not overlap their reads either."""
     head = tl.program_id(0)
-    block = tl.program_id(1)
-    blocks = tl.num_programs(1)
+    pool = tl.program_id(1)
+    pools = tl.num_programs(1)
     r = tl.arange(0, ROWS)
-    d = tl.arange(0, DIM)
-    c = tl.arange(0, BLOCK)
-    key_rows = block.to(tl.int64) * BLOCK + c
+    kept = tl.arange(0, KEEP)
     if HAS_LIVE:
         in_use = tl.minimum(tl.load(live_ptr), n)
     else:
         in_use = n
+    bests = tl.full((ROWS, KEEP), float("-inf"), tl.float32)
+    places = tl.zeros((ROWS, KEEP), tl.int32)  # rows after the pool's first
+    left = tl.full((ROWS,), float("-inf"), tl.float32)
+    first = pool * POOL
+    coded = in_use // BLOCK  # the blocks before the one being filled
+    for i in tl.static_range(POOL):
+        if first + i < coded:
+            upper = _block_bounds(q_ptr, k_ptr, c_ptr, s_ptr, e_ptr, m_ptr, head, first + i, in_use, kv_heads, rows,
+                                  dim, scale, rounding, safety, k_b, k_h, k_n, k_d, c_b, c_h, c_n, c_d, s_b, s_h,
+                                  s_n, s_d, e_b, e_h, e_n, m_b, m_h, m_n, ROWS, DIM, BLOCK, IEEE, DOT, True)
+            bests, places, left = _take(upper, bests, places, left, i * BLOCK, ROWS, BLOCK, KEEP)
+    if (first <= coded) & (coded < first + POOL) & (coded * BLOCK < in_use):
+        upper = _block_bounds(q_ptr, k_ptr, c_ptr, s_ptr, e_ptr, m_ptr, head, coded, in_use, kv_heads, rows, dim,
+                              scale, rounding, safety, k_b, k_h, k_n, k_d, c_b, c_h, c_n, c_d, s_b, s_h, s_n, s_d,
+                              e_b, e_h, e_n, m_b, m_h, m_n, ROWS, DIM, BLOCK, IEEE, DOT, False)
+        bests, places, left = _take(upper, bests, places, left, (coded - first) * BLOCK, ROWS, BLOCK, KEEP)
+    out = ((head * rows + r) * (pools * KEEP) + pool * KEEP)[:, None] + kept[None, :]
+    tl.store(out_upper + out, bests, mask=(r < rows)[:, None])
+    tl.store(out_positions + out, first.to(tl.int64) * BLOCK + places + first_row, mask=(r < rows)[:, None])
+    tl.store(out_left + (head * rows + r) * pools + pool, left, mask=r < rows)
+
+
+@triton.jit
+def _take(upper, bests, places, left, offset, ROWS: tl.constexpr, BLOCK: tl.constexpr, KEEP: tl.constexpr):
+    """A running selection of a pool's KEEP largest bounds: a block's ``upper`` bounds (ROWS, BLOCK), best first,
+    each take the place of the smallest kept (``bests``, at ``places``: rows after the pool's first) while they
+    are larger, and the one displaced is left out (``left``: the largest bound left out); the first that is not
+    ends the block and is left out with all below it. So a block costs one pass per bound it brings in, and one
+    more. ``offset``: the block's first row after the pool's."""
+    c = tl.arange(0, BLOCK)
+    kept = tl.arange(0, KEEP)
+    best, at = tl.max(upper, axis=1, return_indices=True)
+    low, into = tl.min(bests, axis=1, return_indices=True)
+    while tl.max((best > low).to(tl.int32), axis=0) != 0:
+        enters = best > low
+        left = tl.where(enters, tl.maximum(left, low), left)
+        replace = enters[:, None] & (kept[None, :] == into[:, None])
+        bests = tl.where(replace, best[:, None], bests)
+        places = tl.where(replace, (offset + at).to(tl.int32)[:, None], places)
+        upper = tl.where(enters[:, None] & (c[None, :] == at[:, None]), float("-inf"), upper)
+        best, at = tl.max(upper, axis=1, return_indices=True)
+        low, into = tl.min(bests, axis=1, return_indices=True)
+    return bests, places, tl.maximum(left, best)
+
+
+@triton.jit
+def _block_bounds(q_ptr, k_ptr, c_ptr, s_ptr, e_ptr, m_ptr, head, block, in_use, kv_heads, rows, dim, scale,
+                  rounding, safety, k_b, k_h, k_n, k_d, c_b, c_h, c_n, c_d, s_b, s_h, s_n, s_d, e_b, e_h, e_n,
+                  m_b, m_h, m_n, ROWS: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr, IEEE: tl.constexpr,
+                  DOT: tl.constexpr, CODED: tl.constexpr):
+    """Per query row, an upper bound on the logit of each key of one ``block``: a CODED block's scanned logit plus
+    its bound, the block being filled its own logit plus a rounding's worth; -inf past the rows in use, +inf where
+    a key is NaN (it may be anything: never left out). Tensor cores take TF32 inputs (the bound's 2^-10), IEEE
+    float32 only under the interpreter (IEEE)."""
+    r = tl.arange(0, ROWS)
+    d = tl.arange(0, DIM)
+    c = tl.arange(0, BLOCK)
+    key_rows = block.to(tl.int64) * BLOCK + c
     b = (head // kv_heads).to(tl.int64)
     h = (head % kv_heads).to(tl.int64)
     q_at = q_ptr + (head * rows + r[:, None]) * dim
@@ -84,7 +147,7 @@ def _scan_coded_blocks(q_ptr, k_ptr, c_ptr, s_ptr, e_ptr, m_ptr, live_ptr, out_u
     codes_at = c_ptr + b * c_b + h * c_h + key_rows[:, None] * c_n
     keys_at = k_ptr + b * k_b + h * k_h + key_rows[:, None] * k_n
     scale_at = s_ptr + b * s_b + h * s_h + block * s_n
-    if (block + 1) * BLOCK <= in_use:  # a coded block: scales folded into the query, codes exact in float32
+    if CODED:  # scales folded into the query, codes exact in float32
         if DOT:
             chan_scale = tl.load(scale_at + d * s_d, mask=d < dim, other=0.0)
             codes = tl.load(codes_at + d[None, :] * c_d, mask=channels, other=0).to(tl.float32)
@@ -115,18 +178,7 @@ def _scan_coded_blocks(q_ptr, k_ptr, c_ptr, s_ptr, e_ptr, m_ptr, live_ptr, out_u
     upper = scanned * scale + safety * scale * reach
     upper = tl.where(upper != upper, float("inf"), upper)  # a NaN key may be anything: it can never be left out
     upper = tl.where((key_rows < in_use)[None, :], upper, float("-inf"))
-    kept = tl.arange(0, KEEP)
-    bests = tl.full((ROWS, KEEP), float("-inf"), tl.float32)
-    places = tl.zeros((ROWS, KEEP), tl.int64)
-    for j in tl.static_range(KEEP):
-        best, at = tl.max(upper, axis=1, return_indices=True)
-        bests = tl.where(kept[None, :] == j, best[:, None], bests)
-        places = tl.where(kept[None, :] == j, at[:, None].to(tl.int64), places)
-        upper = tl.where(c[None, :] == at[:, None], float("-inf"), upper)
-    out = ((head * rows + r) * (blocks * KEEP) + block * KEEP)[:, None] + kept[None, :]
-    tl.store(out_upper + out, bests, mask=(r < rows)[:, None])
-    tl.store(out_positions + out, block.to(tl.int64) * BLOCK + places + first_row, mask=(r < rows)[:, None])
-    tl.store(out_left + (head * rows + r) * blocks + block, tl.max(upper, axis=1), mask=r < rows)
+    return upper
 
 
 @triton.jit

@@ -20,7 +20,8 @@ from .kv_bytes import CODED_BLOCK as BLOCK  # keys per block: recall_kernel.BLOC
 from .modes import outside_inference_mode
 
 LEVELS = 127  # codes in [-127, 127]
-KEEP = 16  # candidates a scan of the codes keeps per block and query row (coded_recall.py)
+POOL = 1024  # keys (8 blocks) a scan of the codes pools its candidates from, per query row (coded_recall.py)
+KEEP = 32  # candidates it keeps per pool
 
 
 def code_blocks(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -41,13 +42,16 @@ def code_blocks(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
 class KeyCodes:
     """The copy inside a MiddleStore's primary, which grows it with its buffers, codes each block as it fills and
     forgets blocks a truncation reopens. ``blocks``: the blocks coded (every full one of the rows in use); ``keep``:
-    the candidates a scan of them keeps per block and query row (KEEP; benchmarks/recall_kernel.py times others)."""
+    the candidates a scan of them keeps per ``pool`` keys and query row (KEEP per POOL; benchmarks/recall_kernel.py
+    times others)."""
 
     def __init__(self, codes: torch.Tensor | None = None, scales: torch.Tensor | None = None,
                  errors: torch.Tensor | None = None, norms: torch.Tensor | None = None, blocks: int = 0,
-                 keep: int = KEEP):
+                 keep: int = KEEP, pool: int = POOL):
+        if pool % BLOCK:
+            raise ValueError(f"a pool of keys is whole blocks of {BLOCK}, not {pool}")
         self.codes, self.scales, self.errors, self.norms, self.blocks = codes, scales, errors, norms, blocks
-        self.keep = keep
+        self.keep, self.pool = keep, pool
 
     def grown(self, like: torch.Tensor, capacity: int) -> "KeyCodes":
         """A copy with room for ``capacity`` rows shaped like ``like`` (B, H, n, D), holding this one's coded
@@ -60,7 +64,7 @@ class KeyCodes:
                 torch.ones((batch, heads, slots, dim), dtype=torch.float32, device=like.device),
                 torch.zeros((batch, heads, capacity), dtype=torch.float32, device=like.device),
                 torch.zeros((batch, heads, slots), dtype=torch.float32, device=like.device),
-                keep=self.keep,
+                keep=self.keep, pool=self.pool,
             )
         if self.codes is not None and self.blocks:
             rows = self.blocks * BLOCK

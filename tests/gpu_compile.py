@@ -25,15 +25,17 @@ I64, I32, F32 = "i64", "i32", "fp32"
 
 
 def kernels(dtype: str) -> list[tuple]:
-    """(kernel, its arguments' types in order, its constexprs) for queries and keys of ``dtype``."""
+    """(kernel, its arguments' types in order, its constexprs, and its launch's options where it sets any) for
+    queries and keys of ``dtype``."""
     half = dtype != "*fp32"
     scan = dict(HAS_LIVE=True, ROWS=16, DIM=128, BLOCK=128)
     return [
-        *((coded_triton._scan_coded_blocks,
+        *((coded_triton._scan_coded_pools,
            [dtype, dtype, "*i8", "*fp32", "*fp32", "*fp32", "*i64", "*fp32", "*i64", "*fp32",
             I32, I32, I32, I32, F32, I32, F32, F32] + [I64] * 18,
-           dict(scan, ROWS=recall_triton.padded_rows(rows), KEEP=keep, IEEE=False, DOT=rows > recall_triton.FEW_ROWS))
-          for rows in (1, 4) for keep in (16, 8)),
+           dict(scan, ROWS=recall_triton.padded_rows(rows), POOL=pool, KEEP=keep, IEEE=False,
+                DOT=rows > recall_triton.FEW_ROWS), dict(num_warps=coded_triton.scan_warps(rows)))
+          for rows in (1, 4) for pool, keep in ((8, 32), (1, 16))),
         (coded_triton._certify_rows,
          [dtype, dtype, "*i64", "*fp32", "*i64", "*fp32", "*fp32", "*i64", "*i32"] + [I32] * 7 + [F32, I32] + [I64] * 4,
          dict(HAS_PICK=True, COUNT=128, K=5, DIM=128, LEFT=1024)),
@@ -57,14 +59,15 @@ def compile_all(capability: int = 90) -> list[str]:
     registers per thread and the bytes it spills to local memory, as ptxas reports them (an error raises)."""
     target, done = GPUTarget("cuda", capability, 32), []
     for dtype in ("*bf16", "*fp16", "*fp32"):
-        for kernel, types, constants in kernels(dtype):
+        for kernel, types, constants, *options in kernels(dtype):
             names = [name for name in kernel.arg_names if name not in constants]
             if len(names) != len(types):
                 raise ValueError(f"{kernel.__name__}: {len(types)} types for {len(names)} arguments")
             signature = dict(zip(names, types)) | {name: "constexpr" for name in constants}
-            compiled = triton.compile(ASTSource(kernel, signature, constants), target=target)
+            compiled = triton.compile(ASTSource(kernel, signature, constants), target=target,
+                                      options=options[0] if options else None)
             registers, spilled = _registers(compiled.asm["ptx"])
-            shape = "".join(f" {name.lower()}={constants[name]}" for name in ("ROWS", "KEEP", "HAS_SETTLED")
+            shape = "".join(f" {name.lower()}={constants[name]}" for name in ("ROWS", "POOL", "KEEP", "HAS_SETTLED")
                             if name in constants)
             done.append(f"{kernel.__name__} {dtype[1:]}{shape}: {registers} registers, {spilled} bytes spilled")
     return done

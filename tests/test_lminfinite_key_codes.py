@@ -35,8 +35,8 @@ def unsure_heads(query, keys, codes, live=None, **options) -> torch.Tensor:
     return ~coded_recall.certified_topk(query, keys, codes, live, **options)[2].all(dim=-1)
 
 
-def coded_store(keys: torch.Tensor, live: int, keep: int = coded_recall.KEEP) -> KeyCodes:
-    codes = KeyCodes(keep=keep).grown(keys, keys.shape[-2])
+def coded_store(keys: torch.Tensor, live: int, keep: int = coded_recall.KEEP, pool: int = coded_recall.POOL) -> KeyCodes:
+    codes = KeyCodes(keep=keep, pool=pool).grown(keys, keys.shape[-2])
     codes.code(keys, live)
     return codes
 
@@ -79,21 +79,23 @@ def test_a_store_codes_each_block_as_it_fills_keeps_them_as_it_grows_and_recodes
                                atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("dtype, keep", [(torch.float32, 16), (torch.bfloat16, 16), (torch.float16, 16),
-                                         (torch.bfloat16, 8)])
+@pytest.mark.parametrize("dtype, keep, pool", [(torch.float32, 32, 1024), (torch.bfloat16, 32, 1024),
+                                               (torch.float16, 32, 1024), (torch.bfloat16, 16, BLOCK),
+                                               (torch.bfloat16, 16, 3 * BLOCK)])
 @pytest.mark.parametrize("rows, n, live, k", [(1, 6 * BLOCK + 40, 5 * BLOCK + 70, 5), (4, 3 * BLOCK, None, 8),
                                               (2, 2 * BLOCK + 1, 2 * BLOCK, 1), (3, BLOCK + 60, 3, 5)])
-def test_the_codes_recall_float64s_top_k_and_spare_the_full_scan(dtype, keep, rows, n, live, k):
+def test_the_codes_recall_float64s_top_k_and_spare_the_full_scan(dtype, keep, pool, rows, n, live, k):
     """Coded blocks, a block being filled (or none), spare rows holding huge numbers, fewer rows in use than k:
     the logits are float64's k best up to float32 rounding, the rows float64's up to a near-tie, and no head is
-    scanned in full where the rows in use tell apart; keeping 16 candidates per block or 8 (the benchmark's other
-    way)."""
+    scanned in full where the rows in use tell apart; keeping 32 candidates per pool of 1,024 keys (the library's),
+    16 per block (the benchmark's other way) or 16 per 3 blocks (pools that end in the block being filled, and a
+    last pool of fewer blocks)."""
     generator = torch.Generator().manual_seed(rows * n + k)
     query = torch.randn(2, 3, rows, 64, generator=generator).to(dtype)
     keys = torch.randn(2, 3, n, 64, generator=generator).to(dtype)
     in_use = n if live is None else live
     keys[..., in_use:, :] = 3e4
-    codes, count = coded_store(keys, in_use, keep), None if live is None else torch.tensor(live)
+    codes, count = coded_store(keys, in_use, keep, pool), None if live is None else torch.tensor(live)
     logits, positions = coded_recall.coded_topk(query, keys, codes, count, k=k, scale=0.125, first_row=10)
     exact = (query.double() @ keys[..., :in_use, :].double().transpose(-1, -2)) * 0.125
     best = exact.topk(min(k, in_use), dim=-1).values
@@ -104,6 +106,38 @@ def test_the_codes_recall_float64s_top_k_and_spare_the_full_scan(dtype, keep, ro
     assert ((rows_found >= 0) & (rows_found < in_use)).all()
     torch.testing.assert_close(exact.gather(-1, rows_found), best, atol=1e-4, rtol=1e-4)
     assert not unsure_heads(query, keys, codes, count, k=k, scale=0.125, first_row=10).any()
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_pool_keeps_its_largest_bounds_over_its_blocks_and_leaves_out_the_next(rows):
+    """The scan's pools against torch.topk over the same bounds (the scan itself keeping every bound of every
+    block): each pool of 2 blocks keeps its 8 largest bounds and their positions, and leaves out its 9th, where
+    head 0's bounds rise along the store (each block's best displace the pool's earlier ones), head 1's fall, and
+    the last pool is a coded block and the one being filled. Rows of one key head summed along the channels (1) and
+    on tensor cores (3)."""
+    generator = torch.Generator().manual_seed(8)
+    n, live = 5 * BLOCK + 70, 5 * BLOCK + 50
+    query = torch.randn(1, 2, rows, 64, generator=generator)
+    ramp = torch.linspace(-4, 4, n)[:, None] * query[:, :, :1] / query[:, :, :1].norm(dim=-1, keepdim=True)
+    keys = torch.randn(1, 2, n, 64, generator=generator) + torch.cat((ramp[:, :1], -ramp[:, 1:]), dim=1)
+    options = dict(scale=0.125, first_row=10)
+    every, every_at, _ = coded_recall.scan_bounds(query, keys, coded_store(keys, live, BLOCK, BLOCK),
+                                                  torch.tensor(live), **options)
+    kept, kept_at, left = coded_recall.scan_bounds(query, keys, coded_store(keys, live, 8, 2 * BLOCK),
+                                                   torch.tensor(live), **options)
+    assert kept.shape[-1] == 3 * 8 and left.shape[-1] == 3
+    for pool in range(3):
+        bounds = every[..., pool * 2 * BLOCK : (pool + 1) * 2 * BLOCK]
+        best, at = bounds.topk(9, dim=-1)
+        mine = kept[..., pool * 8 : (pool + 1) * 8]
+        assert torch.equal(mine.sort(-1, descending=True).values, best[..., :8])
+        assert torch.equal(left[..., pool], best[..., 8])
+        positions = every_at[..., pool * 2 * BLOCK : (pool + 1) * 2 * BLOCK].gather(-1, at[..., :8])
+        assert torch.equal(kept_at[..., pool * 8 : (pool + 1) * 8].sort(-1).values, positions.sort(-1).values)
+    whole = every_at[..., : 5 * BLOCK].unflatten(-1, (5, BLOCK)).sort(-1).values - 10  # each block's own rows
+    assert torch.equal(whole, torch.arange(5 * BLOCK).reshape(5, BLOCK).expand_as(whole))
+    assert every[..., : 5 * BLOCK].isfinite().all()
+    assert (every[..., 5 * BLOCK :].isfinite().sum(-1) == live - 5 * BLOCK).all()  # -inf past the rows in use
 
 
 @pytest.mark.parametrize("programs", [64, 3])
