@@ -9,12 +9,13 @@ The store is a fixed-shape one (a GPU's default: the whole buffer, an eighth of 
 use on the device), the query one token's 32 heads of 128 in bfloat16, k = 5 (the app's). The GB/s column counts
 the middle keys in use once: what a scan must read at least. Both ways must recall the same tokens, up to
 near-ties: the table says how many picks differ and by how much their logits do, and for the codes how many heads
-their certificate sent to the full scan. The codes are scanned keeping 16 candidates per block and query row (the
-library's KEEP) and 8 (``triton-int8-keep8``), so one GPU run says which pays; ``triton-int8-unsure`` is the first
-with every key's error bound made huge, so no row is certain and every head is scanned in full: what a step costs
-where the certificate fails (seldom on a real model's keys). A second table times the coded ways' launches one
-by one (the scan of the codes, the top-k of its candidates, the rescoring and certificate, the full scan, the
-settling), so a GPU run says which of them a step waits on. The keys are random normal numbers, not a model's: the
+their certificate sent to the full scan. The codes are scanned keeping 32 candidates per pool of 1,024 keys and
+query row (the library's KEEP and POOL: 4,096 candidates a row at 128K for the top-k after the scan) and 16 per
+block of 128 (``triton-int8-block``: 16,384, and a selection with no pool), so one GPU run says which pays;
+``triton-int8-unsure`` is the first with every key's error bound made huge, so no row is certain and every head is
+scanned in full: what a step costs where the certificate fails (seldom on a real model's keys). A second table
+times the coded ways' launches one by one (the scan of the codes, the top-k of its candidates, the rescoring and
+certificate, the full scan, the settling), so a GPU run says which of them a step waits on. The keys are random normal numbers, not a model's: the
 codes' bound is measured on a real model's keys by benchmarks/scan_copy_bound.py.
 """
 
@@ -34,12 +35,13 @@ from ingest.tables import markdown_table
 from lminfinite import coded_recall, recall_kernel
 from lminfinite.graphed import CudaGraph
 from lminfinite.kernel import _merge_into
-from lminfinite.key_codes import KEEP, KeyCodes
+from lminfinite.key_codes import BLOCK, KEEP, POOL, KeyCodes
 from lminfinite.key_context import KeyContext
 from lminfinite.recall import recall_topk
 
 N_STARTING = 10
-CODED = {"triton-int8": KEEP, "triton-int8-keep8": 8, "triton-int8-unsure": KEEP}  # candidates kept per block
+# (candidates kept, per pool of keys)
+CODED = {"triton-int8": (KEEP, POOL), "triton-int8-block": (16, BLOCK), "triton-int8-unsure": (KEEP, POOL)}
 UNSURE = "triton-int8-unsure"  # the error bounds made huge: every head scanned in full
 
 
@@ -71,7 +73,8 @@ def main(argv=None) -> None:
         for kernel in kernels:
             ctx = step_args[3]
             if kernel in CODED:
-                codes = KeyCodes(keep=CODED[kernel]).grown(ctx.middle_k, ctx.middle_k.shape[-2])
+                keep, pool = CODED[kernel]
+                codes = KeyCodes(keep=keep, pool=pool).grown(ctx.middle_k, ctx.middle_k.shape[-2])
                 ctx = dataclasses.replace(ctx, middle_codes=codes)
                 ctx.middle_codes.code(ctx.middle_k, middle)
                 if kernel == UNSURE:

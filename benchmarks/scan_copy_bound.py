@@ -15,8 +15,9 @@ key's own rounding error, which a copy would store beside it), and the share of 
 k-th largest lower bound is what must be rescored. Float64 throughout: the scan's own rounding is not counted.
 
 The second table is what the GPU's coded scan (lminfinite/coded_recall.py) does with a fixed number of candidates:
-each block keeps the ``keep`` largest upper bounds of each row, the ``budget`` largest of those are rescored, and the
-row is certain when no bound left out reaches the k-th best rescored logit (else its head is scanned in full).
+each pool of keys (one block or several) keeps the ``keep`` largest upper bounds of each row, the ``budget`` largest
+of those are rescored, and the row is certain when no bound left out reaches the k-th best rescored logit (else its
+head is scanned in full).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = Path("/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf")
 QUESTION = "What is the default weight value of a glob element?"
 BLOCK = 128  # keys per block of the GPU scan (recall_triton.py): a per-block scale costs no extra pass
+# (keys per pool, candidates kept per pool, candidates rescored per row) of the second table
+POOLS = ((128, 8, 128), (128, 16, 64), (128, 16, 128), (512, 16, 128), (1024, 16, 128), (1024, 32, 64),
+         (1024, 32, 128), (2048, 32, 128))
 
 
 def int8_per_key(keys: torch.Tensor) -> torch.Tensor:
@@ -103,9 +107,9 @@ def rescore_shares(query: torch.Tensor, keys: torch.Tensor, copy: torch.Tensor, 
 
 
 def certified_shares(query: torch.Tensor, keys: torch.Tensor, *, k: int, scale: float, keep: int,
-                     budget: int, span: int = BLOCK) -> torch.Tensor:
-    """Per query row, whether coded_recall.py's certificate holds with ``keep`` candidates per ``span`` keys (a
-    block, or several blocks selected from together) and ``budget`` rescored (1.0; else 0.0: the row's head is
+                     budget: int, pool: int = BLOCK) -> torch.Tensor:
+    """Per query row, whether coded_recall.py's certificate holds with ``keep`` candidates per pool of ``pool``
+    keys (whole blocks) and ``budget`` rescored (1.0; else 0.0: the row's head is
     scanned in full), with the library's codes and its bound (float64 here, so without the margin for the scan's
     own rounding). query (B, H, R, D), keys (B, H, n, D)."""
     n, dim = keys.shape[-2], keys.shape[-1]
@@ -117,10 +121,10 @@ def certified_shares(query: torch.Tensor, keys: torch.Tensor, *, k: int, scale: 
     q_norm = query.norm(dim=-1, keepdim=True)
     reach = errors[..., None, :] + coded_recall.rounding(dim) * norms.repeat_interleave(BLOCK, dim=-1)[..., None, :]
     upper = torch.cat((scanned + scale * q_norm * reach, exact[..., full:]), dim=-1)
-    upper = torch.nn.functional.pad(upper, (0, -n % span), value=float("-inf")).unflatten(-1, (-1, span))
-    kept, at = upper.topk(min(keep, span), dim=-1)
+    upper = torch.nn.functional.pad(upper, (0, -n % pool), value=float("-inf")).unflatten(-1, (-1, pool))
+    kept, at = upper.topk(min(keep, pool), dim=-1)
     left = upper.scatter(-1, at, float("-inf")).amax(-1).amax(-1)
-    positions = (at + span * torch.arange(upper.shape[-2])[:, None]).flatten(-2)
+    positions = (at + pool * torch.arange(upper.shape[-2])[:, None]).flatten(-2)
     kept = kept.flatten(-2)
     count = min(budget, kept.shape[-1])
     bounds, pick = kept.topk(min(count + 1, kept.shape[-1]), dim=-1)
@@ -195,11 +199,11 @@ def main(argv=None) -> str:
                      f"{100 * shares.mean():.2f} %", f"{100 * statistics.median(ordered.tolist()):.2f} %",
                      f"{100 * ordered[int(0.99 * (len(ordered) - 1))]:.2f} %", f"{100 * ordered[-1]:.1f} %"])
     certain = []
-    for keep in (8, 16):
-        for budget in (64, 128):
-            shares = torch.cat([certified_shares(q, keys, k=k, scale=scale, keep=keep, budget=budget)
-                                for q, keys, k, scale in seen])
-            certain.append([str(keep), str(budget), f"{100 * shares.mean():.2f} %"])
+    for pool, keep, budget in POOLS:
+        shares = torch.cat([certified_shares(q, keys, k=k, scale=scale, keep=keep, budget=budget, pool=pool)
+                            for q, keys, k, scale in seen])
+        certain.append([f"{pool:,}", str(keep), str(budget), f"{100 * shares.mean():.2f} %",
+                        f"{-(-131072 // pool) * keep:,}"])
     middle = seen[0][1].shape[-2]
     table = markdown_table(["copy", "bytes per key and head (copy / bfloat16)", "rescored: mean", "median",
                             "99th percentile row", "worst row"], rows)
@@ -209,9 +213,10 @@ def main(argv=None) -> str:
               f"{sum(q.shape[1] * q.shape[2] for q, *_ in seen):,} query rows. Share of the middle keys an exact scan "
               f"through each copy must rescore from the store's own keys (k / n = {100 * seen[0][2] / middle:.2f} %)."
               f"\n\n{table}\n\nWith a fixed number of candidates (coded_recall.py, which keeps "
-              f"{coded_recall.KEEP} per block and rescores {coded_recall.BUDGET}), the query rows whose k best "
-              f"are certain, the rest scanned in full:\n\n"
-              + markdown_table(["kept per block", "rescored per row", "rows certain"], certain))
+              f"{coded_recall.KEEP} per pool of {coded_recall.POOL:,} keys and rescores {coded_recall.BUDGET}), the "
+              f"query rows whose k best are certain, the rest scanned in full:\n\n"
+              + markdown_table(["keys per pool", "kept per pool", "rescored per row", "rows certain",
+                                "candidates per row at 128K"], certain))
     write_result(args.out / f"scan_copy_bound_{Path(args.model).name}_{round(len(ids) / 1024)}k.md", result)
     return result
 

@@ -11,8 +11,8 @@ import triton.language as tl
 from .recall_triton import FEW_ROWS, INTERPRETED, candidates, padded_rows, summed_products
 
 
-def scan_codes(query, keys, codes, scales, errors, norms, live, scale: float, first_row: int, keep: int,
-               pool: int, block: int, rounding: float, safety: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def scan_codes(query, keys, codes, scales, errors, norms, live, scale: float, first_row: int, keep: int, pool: int,
+               block: int, rounding: float, safety: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, kv_heads, rows, dim = query.shape
     n = keys.shape[-2]
     query = query.contiguous()
@@ -183,13 +183,13 @@ def _block_bounds(q_ptr, k_ptr, c_ptr, s_ptr, e_ptr, m_ptr, head, block, in_use,
 
 @triton.jit
 def _certify_rows(q_ptr, k_ptr, positions_ptr, bounds_ptr, pick_ptr, left_ptr, out_logits, out_positions,
-                  out_settled, kv_heads, rows, count, width, candidates, blocks, dim, scale, first_row,
+                  out_settled, kv_heads, rows, count, width, candidates, pools, dim, scale, first_row,
                   k_b, k_h, k_n, k_d, HAS_PICK: tl.constexpr, COUNT: tl.constexpr, K: tl.constexpr,
                   DIM: tl.constexpr, LEFT: tl.constexpr):
     """One program: one query row. Its ``count`` candidates of the largest bounds rescored from the store's own
     keys in float32, their K best kept, best first; and whether these are surely the store's K best: no bound left
-    out (the largest each block left, and the smallest of the count + 1 picked) reaches the K-th, and no rescored
-    logit is NaN. The candidates: all the blocks' (no ``pick``), or the count + 1 at ``pick`` in any order
+    out (the largest each pool left, and the smallest of the count + 1 picked) reaches the K-th, and no rescored
+    logit is NaN. The candidates: all the pools' (no ``pick``), or the count + 1 at ``pick`` in any order
     (torch.topk unsorted: no sort launched), of which the smallest bound is left out."""
     row = tl.program_id(0)
     head = row // rows
@@ -221,9 +221,9 @@ def _certify_rows(q_ptr, k_ptr, positions_ptr, bounds_ptr, pick_ptr, left_ptr, o
     unsure = tl.max(tl.where(logits != logits, 1, 0), axis=0)  # a NaN logit: nothing about this row is sure
     top = tl.full((LEFT,), float("-inf"), tl.float32)
     start = 0
-    while start < blocks:  # not range(): Triton 3.6's interpreter cannot bound one by an argument under numpy 2.4
+    while start < pools:  # not range(): Triton 3.6's interpreter cannot bound one by an argument under numpy 2.4
         i = start + tl.arange(0, LEFT)
-        top = tl.maximum(top, tl.load(left_ptr + row.to(tl.int64) * blocks + i, mask=i < blocks, other=float("-inf")))
+        top = tl.maximum(top, tl.load(left_ptr + row.to(tl.int64) * pools + i, mask=i < pools, other=float("-inf")))
         start += LEFT
     ceiling = tl.max(top, axis=0)
     if HAS_PICK:

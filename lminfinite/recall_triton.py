@@ -30,8 +30,9 @@ def padded_rows(rows: int) -> int:
 
 def candidates(query: torch.Tensor, keys: torch.Tensor, block: int,
                per_block: int) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """A scan's blocks of ``keys`` and its outputs, ``per_block`` candidates per block and query row: float32
-    logits (or bounds) and int64 positions, (B, Hkv, R, blocks·per_block) each, filled by the kernel."""
+    """A scan's blocks of ``block`` keys (a coded scan's pools) and its outputs, ``per_block`` candidates per block
+    and query row: float32 logits (or bounds) and int64 positions, (B, Hkv, R, blocks·per_block) each, filled by
+    the kernel."""
     blocks = triton.cdiv(keys.shape[-2], block)
     shape = (*query.shape[:3], blocks * per_block)
     return (blocks, torch.empty(shape, dtype=torch.float32, device=query.device),

@@ -16,7 +16,7 @@ def test_the_five_ways_recall_the_same_tokens_and_the_table_lists_them(tmp_path)
     benchmark.main(["--device", "cpu", "--middle", "200,300", "--heads", "2", "--head-dim", "32", "--window", "16",
                     "--repeats", "1", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "recall_kernel_cpu.json").read_text())
-    ways = ["torch", "triton", "triton-int8", "triton-int8-keep8", "triton-int8-unsure"]
+    ways = ["torch", "triton", "triton-int8", "triton-int8-block", "triton-int8-unsure"]
     assert [(r["middle"], r["kernel"]) for r in saved["results"]] == [(n, way) for n in (200, 300) for way in ways]
     for row in saved["results"]:  # the torch path rounds each product to bfloat16 before it selects
         if row["kernel"] != "torch":
@@ -25,7 +25,7 @@ def test_the_five_ways_recall_the_same_tokens_and_the_table_lists_them(tmp_path)
     assert all(row["eager_s"] > 0 and row["graph_s"] is None for row in saved["results"])
     table = (tmp_path / "recall_kernel_cpu.md").read_text()
     assert "| 300 | triton |" in table and "| 300 | triton-int8 |" in table and "0 heads scanned in full" in table
-    assert "| 300 | triton-int8-keep8 |" in table and "2 heads scanned in full" in table
+    assert "| 300 | triton-int8-block |" in table and "2 heads scanned in full" in table
     stages = ["scan", "top-k", "certify", "full scan", "settle"]
     for row in saved["results"]:
         assert list(row.get("stages_s", {})) == (stages if "int8" in row["kernel"] else [])

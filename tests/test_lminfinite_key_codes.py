@@ -35,7 +35,8 @@ def unsure_heads(query, keys, codes, live=None, **options) -> torch.Tensor:
     return ~coded_recall.certified_topk(query, keys, codes, live, **options)[2].all(dim=-1)
 
 
-def coded_store(keys: torch.Tensor, live: int, keep: int = coded_recall.KEEP, pool: int = coded_recall.POOL) -> KeyCodes:
+def coded_store(keys: torch.Tensor, live: int, keep: int = coded_recall.KEEP,
+                pool: int = coded_recall.POOL) -> KeyCodes:
     codes = KeyCodes(keep=keep, pool=pool).grown(keys, keys.shape[-2])
     codes.code(keys, live)
     return codes
