@@ -70,7 +70,7 @@ def _scan_coded_pools(q_ptr, k_ptr, c_ptr, s_ptr, e_ptr, m_ptr, live_ptr, out_up
     (``_block_bounds``): its coded blocks, then the block being filled where it lies in the pool; blocks past the
     rows in use are not read. Per row, the pool's KEEP largest bounds (and positions) and the largest bound left
     out (``_take``). The blocks are unrolled, not looped over: in a loop, what the compiler hoists out of it took
-    50 registers a thread more (ptxas, sm_90), and a loop's iterations would not overlap their reads either."""
+    about 50 registers a thread more (ptxas, sm_90)."""
     head = tl.program_id(0)
     pool = tl.program_id(1)
     pools = tl.num_programs(1)

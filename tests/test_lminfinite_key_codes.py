@@ -138,6 +138,8 @@ def test_a_pool_keeps_its_largest_bounds_over_its_blocks_and_leaves_out_the_next
     whole = every_at[..., : 5 * BLOCK].unflatten(-1, (5, BLOCK)).sort(-1).values - 10  # each block's own rows
     assert torch.equal(whole, torch.arange(5 * BLOCK).reshape(5, BLOCK).expand_as(whole))
     assert every[..., : 5 * BLOCK].isfinite().all()
+    with pytest.raises(ValueError, match="whole blocks"):
+        KeyCodes(pool=BLOCK + 1)
     assert (every[..., 5 * BLOCK :].isfinite().sum(-1) == live - 5 * BLOCK).all()  # -inf past the rows in use
 
 
