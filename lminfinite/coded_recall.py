@@ -168,26 +168,28 @@ def _checked(device_type: str, index: int | None, dtype: torch.dtype, head_dim: 
 
 
 def agrees_with_float64(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    """The coded top k against float64's over a store of 5 coded blocks and a block being filled, read through a
-    buffer with spare rows holding huge numbers, two query rows per key head: once with keys the codes tell apart,
-    and once with every key the same up to a rounding, where no bound is certain and every head is scanned in full."""
+    """The coded top k against float64's over a store of a whole pool of coded blocks, then a coded block and a
+    block being filled, read through a buffer with spare rows holding huge numbers, two query rows per key head:
+    once with keys the codes tell apart, and once with every key the same up to a rounding, where no bound is
+    certain and every head is scanned in full."""
     generator = torch.Generator().manual_seed(0)
     agrees = True
+    in_use = POOL + BLOCK + 70
     for spread in (1.0, 0.0):
         keys = torch.randn(1, 2, 1, head_dim, generator=generator) + spread * torch.randn(
-            1, 2, 6 * BLOCK + 40, head_dim, generator=generator)
-        keys[..., 5 * BLOCK + 70:, :] = 3e4  # spare rows
+            1, 2, in_use + 100, head_dim, generator=generator)
+        keys[..., in_use:, :] = 3e4  # spare rows
         keys = keys.to(device, dtype)
         query = torch.randn(1, 2, 2, head_dim, generator=generator).to(device, dtype)
-        live, k, scale = torch.tensor(5 * BLOCK + 70, device=device), 5, head_dim**-0.5
+        live, k, scale = torch.tensor(in_use, device=device), 5, head_dim**-0.5
         codes = KeyCodes().grown(keys, keys.shape[-2])
-        codes.code(keys, 5 * BLOCK + 70)
+        codes.code(keys, in_use)
         logits, positions = coded_topk(query, keys, codes, live, k=k, scale=scale, first_row=3)
-        exact = (query.double() @ keys[..., : 5 * BLOCK + 70, :].double().transpose(-1, -2)) * scale
+        exact = (query.double() @ keys[..., :in_use, :].double().transpose(-1, -2)) * scale
         rows = positions - 3
         best = exact.topk(k, dim=-1).values
         agrees = agrees and bool(
-            (rows >= 0).all() and (rows < 5 * BLOCK + 70).all()
+            (rows >= 0).all() and (rows < in_use).all()
             and torch.allclose(logits.double(), best, atol=1e-4, rtol=1e-4)
             and torch.allclose(exact.gather(-1, rows), best, atol=1e-4, rtol=1e-4))
     return agrees
