@@ -166,7 +166,7 @@ def test_where_the_codes_cannot_tell_keys_apart_those_heads_alone_are_scanned_in
 
 @pytest.mark.parametrize("spread", [1.0, 0.01])
 def test_a_budget_smaller_than_the_candidates_rescores_the_best_bounds_and_stays_exact(monkeypatch, spread):
-    """Fewer candidates rescored than the blocks keep: the best bound not rescored joins the certificate. Keys a
+    """Fewer candidates rescored than the pools keep: the best bound not rescored joins the certificate. Keys a
     code's step apart (``spread`` 0.01) scan in another order than their logits': only the bound keeps the
     result float64's there (without it, rows pass the certificate with a key missing)."""
     monkeypatch.setattr(coded_recall, "BUDGET", 8)
@@ -242,7 +242,7 @@ def test_a_decode_step_through_the_codes_launches_nine_kernels_more_per_layer_th
     what recall through the keys themselves runs besides its scan (the query's rotation, the window part in float32
     and back, the merge): 9 more per recall layer than the same step without recall, where these steps launched 25
     (22 without the top BUDGET); recall through the keys launches 7."""
-    monkeypatch.setattr(coded_recall, "BUDGET", 8)  # fewer than the blocks keep: the top BUDGET runs
+    monkeypatch.setattr(coded_recall, "BUDGET", 8)  # fewer than the pools keep: the top BUDGET runs
     extra = {}
     for codes in ("off", "int8"):
         extra[codes], calls = extra_launches_per_recall_layer(dataclasses.replace(CONFIG, recall_key_codes=codes))
