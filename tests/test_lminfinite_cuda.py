@@ -253,14 +253,19 @@ def test_a_middle_store_beyond_its_gpu_budget_spills_to_pinned_pages_and_follows
 
 
 def test_a_gpu_middle_store_takes_its_budget_from_the_free_memory():
-    """What PyTorch's allocator holds unused counts as free: it is what a freed cache leaves reserved."""
+    """What PyTorch's allocator holds unused counts as free: it is what a freed cache leaves reserved. Free memory
+    is read before and after the cache is made: other test workers on the GPU allocate and free meanwhile."""
     model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16).cuda(), CONFIGS["topk"])
     held = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     del held  # 1 GiB reserved by the allocator, free to it, not to the driver
-    free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    unused = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    assert unused >= 1 << 30
+    before = torch.cuda.mem_get_info()[0] + unused
     cache = lminfinite.InfiniteCache(model)
+    after = torch.cuda.mem_get_info()[0] + unused
     budgets = {layer.middle.device_budget for layer in cache.layers if layer.middle is not None}
-    assert len(budgets) == 1 and 0.79 * free / 2 < budgets.pop() <= 0.81 * free / 2  # 2 recall layers share 80 %
+    assert len(budgets) == 1  # 2 recall layers share 80 % (the driver's free memory alone would be 1 GiB less)
+    assert 0.8 * min(before, after) / 2 - 1 <= budgets.pop() <= 0.8 * max(before, after) / 2, (before, after)
 
 
 @pytest.mark.parametrize("config_name", ["topk", "topk-int8"])
