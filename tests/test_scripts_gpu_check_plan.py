@@ -17,10 +17,11 @@ def plan(*steps: str, budget: int | None = None) -> dict[str, int]:
     return {step: int(seconds) for step, seconds in (line.split() for line in out.splitlines())}
 
 
-def test_the_next_sessions_call_gives_every_step_what_it_asks_within_the_call():
-    """The command the notes give the next GPU session, under a device call's 590 s."""
-    timeouts = plan("recall", "tests", "cells")
-    assert timeouts == {"recall": 150, "tests": 270, "cells": 150}
+def test_the_next_sessions_call_fits_one_device_call_and_the_speed_cells_get_what_they_ask():
+    """The command the notes give the next GPU session, under a device call's 590 s: the tests last, as what a
+    slow step before them leaves is cut from them (a killed pytest still logs the tests it ran)."""
+    timeouts = plan("recall", "cells", "tests")
+    assert timeouts == {"recall": 150, "cells": 200, "tests": 220}
     assert sum(timeouts.values()) <= 570
 
 
