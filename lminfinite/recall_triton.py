@@ -28,6 +28,13 @@ def padded_rows(rows: int) -> int:
     return triton.next_power_of_2(rows) if rows <= FEW_ROWS else max(16, triton.next_power_of_2(rows))
 
 
+def scan_warps(rows: int, dtype: torch.dtype) -> int:
+    """Warps of a scan's program: a warp per 4 query rows (after padding) where float32 rows are multiplied without
+    tensor cores, whose whole product tile took every register of 4 warps and spilled (ptxas, sm_90: 2 KB at 32
+    rows, 15 KB at 64; none over 8 and 16 warps); 4 otherwise."""
+    return max(4, padded_rows(rows) // 4) if dtype == torch.float32 and rows > FEW_ROWS else 4
+
+
 def candidates(query: torch.Tensor, keys: torch.Tensor, block: int,
                per_block: int) -> tuple[int, torch.Tensor, torch.Tensor]:
     """A scan's blocks of ``block`` keys (a coded scan's pools) and its outputs, ``per_block`` candidates per block
@@ -52,7 +59,7 @@ def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: 
         kv_heads, rows, n, blocks, dim, float(scale), first_row, *keys.stride(),
         HAS_LIVE=live is not None, HAS_SETTLED=settled is not None, ROWS=padded_rows(rows),
         DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block, K=k, IEEE=query.dtype == torch.float32 or INTERPRETED,
-        DOT=rows > FEW_ROWS,
+        DOT=rows > FEW_ROWS, num_warps=scan_warps(rows, query.dtype),
     )
     return cand_logits, cand_positions
 

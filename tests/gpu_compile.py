@@ -17,11 +17,12 @@ import subprocess
 import sys
 import tempfile
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from lminfinite import coded_triton, recall_triton
+from lminfinite import coded_triton, recall_kernel, recall_triton
 
 I64, I32, F32 = "i64", "i32", "fp32"
 
@@ -46,8 +47,9 @@ def kernels(dtype: str) -> list[tuple]:
         *((recall_triton._scan_blocks,
            [dtype, dtype, "*i64", "*i32", "*fp32", "*i64", I32, I32, I32, I32, I32, F32, I32] + [I64] * 4,
            dict(scan, ROWS=recall_triton.padded_rows(rows), HAS_SETTLED=settled, K=5, IEEE=not half,
-                DOT=rows > recall_triton.FEW_ROWS))
-          for rows in (1, 4) for settled in (False, True)),
+                DOT=rows > recall_triton.FEW_ROWS),
+           dict(num_warps=recall_triton.scan_warps(rows, torch.bfloat16 if half else torch.float32)))
+          for rows in (1, 4, recall_kernel.MAX_ROWS) for settled in (False, True)),
         (recall_triton._gather_rows, ["*i64", "*fp32", dtype, dtype, I32, I32, I32, I32, I32] + [I64] * 4,
          dict(K=8, DIM=128)),
         (recall_triton._merge_rows, ["*fp32", "*fp32", "*fp32", "*i64", dtype, I32, I32, I32, I32, I32] + [I64] * 8,
