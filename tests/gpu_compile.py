@@ -32,13 +32,17 @@ def kernels(dtype: str) -> list[tuple]:
     queries and keys of ``dtype``."""
     half = dtype != "*fp32"
     scan = dict(HAS_LIVE=True, ROWS=16, DIM=128, BLOCK=128)
+    # The coded scan for a decode step's 1 and 4 query rows, pooled and per block; for the most rows, a question read
+    # with recall, in bfloat16 only (254 registers a thread: a build of 14 s on one core, at the edge of spilling).
+    coded = [(rows, pool, keep) for rows in (1, 4) for pool, keep in ((8, 32), (1, 16))]
+    coded += [(recall_kernel.MAX_ROWS, 8, 32)] if dtype == "*bf16" else []
     return [
         *((coded_triton._scan_coded_pools,
            [dtype, dtype, "*i8", "*fp32", "*fp32", "*fp32", "*i64", "*fp32", "*i64", "*fp32",
             I32, I32, I32, I32, F32, I32, F32, F32] + [I64] * 18,
            dict(scan, ROWS=recall_triton.padded_rows(rows), POOL=pool, KEEP=keep, IEEE=False,
                 DOT=rows > recall_triton.FEW_ROWS), dict(num_warps=coded_triton.scan_warps(rows)))
-          for rows in (1, 4) for pool, keep in ((8, 32), (1, 16))),
+          for rows, pool, keep in coded),
         (coded_triton._certify_rows,
          [dtype, dtype, "*i64", "*fp32", "*i64", "*fp32", "*fp32", "*i64", "*i32"] + [I32] * 7 + [F32, I32] + [I64] * 4,
          dict(HAS_PICK=True, COUNT=128, K=5, DIM=128, LEFT=1024)),
