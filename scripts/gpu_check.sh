@@ -102,17 +102,19 @@ for i in "${!STEPS[@]}"; do
             # (the pooled coded scan takes about 16 s a build on one core, one per dtype, head size and query rows);
             # the app's alone, as one of them takes all free GPU memory on purpose ("library": the library's only)
       workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+      # a test that hangs (a CUDA graph, a lock) fails alone and names itself, rather than taking the step's time
+      per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 180")
       own=$seconds; [[ $step == library ]] || own=$(( seconds - APP_FLOOR ))  # the app's tests keep their floor
       own=$(( own < ${WANT[library]} ? own : ${WANT[library]} ))
-      timeout "$own" python3 -m pytest -q -p no:cacheprovider -rs $workers tests/test_lminfinite_cuda.py 2>&1 \
-        | tee "$OUT/cuda_tests.log"; rc=${PIPESTATUS[0]}
+      timeout "$own" python3 -m pytest -q -p no:cacheprovider -rs $workers $per_test tests/test_lminfinite_cuda.py \
+        2>&1 | tee "$OUT/cuda_tests.log"; rc=${PIPESTATUS[0]}
       if [[ $step == tests ]]; then
         left=$(( seconds - (SECONDS - step_started) ))
         if (( left < 30 )); then
           echo "the app's tests: skipped, $left s of the step left" | tee -a "$OUT/cuda_tests.log"; rc=1
         else
           timeout "$(( left < APP_WANT ? left : APP_WANT ))" python3 -m pytest -q -p no:cacheprovider -rs \
-            tests/test_app_cuda.py 2>&1 | tee -a "$OUT/cuda_tests.log"; rc=$(( rc || PIPESTATUS[0] ))
+            $per_test tests/test_app_cuda.py 2>&1 | tee -a "$OUT/cuda_tests.log"; rc=$(( rc || PIPESTATUS[0] ))
         fi
       fi ;;
     cells)
