@@ -27,6 +27,7 @@ arithmetic. A NaN bound counts as +inf: such a key is never left out. Measured o
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 
@@ -169,18 +170,19 @@ def _checked(device_type: str, index: int | None, dtype: torch.dtype, head_dim: 
 
 def agrees_with_float64(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """The coded top k against float64's over a store of a whole pool of coded blocks, then a coded block and a
-    block being filled, read through a buffer with spare rows holding huge numbers, two query rows per key head:
-    once with keys the codes tell apart, and once with every key the same up to a rounding, where no bound is
-    certain and every head is scanned in full."""
+    block being filled, read through a buffer with spare rows holding huge numbers, for one query row per key
+    head and for four (recall_kernel.CHECKED_ROWS: both ways the scan multiplies): once with keys the codes tell
+    apart, and once with every key the same up to a rounding, where no bound is certain and every head is scanned
+    in full."""
     generator = torch.Generator().manual_seed(0)
     agrees = True
     in_use = POOL + BLOCK + 70
-    for spread in (1.0, 0.0):
+    for rows, spread in itertools.product(recall_kernel.CHECKED_ROWS, (1.0, 0.0)):
         keys = torch.randn(1, 2, 1, head_dim, generator=generator) + spread * torch.randn(
             1, 2, in_use + 100, head_dim, generator=generator)
         keys[..., in_use:, :] = 3e4  # spare rows
         keys = keys.to(device, dtype)
-        query = torch.randn(1, 2, 2, head_dim, generator=generator).to(device, dtype)
+        query = torch.randn(1, 2, rows, head_dim, generator=generator).to(device, dtype)
         live, k, scale = torch.tensor(in_use, device=device), 5, head_dim**-0.5
         codes = KeyCodes().grown(keys, keys.shape[-2])
         codes.code(keys, in_use)

@@ -263,6 +263,26 @@ def test_the_check_the_auto_choice_runs_agrees_and_a_store_keeps_codes_only_wher
         lminfinite.LMInfiniteConfig(recall_key_codes="fp8")
 
 
+def test_the_checks_before_auto_run_each_way_the_scans_multiply(monkeypatch):
+    """One query row per key head is summed along the channels, four go to tensor cores: a check that ran one way
+    only (it ran two rows: the channels' way) kept kernels whose other way was wrong (a negated tensor-core product
+    passed it, tried under the interpreter)."""
+    from lminfinite import coded_triton, recall_triton
+
+    on_tensor_cores = {"scan": set(), "scan_codes": set()}
+    for module, name in ((recall_triton, "scan"), (coded_triton, "scan_codes")):
+        def spy(query, *args, _scan=getattr(module, name), _name=name, **kwargs):
+            on_tensor_cores[_name].add(query.shape[-2] > recall_triton.FEW_ROWS)
+            return _scan(query, *args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+    assert recall_kernel.agrees_with_float64(torch.device("cpu"), torch.bfloat16, 64)
+    assert on_tensor_cores == {"scan": {False, True}, "scan_codes": set()}
+    on_tensor_cores["scan"].clear()
+    assert coded_recall.agrees_with_float64(torch.device("cpu"), torch.bfloat16, 64)
+    assert on_tensor_cores == {"scan": {False, True}, "scan_codes": {False, True}}  # the full scan: the plain one
+
+
 def test_codes_count_in_a_gpu_caches_bytes_per_token_and_in_a_budgeted_primary():
     shape, config = KVShape(num_layers=32, num_kv_heads=32, head_dim=128), lminfinite.LMInfiniteConfig(topk=5)
     on_gpu = span_bytes(shape, config.resolved(4096), torch.bfloat16, device_type="cuda")
