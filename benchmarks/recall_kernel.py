@@ -15,8 +15,9 @@ block of 128 (``triton-int8-block``: 16,384, and a selection with no pool), so o
 ``triton-int8-unsure`` is the first with every key's error bound made huge, so no row is certain and every head is
 scanned in full: what a step costs where the certificate fails (seldom on a real model's keys). A second table
 times the coded ways' launches one by one (the scan of the codes, the top-k of its candidates, the rescoring and
-certificate, the full scan, the settling), so a GPU run says which of them a step waits on. The keys are random normal numbers, not a model's: the
-codes' bound is measured on a real model's keys by benchmarks/scan_copy_bound.py.
+certificate, the full scan, the settling), so a GPU run says which of them a step waits on. The keys are random
+normal numbers, not a model's: the codes' bound is measured on a real model's keys by
+benchmarks/scan_copy_bound.py.
 """
 
 from __future__ import annotations
