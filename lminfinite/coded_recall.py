@@ -36,7 +36,6 @@ from .key_codes import BLOCK, KEEP, POOL, KeyCodes  # noqa: F401 (KEEP, POOL: be
 
 BUDGET = 128  # candidates rescored per query row
 SAFETY = 1.25
-PAYS_FROM = 16384  # rows of a store's buffer from which ``auto`` scans its codes (to be timed on a GPU)
 
 
 def rounding(head_dim: int) -> float:
@@ -90,18 +89,18 @@ def best_bounds(upper: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None,
 
 def keeps_codes(requested: str, recall_kernel_name: str, device: torch.device, dtype: torch.dtype,
                 head_dim: int) -> bool:
-    """Whether a middle store on ``device`` keeps codes: ``int8`` wherever recall runs through Triton's kernels (else
-    an error), ``off`` never, ``auto`` on a CUDA device whose recall runs through them and where the coded scan
-    agrees with float64 (checked once). ``recall_kernel_name``: LMInfiniteConfig.recall_kernel."""
-    if requested == "off":
+    """Whether a middle store on ``device`` keeps codes: only where asked (``int8``), and where recall runs through
+    Triton's kernels (else an error); on a CUDA device only where the coded scan agrees with float64 there (checked
+    once; else a warning, and recall scans the keys). ``auto`` and ``off`` never: on the one GPU measured (H200,
+    2026-11-29, docs/benchmarks.md's recall_kernel_gpu) the coded scan was slower than the keys' own at 4K to 128K
+    middle tokens, eager and from a CUDA graph, and the codes made the store 30 % larger. ``recall_kernel_name``:
+    LMInfiniteConfig.recall_kernel."""
+    if requested != "int8":
         return False
-    fused = recall_kernel.resolve(recall_kernel_name, device, dtype, head_dim)
-    if requested == "int8":
-        if not fused:
-            raise ValueError("recall_key_codes='int8' needs recall through Triton's kernels (recall_kernel='triton', "
-                             "or 'auto' on a CUDA device); use 'auto'")
-        return True
-    return device.type == "cuda" and fused and _checked(device.type, device.index, dtype, head_dim)
+    if not recall_kernel.resolve(recall_kernel_name, device, dtype, head_dim):
+        raise ValueError("recall_key_codes='int8' needs recall through Triton's kernels (recall_kernel='triton', "
+                         "or 'auto' on a CUDA device); use 'off'")
+    return device.type != "cuda" or _checked(device.type, device.index, dtype, head_dim)
 
 
 @torch.library.custom_op("lminfinite::recall_scan_codes", mutates_args=())

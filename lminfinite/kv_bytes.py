@@ -33,9 +33,9 @@ def scan_copy_row_bytes(num_kv_heads: int, head_dim: int) -> int:
 
 def may_keep_codes(requested: str, device_type: str) -> bool:
     """Whether a model's middle stores may keep an int8 copy of their keys (key_codes.py), as far as bytes go: on a
-    GPU unless ``off``. coded_recall.keeps_codes decides for a store (``auto`` also needs Triton there); this counts
+    GPU where asked (``int8``). coded_recall.keeps_codes decides for a store (its check may say no); this counts
     the bytes whenever they may be kept."""
-    return requested != "off" and device_type == "cuda"
+    return requested == "int8" and device_type == "cuda"
 
 
 def codes_row_bytes(num_kv_heads: int, head_dim: int) -> int:

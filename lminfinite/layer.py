@@ -239,7 +239,7 @@ class InfiniteLayer(CacheLayerMixin):
             rotated, value_states, self.seen, self.frame, self.start_k, self.start_v, *middle,
             # copied now: the count as it is before this step's ``advance`` (below in ``update``, after a replay)
             middle_live=None if fixed is None else fixed[2].clone(),
-            middle_codes=None if self.middle is None else self.middle.codes_view(),
+            middle_codes=None if self.middle is None else self.middle.codes,
             decode_keys=self.ring_k, decode_values=self.ring_v, decode_rotation=(step.cos, step.sin),
             decode_recall_rotation=(step.recall_cos, step.recall_sin),
         )

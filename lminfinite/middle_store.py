@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .coded_recall import PAYS_FROM, keeps_codes
+from .coded_recall import keeps_codes
 from .key_codes import KeyCodes
 from .kv_bytes import codes_row_bytes, keeps_scan_copy, row_bytes, scan_copy_row_bytes
 from .modes import outside_inference_mode
@@ -256,7 +256,7 @@ class MiddleStore:
 
     def fixed_view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, KeyCodes | None] | None:
         """(keys, values, live, codes): the primary's whole buffers, on their device the number of rows in use (rows
-        from it on are not), and the codes recall scans (``codes_view``). What a steady decode step reads of it is
+        from it on are not), and its codes (kept only where asked: ``int8``). What a steady decode step reads of it is
         then the same tensors at every step until the store grows, with the count changing in place (the codes are
         written in place as blocks fill), so one CUDA graph can stand for the step (graphed.py). None
         where the store offers no such view: not asked for (``fixed_shapes``; by default only on a GPU, where the
@@ -268,14 +268,7 @@ class MiddleStore:
         if self._live is None:
             with outside_inference_mode():  # written in place at every append, whatever the caller's mode
                 self._live = torch.full((), self._length, dtype=torch.long, device=self.keys.device)
-        return self.keys, self.values, self._live, self.codes_view()
-
-    def codes_view(self) -> KeyCodes | None:
-        """The primary's codes where recall scans them: kept, and asked for at any size (``int8``) or the primary's
-        buffer holding PAYS_FROM rows (``auto``; its size, not its rows in use, so a recorded step stays valid)."""
-        if self.codes is None or (self.wants_codes != "int8" and self.keys.shape[-2] < PAYS_FROM):
-            return None
-        return self.codes
+        return self.keys, self.values, self._live, self.codes
 
     def scan_view(self) -> ScanKeys | None:
         """The scan copy of the primary's rows in use, where the store keeps one."""

@@ -39,6 +39,11 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Query rows per key head the checks before ``auto`` run with: one, summed along the channels (a decode step of a
 # model without grouped heads: Llama-2), and four, on tensor cores (grouped heads, a question read with recall).
 CHECKED_ROWS = (1, 4)
+# Rows of a store's buffer from which ``auto`` scans it through PyTorch's operators in a step recorded into a CUDA
+# graph. From a graph on an H200 (docs/benchmarks.md, recall_kernel_gpu: one layer, 32 heads of 128) the kernels
+# took 0.045 ms to the operators' 0.112 at 4K middle tokens, the same at 32K, and 0.74 to 0.46 at 128K (between: not
+# cuBLAS's product read the keys at 2.3 TB/s and the scan at 1.45; eagerly the kernels won at every size.
+GRAPHED_OPERATORS_FROM = 65536
 
 
 def interpreted() -> bool:
@@ -65,6 +70,16 @@ def resolve(requested: str, device: torch.device, dtype: torch.dtype, head_dim: 
         return True
     return (device.type == "cuda" and runs_on(device) and dtype in DTYPES and head_dim <= MAX_DIM
             and _checked(device.type, device.index, dtype, head_dim))
+
+
+def scans_store(requested: str, device: torch.device, dtype: torch.dtype, shape: torch.Size, coded: bool) -> bool:
+    """Whether recall scans a middle store's primary (keys of ``shape``: B, Hkv, rows, D) through these kernels:
+    where ``resolve`` says so, except, for ``auto``, a store of GRAPHED_OPERATORS_FROM rows or more in a step being
+    recorded into a CUDA graph, unless it keeps codes (``coded``), which only these kernels read."""
+    if not resolve(requested, device, dtype, shape[-1]):
+        return False
+    return (requested != "auto" or coded or shape[-2] < GRAPHED_OPERATORS_FROM or device.type != "cuda"
+            or not torch.cuda.is_current_stream_capturing())
 
 
 def fits(query: torch.Tensor, keys: torch.Tensor, k: int) -> bool:

@@ -75,15 +75,15 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 GRADIO_ANALYTICS_ENABLED=Fal
 transformers.__version__, '| bitsandbytes', b.__version__, '|', torch.cuda.get_device_name())"
 } 2>&1 | tee "$OUT/gpu.txt"
 
-# Meanwhile, in the background: the checks `auto` runs before it recalls through Triton's kernels and their int8
-# codes, for each dtype and head size the steps and tests use, so that the checks' builds (the pooled coded scan's
-# for one and four query rows: 11 and 7 s on one core) land in Triton's disk cache instead of inside a timed step.
+# Meanwhile, in the background: the checks `auto` runs before it recalls through Triton's kernels, and `int8` before
+# it keeps codes, for each dtype and head size the steps and tests use, so that the checks' builds (the pooled coded
+# scan's for one and four query rows: 11 and 7 s on one core) land in Triton's disk cache, not inside a timed step.
 # Nice'd: the steps' host threads keep their cores.
 prebuilds=()
 for dtype in bfloat16 float16 float32; do
   for dim in 128 64; do
     nice -n 10 python3 -c "import torch; from lminfinite import coded_recall; print('$dtype, head size $dim: codes', \
-coded_recall.keeps_codes('auto', 'auto', torch.device('cuda', 0), torch.$dtype, $dim), flush=True)" \
+coded_recall.keeps_codes('int8', 'auto', torch.device('cuda', 0), torch.$dtype, $dim), flush=True)" \
       >> "$OUT/prebuild.log" 2>&1 & prebuilds+=($!)
   done
 done
@@ -106,15 +106,17 @@ for i in "${!STEPS[@]}"; do
       per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 180")
       own=$seconds; [[ $step == library ]] || own=$(( seconds - APP_FLOOR ))  # the app's tests keep their floor
       own=$(( own < ${WANT[library]} ? own : ${WANT[library]} ))
-      timeout "$own" python3 -m pytest -q -p no:cacheprovider -rs $workers $per_test tests/test_lminfinite_cuda.py \
-        2>&1 | tee "$OUT/cuda_tests.log"; rc=${PIPESTATUS[0]}
+      # -v: each test's name and result as it ends (in 8 workers, -q named no failure of a run cut at its timeout);
+      # SIGINT at the timeout: pytest still prints its summary of what ran
+      timeout -s INT -k 20 "$own" python3 -m pytest -v -p no:cacheprovider -rfEs $workers $per_test \
+        tests/test_lminfinite_cuda.py 2>&1 | tee "$OUT/cuda_tests.log"; rc=${PIPESTATUS[0]}
       if [[ $step == tests ]]; then
         left=$(( seconds - (SECONDS - step_started) ))
         if (( left < 30 )); then
           echo "the app's tests: skipped, $left s of the step left" | tee -a "$OUT/cuda_tests.log"; rc=1
         else
-          timeout "$(( left < APP_WANT ? left : APP_WANT ))" python3 -m pytest -q -p no:cacheprovider -rs \
-            $per_test tests/test_app_cuda.py 2>&1 | tee -a "$OUT/cuda_tests.log"; rc=$(( rc || PIPESTATUS[0] ))
+          timeout -s INT -k 20 "$(( left < APP_WANT ? left : APP_WANT ))" python3 -m pytest -v -p no:cacheprovider \
+            -rfEs $per_test tests/test_app_cuda.py 2>&1 | tee -a "$OUT/cuda_tests.log"; rc=$(( rc || PIPESTATUS[0] ))
         fi
       fi ;;
     cells)

@@ -78,9 +78,9 @@ def test_span_bytes_are_what_the_cache_holds():
     assert memory["middle"] == per_token.middle * evicted and memory["middle_scan"] == per_token.middle_scan * evicted
     assert per_token.middle_scan > 0  # a float32 model on the CPU keeps a scan copy (scan_copy.py) ...
     shape = lminfinite.KVShape.from_config(model.config)
-    on_gpu = lminfinite.span_bytes(shape, resolved, torch.float32, device_type="cuda")
-    uncoded = lminfinite.span_bytes(shape, dataclasses.replace(resolved, recall_key_codes="off"), torch.float32,
-                                    device_type="cuda")
+    on_gpu = lminfinite.span_bytes(shape, dataclasses.replace(resolved, recall_key_codes="int8"), torch.float32,
+                                   device_type="cuda")
+    uncoded = lminfinite.span_bytes(shape, resolved, torch.float32, device_type="cuda")  # ``auto``: no codes
     assert uncoded.middle_scan == 0 and on_gpu.middle == per_token.middle  # ... and on a GPU it would not,
     recall_layers = per_token.middle // row_bytes(shape.num_kv_heads, shape.head_dim, torch.float32)
     assert on_gpu.middle_scan == recall_layers * codes_row_bytes(shape.num_kv_heads, shape.head_dim)  # but codes

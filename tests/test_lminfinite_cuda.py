@@ -78,12 +78,14 @@ def test_auto_recalls_through_tritons_kernels_on_the_gpu(dtype, head_dim):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_auto_keeps_int8_codes_on_the_gpu_where_their_scan_recalls_float64s_top_k(dtype, head_dim):
+def test_int8_keeps_codes_on_the_gpu_where_their_scan_recalls_float64s_top_k(dtype, head_dim):
     """The coded scan on TF32 tensor cores: float64's top k with keys the codes tell apart and with keys they do
-    not (every head then scanned in full), so ``auto`` keeps codes in a GPU's middle stores."""
+    not (every head then scanned in full), so ``int8`` keeps codes in a GPU's middle stores (``auto`` does not:
+    the coded scan was the slower on an H200)."""
     device = torch.device("cuda", torch.cuda.current_device())
     assert coded_recall.agrees_with_float64(device, dtype, head_dim)
-    assert coded_recall.keeps_codes("auto", "auto", device, dtype, head_dim)
+    assert coded_recall.keeps_codes("int8", "auto", device, dtype, head_dim)
+    assert not coded_recall.keeps_codes("auto", "auto", device, dtype, head_dim)
 
 
 def _llama2_shaped_checkpoint(layers: int = 4):
@@ -170,6 +172,24 @@ def test_cuda_graph_decoding_with_recall_follows_the_models_own_forward(dtype, c
     steps = 6 * WINDOW
     worst, _, decoder = _graphed_against_plain(model, random_ids(3 * WINDOW + 5).cuda(), steps, 7)
     assert worst == 0 and 1 <= decoder.recordings < steps // 4, (worst, decoder.recordings)
+
+
+def test_cuda_graph_decoding_with_recall_through_the_operators_from_a_large_store(monkeypatch):
+    """From recall_kernel.GRAPHED_OPERATORS_FROM rows (here every store) a recorded step scans through PyTorch's
+    operators, where the eager step scans through Triton's kernels: the same tokens recalled except between
+    near-ties, the logits within bf16 rounding of the model's own."""
+    monkeypatch.setattr(recall_kernel, "GRAPHED_OPERATORS_FROM", 0)
+    chosen, choose = [], recall_kernel.scans_store
+
+    def spy(*args, **kwargs):
+        chosen.append((torch.cuda.is_current_stream_capturing(), choose(*args, **kwargs)))
+        return chosen[-1][1]
+
+    monkeypatch.setattr(recall_kernel, "scans_store", spy)
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16).cuda(), CONFIGS["topk"])
+    worst, same_tokens, decoder = _graphed_against_plain(model, random_ids(3 * WINDOW + 5).cuda(), 2 * WINDOW, 7)
+    assert set(chosen) == {(False, True), (True, False)} and decoder.recordings >= 1
+    assert worst < 0.1 and same_tokens, (worst, same_tokens)
 
 
 def test_a_step_cuda_cannot_capture_decodes_without_a_graph_on_the_callers_stream():

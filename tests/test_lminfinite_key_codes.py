@@ -255,12 +255,27 @@ def test_the_check_the_auto_choice_runs_agrees_and_a_store_keeps_codes_only_wher
         assert coded_recall.agrees_with_float64(torch.device("cpu"), dtype, 64)
     cpu = torch.device("cpu")
     assert not coded_recall.keeps_codes("off", "triton", cpu, torch.float32, 64)
-    assert not coded_recall.keeps_codes("auto", "triton", cpu, torch.float32, 64)  # only on a GPU by default
     assert coded_recall.keeps_codes("int8", "triton", cpu, torch.float32, 64)
     with pytest.raises(ValueError, match="needs recall through Triton's kernels"):
         coded_recall.keeps_codes("int8", "torch", cpu, torch.float32, 64)  # nothing would scan them
     with pytest.raises(ValueError, match="recall_key_codes must be one of auto, int8, off"):
         lminfinite.LMInfiniteConfig(recall_key_codes="fp8")
+
+
+def test_only_int8_keeps_codes_and_on_a_gpu_only_where_its_check_agrees(monkeypatch):
+    """``auto`` keeps none, even on a GPU whose kernels pass every check: there the coded scan was slower than the
+    keys' own (H200). ``int8`` on a GPU keeps codes where the coded scan agrees with float64, else it warns."""
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(recall_kernel, "runs_on", lambda device: True)
+    monkeypatch.setattr(recall_kernel, "_checked", lambda *args: True)
+    checked = []
+    monkeypatch.setattr(coded_recall, "_checked", lambda *args: checked.append(args) or len(checked) == 1)
+    assert not coded_recall.keeps_codes("auto", "auto", cuda, torch.bfloat16, 128)
+    assert not coded_recall.keeps_codes("off", "auto", cuda, torch.bfloat16, 128)
+    assert checked == []
+    assert coded_recall.keeps_codes("int8", "auto", cuda, torch.bfloat16, 128)
+    assert not coded_recall.keeps_codes("int8", "auto", cuda, torch.bfloat16, 128)  # the check said no
+    assert checked == [("cuda", 0, torch.bfloat16, 128)] * 2
 
 
 def test_the_checks_before_auto_run_each_way_the_scans_multiply(monkeypatch):
@@ -283,12 +298,15 @@ def test_the_checks_before_auto_run_each_way_the_scans_multiply(monkeypatch):
     assert on_tensor_cores == {"scan": {False, True}, "scan_codes": {False, True}}  # the full scan: the plain one
 
 
-def test_codes_count_in_a_gpu_caches_bytes_per_token_and_in_a_budgeted_primary():
-    shape, config = KVShape(num_layers=32, num_kv_heads=32, head_dim=128), lminfinite.LMInfiniteConfig(topk=5)
+def test_codes_count_in_a_gpu_caches_bytes_per_token_and_in_a_budgeted_primary(monkeypatch):
+    shape = KVShape(num_layers=32, num_kv_heads=32, head_dim=128)
+    config = lminfinite.LMInfiniteConfig(topk=5, recall_key_codes="int8")
     on_gpu = span_bytes(shape, config.resolved(4096), torch.bfloat16, device_type="cuda")
     assert on_gpu.middle_scan == 27 * 32 * (128 + 4 + 5)  # 27 recall layers: about half a bfloat16 key
-    assert span_bytes(shape, dataclasses.replace(config, recall_key_codes="off").resolved(4096), torch.bfloat16,
-                      device_type="cuda").middle_scan == 0
+    for uncoded in ("off", "auto"):
+        assert span_bytes(shape, dataclasses.replace(config, recall_key_codes=uncoded).resolved(4096),
+                          torch.bfloat16, device_type="cuda").middle_scan == 0
+    monkeypatch.setattr(coded_recall, "_checked", lambda *args: True)  # as on a GPU where the coded scan agrees
     budgeted = MiddleStore(device_budget=1 << 20, key_codes="int8", recall_kernel="triton")
     budgeted._place(torch.empty(1, 2, 1, 32), torch.device("cuda"))  # placement alone: nothing is allocated
     assert budgeted.primary_cap == (1 << 20) // (2 * 2 * 32 * 4 + codes_row_bytes(2, 32))

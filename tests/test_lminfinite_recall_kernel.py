@@ -239,6 +239,25 @@ def test_a_decode_step_that_recalls_launches_seven_kernels_more_per_layer_not_fo
     assert extra == {"torch": 44, "triton": 7}
 
 
+def test_auto_scans_a_large_store_through_the_operators_only_in_a_step_recorded_into_a_cuda_graph(monkeypatch):
+    """From a CUDA graph the operators' product read 128K middle keys faster than the scan (H200); eagerly the scan
+    won at every size. A named kernel, or a store keeping codes (only the kernels read them), is kept as it is."""
+    monkeypatch.setattr(recall_kernel, "runs_on", lambda device: True)
+    monkeypatch.setattr(recall_kernel, "_checked", lambda *args: True)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    cuda, rows = torch.device("cuda", 0), recall_kernel.GRAPHED_OPERATORS_FROM
+    chosen = {}
+    for capturing[0] in (False, True):
+        for name, store_rows in (("large", rows), ("small", rows - 1)):
+            for requested, coded in (("auto", False), ("auto", True), ("triton", False)):
+                shape = torch.Size((1, 2, store_rows, 64))
+                chosen[capturing[0], name, requested, coded] = recall_kernel.scans_store(
+                    requested, cuda, torch.bfloat16, shape, coded)
+    assert [key for key, fused in chosen.items() if not fused] == [(True, "large", "auto", False)]
+    assert not recall_kernel.scans_store("torch", cuda, torch.bfloat16, torch.Size((1, 2, 8, 64)), False)
+
+
 def test_the_kernel_named_must_be_one_there_is():
     with pytest.raises(ValueError, match="recall_kernel must be one of auto, torch, triton"):
         lminfinite.LMInfiniteConfig(recall_kernel="cuda")
