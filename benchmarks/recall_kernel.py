@@ -12,6 +12,8 @@ near-ties: the table says how many picks differ and by how much their logits do,
 their certificate sent to the full scan. The codes are scanned keeping 32 candidates per pool of 1,024 keys and
 query row (the library's KEEP and POOL: 4,096 candidates a row at 128K for the top-k after the scan) and 16 per
 block of 128 (``triton-int8-block``: 16,384, and a selection with no pool), so one GPU run says which pays;
+``triton-span8`` and ``triton-span32`` scan the keys 8 and 32 blocks a program with a running k best
+(recall_triton._scan_spans) where ``triton`` selects each block's k best in k passes (the library's, SPAN = 1);
 ``triton-int8-unsure`` is the first with every key's error bound made huge, so no row is certain and every head is
 scanned in full: what a step costs where the certificate fails (seldom on a real model's keys). A second table
 times the coded ways' launches one by one (the scan of the codes, the top-k of its candidates, the rescoring and
@@ -44,6 +46,8 @@ N_STARTING = 10
 # (candidates kept, per pool of keys)
 CODED = {"triton-int8": (KEEP, POOL), "triton-int8-block": (16, BLOCK), "triton-int8-unsure": (KEEP, POOL)}
 UNSURE = "triton-int8-unsure"  # the error bounds made huge: every head scanned in full
+# Blocks of 128 keys per program of the keys' scan (recall_kernel.SPAN; "triton": the library's, 1)
+SPANS = {"triton-span8": 8, "triton-span32": 32}
 
 
 def parse_args(argv=None):
@@ -64,7 +68,7 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    kernels = ["torch"] + (["triton", *CODED] if recall_kernel.runs_on(device) else [])
+    kernels = ["torch"] + (["triton", *SPANS, *CODED] if recall_kernel.runs_on(device) else [])
     results = []
     for middle in (int(n) for n in args.middle.split(",")):
         step_args, step_kwargs = decode_step(args, middle, device, dtype)
@@ -82,8 +86,12 @@ def main(argv=None) -> None:
                     ctx.middle_codes.errors.fill_(1e30)
             call = (*step_args[:3], ctx, *step_args[4:])
 
-            def run(fused=kernel != "torch", call=call):
-                recalled = recall_topk(*call, **step_kwargs, fused=fused)
+            def run(fused=kernel != "torch", call=call, span=SPANS.get(kernel, recall_kernel.SPAN)):
+                recall_kernel.SPAN, library_span = span, recall_kernel.SPAN  # read as the step is recorded
+                try:
+                    recalled = recall_topk(*call, **step_kwargs, fused=fused)
+                finally:
+                    recall_kernel.SPAN = library_span
                 _merge_into(out, lse, [recalled.logits], [], recalled, 0, step_args[1], None, 1)
                 return recalled
 

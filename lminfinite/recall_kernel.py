@@ -32,6 +32,14 @@ import warnings
 import torch
 
 BLOCK = 128  # keys per scan program
+# Query rows per key head up to which a scan's products are summed along the channels instead of multiplied on
+# tensor cores, whose products need 16 rows: a decode step of a model without grouped heads (Llama-2) has one row,
+# and every pass of a block's selection would otherwise run over 16.
+FEW_ROWS = 2
+# Blocks per program of the scan for FEW_ROWS query rows or fewer (1: each block's k best, in k passes; more: a
+# running k best over that many blocks, recall_triton._scan_spans). 1 until a GPU times the other
+# (benchmarks/recall_kernel.py's ``triton-span`` way).
+SPAN = 1
 MAX_ROWS = 64  # query rows per key head (a decode step: the group's heads); more is a prefill, recall.py's scan
 MAX_K = 64  # the per-block top-k is unrolled k times
 MAX_DIM = 256
@@ -41,8 +49,9 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 CHECKED_ROWS = (1, 4)
 # Rows of a store's buffer from which ``auto`` scans it through PyTorch's operators in a step recorded into a CUDA
 # graph. From a graph on an H200 (docs/benchmarks.md, recall_kernel_gpu: one layer, 32 heads of 128) the kernels
-# took 0.045 ms to the operators' 0.112 at 4K middle tokens, the same at 32K, and 0.74 to 0.46 at 128K (between: not
-# cuBLAS's product read the keys at 2.3 TB/s and the scan at 1.45; eagerly the kernels won at every size.
+# took 0.045 ms to the operators' 0.112 at 4K middle tokens, the same at 32K, and 0.74 to 0.46 at 128K, where
+# cuBLAS's product read the keys at 2.3 TB/s and the scan at 1.45 (between 32K and 128K: not measured); eagerly
+# the kernels won at every size.
 GRAPHED_OPERATORS_FROM = 65536
 
 
@@ -115,29 +124,38 @@ def store_topk(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | Non
 
     query: (B, Hkv, R, D); keys: (B, Hkv, n, D); live: the rows in use (a 0-d count on the keys' device), None for
     all n."""
-    cand_logits, cand_positions = torch.ops.lminfinite.recall_scan(query, keys, live, k, scale, first_row)
+    cand_logits, cand_positions = torch.ops.lminfinite.recall_scan(query, keys, live, k, scale, first_row, None, SPAN)
     logits, pick = cand_logits.topk(k, dim=-1)
     return logits, cand_positions.gather(-1, pick)
 
 
 @torch.library.custom_op("lminfinite::recall_scan", mutates_args=())
 def recall_scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float,
-                first_row: int, settled: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per query row, the ``k`` best scaled float32 logits of each block of BLOCK keys and their positions:
-    (B, Hkv, R, blocks·k) each, -inf where a block holds fewer rows in use. ``settled``: (B, Hkv, R) int32 flags,
-    nonzero for a row whose result is known already; a head all of whose rows are is left unscanned, its results
-    garbage (coded_recall.py's full scan)."""
+                first_row: int, settled: torch.Tensor | None = None,
+                span: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query row, the ``k`` best scaled float32 logits of each block of BLOCK keys (of each ``span`` blocks
+    where ``_spans`` takes them) and their positions: (B, Hkv, R, blocks·k) each, -inf where a block holds fewer
+    rows in use. ``settled``: (B, Hkv, R) int32 flags, nonzero for a row whose result is known already; a head all
+    of whose rows are is left unscanned, its results garbage (coded_recall.py's full scan)."""
     from . import recall_triton
 
-    return recall_triton.scan(query, keys, live, k, scale, first_row, BLOCK, settled)
+    return recall_triton.scan(query, keys, live, k, scale, first_row, BLOCK, settled,
+                              _spans(span, query.shape[-2], settled))
 
 
 @recall_scan.register_fake
-def _(query, keys, live, k, scale, first_row, settled=None):
+def _(query, keys, live, k, scale, first_row, settled=None, span=1):
     batch, kv_heads, rows, _ = query.shape
-    candidates = -(-keys.shape[-2] // BLOCK) * k
+    candidates = -(-keys.shape[-2] // (BLOCK * _spans(span, rows, settled))) * k
     shape = (batch, kv_heads, rows, candidates)
     return query.new_empty(shape, dtype=torch.float32), query.new_empty(shape, dtype=torch.long)
+
+
+def _spans(span: int, rows: int, settled: torch.Tensor | None) -> int:
+    """Blocks per program of a scan: ``span`` for FEW_ROWS query rows or fewer and nothing settled, else 1 (on
+    tensor cores the running selection of recall_triton._scan_spans took every register and spilled: ptxas,
+    sm_90, 232 bytes in float32 over 4 warps, more over 8)."""
+    return span if settled is None and rows <= FEW_ROWS else 1
 
 
 @torch.library.custom_op("lminfinite::recall_rotate", mutates_args=())

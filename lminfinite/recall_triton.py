@@ -8,15 +8,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .recall_kernel import interpreted
+from .recall_kernel import FEW_ROWS, interpreted
 
 # Read once, as triton.jit reads it when it builds the kernels below: for the interpreter or for the GPU.
 INTERPRETED = interpreted()
-
-# Query rows per key head up to which a block's products are summed along the channels instead of multiplied on
-# tensor cores, whose products need 16 rows: a decode step of a model without grouped heads (Llama-2) has one row,
-# and every pass of the block's selection would otherwise run over 16.
-FEW_ROWS = 2
 
 # Programs per key head of a scan told which rows are settled (coded_recall.py's full scan): each takes every
 # FALLBACK_PROGRAMS-th block. Where no head needs it, 32 × 64 programs read their flags and return at Llama-2-7B's
@@ -47,10 +42,14 @@ def candidates(query: torch.Tensor, keys: torch.Tensor, block: int,
 
 
 def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float, first_row: int,
-         block: int, settled: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+         block: int, settled: torch.Tensor | None = None, span: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """k candidates per query row from each block of ``block`` keys, or from each ``span`` blocks (``_scan_spans``:
+    recall_kernel._spans says where)."""
     batch, kv_heads, rows, dim = query.shape
     n = keys.shape[-2]
     query = query.contiguous()
+    if span > 1:
+        return _scan_in_spans(query, keys, live, k, scale, first_row, block, span)
     blocks, cand_logits, cand_positions = candidates(query, keys, block, k)
     programs = blocks if settled is None else min(blocks, FALLBACK_PROGRAMS)
     _scan_blocks[(batch * kv_heads, programs)](
@@ -60,6 +59,19 @@ def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: 
         HAS_LIVE=live is not None, HAS_SETTLED=settled is not None, ROWS=padded_rows(rows),
         DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block, K=k, IEEE=query.dtype == torch.float32 or INTERPRETED,
         DOT=rows > FEW_ROWS, num_warps=scan_warps(rows, query.dtype),
+    )
+    return cand_logits, cand_positions
+
+
+def _scan_in_spans(query, keys, live, k, scale, first_row, block, span):
+    batch, kv_heads, rows, dim = query.shape
+    blocks = triton.cdiv(keys.shape[-2], block)
+    programs, cand_logits, cand_positions = candidates(query, keys, block * span, k)
+    _scan_spans[(batch * kv_heads, programs)](
+        query, keys, query if live is None else live, cand_logits, cand_positions,
+        kv_heads, rows, keys.shape[-2], blocks, span, dim, float(scale), first_row, *keys.stride(),
+        HAS_LIVE=live is not None, ROWS=padded_rows(rows), DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block,
+        K=k, SLOTS=max(2, triton.next_power_of_2(k)),
     )
     return cand_logits, cand_positions
 
@@ -130,6 +142,24 @@ def _scan_block(q_ptr, k_ptr, live_ptr, out_logits, out_positions, head, block, 
     """One key head's query rows against one ``block`` of its keys; the block's K best per row (logit, and
     position: first_row + the key's row)."""
     r = tl.arange(0, ROWS)
+    c = tl.arange(0, BLOCK)
+    scores = _block_scores(q_ptr, k_ptr, live_ptr, head, block, kv_heads, rows, n, dim, scale, stride_b, stride_h,
+                           stride_n, stride_d, HAS_LIVE, ROWS, DIM, BLOCK, IEEE, DOT)
+    out = (head * rows + r) * (blocks * K) + block * K
+    for j in tl.static_range(K):
+        best, at = tl.max(scores, axis=1, return_indices=True)
+        tl.store(out_logits + out + j, best, mask=r < rows)
+        tl.store(out_positions + out + j, (block * BLOCK + at + first_row).to(tl.int64), mask=r < rows)
+        scores = tl.where(c[None, :] == at[:, None], float("-inf"), scores)
+
+
+@triton.jit
+def _block_scores(q_ptr, k_ptr, live_ptr, head, block, kv_heads, rows, n, dim, scale, stride_b, stride_h, stride_n,
+                  stride_d, HAS_LIVE: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr,
+                  IEEE: tl.constexpr, DOT: tl.constexpr):
+    """(ROWS, BLOCK) float32: a key head's query rows against one ``block`` of its keys, scaled; -inf for the
+    block's rows not in use."""
+    r = tl.arange(0, ROWS)
     d = tl.arange(0, DIM)
     c = tl.arange(0, BLOCK)
     key_rows = block.to(tl.int64) * BLOCK + c  # offsets in a store beyond 2^31 elements
@@ -151,13 +181,46 @@ def _scan_block(q_ptr, k_ptr, live_ptr, out_logits, out_positions, head, block, 
     else:
         scores, _ = summed_products(q_at, r < rows, keys_at, stride_d, key_rows < in_use, q_ptr, 0, dim, ROWS,
                                      BLOCK, DIM, False)
-    scores = tl.where((key_rows < in_use)[None, :], scores * scale, float("-inf"))
-    out = (head * rows + r) * (blocks * K) + block * K
-    for j in tl.static_range(K):
-        best, at = tl.max(scores, axis=1, return_indices=True)
-        tl.store(out_logits + out + j, best, mask=r < rows)
-        tl.store(out_positions + out + j, (block * BLOCK + at + first_row).to(tl.int64), mask=r < rows)
-        scores = tl.where(c[None, :] == at[:, None], float("-inf"), scores)
+    return tl.where((key_rows < in_use)[None, :], scores * scale, float("-inf"))
+
+
+@triton.jit
+def _scan_spans(q_ptr, k_ptr, live_ptr, out_logits, out_positions, kv_heads, rows, n, blocks, span, dim, scale,
+                first_row, stride_b, stride_h, stride_n, stride_d, HAS_LIVE: tl.constexpr, ROWS: tl.constexpr,
+                DIM: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr, SLOTS: tl.constexpr):
+    """One program: one key head's query rows (FEW_ROWS or fewer: recall_kernel._spans says why) against ``span``
+    consecutive blocks of its keys; their K best per row (logit and position), -inf where fewer are in use. A
+    running K best (SLOTS: K padded to a power of two, the padding +inf so it is never the smallest) takes a
+    block's keys, best first, only while they beat its smallest: once it holds good keys, most blocks cost a
+    maximum and a minimum, where ``_scan_block`` makes K passes over every block, and the top-k after the scan
+    reads span times fewer candidates."""
+    head = tl.program_id(0)
+    r = tl.arange(0, ROWS)
+    c = tl.arange(0, BLOCK)
+    s = tl.arange(0, SLOTS)
+    kept = tl.where(s[None, :] < K, float("-inf"), float("inf")) + tl.zeros((ROWS, SLOTS), tl.float32)
+    kept_at = tl.zeros((ROWS, SLOTS), tl.int64) + first_row  # a row of the store: never read (its logit: -inf)
+    block = tl.program_id(1) * span
+    last = tl.minimum(block + span, blocks)
+    while block < last:  # a count known only at launch: not range() (see coded_triton._certify_rows)
+        scores = _block_scores(q_ptr, k_ptr, live_ptr, head, block, kv_heads, rows, n, dim, scale, stride_b,
+                               stride_h, stride_n, stride_d, HAS_LIVE, ROWS, DIM, BLOCK, False, False)
+        top, at = tl.max(scores, axis=1, return_indices=True)
+        floor, slot = tl.min(kept, axis=1, return_indices=True)
+        enters = (top > floor) & (r < rows)
+        while tl.max(enters.to(tl.int32), axis=0) > 0:
+            into = (s[None, :] == slot[:, None]) & enters[:, None]
+            kept = tl.where(into, top[:, None], kept)
+            kept_at = tl.where(into, (block.to(tl.int64) * BLOCK + at + first_row)[:, None], kept_at)
+            scores = tl.where((c[None, :] == at[:, None]) & enters[:, None], float("-inf"), scores)
+            top, at = tl.max(scores, axis=1, return_indices=True)
+            floor, slot = tl.min(kept, axis=1, return_indices=True)
+            enters = (top > floor) & (r < rows)
+        block += 1
+    out = (head * rows + r[:, None]) * (tl.num_programs(1) * K) + tl.program_id(1) * K + s[None, :]
+    written = (r[:, None] < rows) & (s[None, :] < K)
+    tl.store(out_logits + out, kept, mask=written)
+    tl.store(out_positions + out, kept_at, mask=written)
 
 
 # The same, as a function of its own (not inlined): inlined into the while loop above, the float32 products of many

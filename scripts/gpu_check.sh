@@ -14,10 +14,10 @@
 #            window_span_gpu table
 #   speed    the whole ladder, 4K to 128K, with truncation too (two calls' worth)
 #   recall   one layer's recall in a decode step at Llama-2-7B's heads, 4K to 128K middle tokens, through PyTorch's
-#            operators, through Triton's kernels and through them over int8 key codes (keeping 32 candidates per pool
-#            of 1,024 keys, 16 per block of 128, and with every head sent to the full scan), eager and from a CUDA
-#            graph, and the coded path's launches one by one -> docs/benchmarks.md's recall_kernel_gpu tables (about a
-#            minute)
+#            operators, through Triton's kernels (a block a program, and 8 or 32 blocks a program with a running k
+#            best) and through them over int8 key codes (keeping 32 candidates per pool of 1,024 keys, 16 per block
+#            of 128, and with every head sent to the full scan), eager and from a CUDA graph, and the coded path's
+#            launches one by one -> docs/benchmarks.md's recall_kernel_gpu tables (about a minute and a half)
 #   profile  a 4K prefill, vanilla against LM-Infinite, side by side, operators per layer counted, and operator
 #            by operator -> profile_prefill.log (under a minute once the model is made)
 # Logs and results go to $OUT (they come back to this machine): gpu.txt (with each step's time), the logs (the

@@ -54,6 +54,10 @@ def kernels(dtype: str) -> list[tuple]:
                 DOT=rows > recall_triton.FEW_ROWS),
            dict(num_warps=recall_triton.scan_warps(rows, torch.bfloat16 if half else torch.float32)))
           for rows in (1, 4, recall_kernel.MAX_ROWS) for settled in (False, True)),
+        *((recall_triton._scan_spans,
+           [dtype, dtype, "*i64", "*fp32", "*i64"] + [I32] * 6 + [F32, I32] + [I64] * 4,
+           dict(scan, ROWS=recall_triton.padded_rows(rows), K=5, SLOTS=8))
+          for rows in (1, recall_kernel.FEW_ROWS)),
         (recall_triton._gather_rows, ["*i64", "*fp32", dtype, dtype, I32, I32, I32, I32, I32] + [I64] * 4,
          dict(K=8, DIM=128)),
         (recall_triton._merge_rows, ["*fp32", "*fp32", "*fp32", "*i64", dtype, I32, I32, I32, I32, I32] + [I64] * 8,

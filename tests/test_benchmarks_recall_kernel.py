@@ -1,6 +1,7 @@
-"""The recall-kernel benchmark's machinery at a tiny size (Triton under its interpreter here): the five ways time a
-steady decode step's recall and pick the same tokens (one of them through the full scan the certificate spares),
-and the table says so, so a GPU's device time is not spent finding out it does not run."""
+"""The recall-kernel benchmark's machinery at a tiny size (Triton under its interpreter here): the seven ways time a
+steady decode step's recall and pick the same tokens (one of them through the full scan the certificate spares,
+two through programs of several blocks), and the table says so, so a GPU's device time is not spent finding out it
+does not run."""
 
 import json
 
@@ -10,13 +11,19 @@ from benchmarks import recall_kernel as benchmark
 from lminfinite import recall_kernel
 
 
-def test_the_five_ways_recall_the_same_tokens_and_the_table_lists_them(tmp_path):
+def test_the_seven_ways_recall_the_same_tokens_and_the_table_lists_them(tmp_path, monkeypatch):
     if not recall_kernel.runs_on(benchmark.torch.device("cpu")):
         pytest.skip("needs Triton and TRITON_INTERPRET=1 (conftest.py)")
+    from lminfinite import recall_triton
+
+    spans, scan = [], recall_triton.scan
+    monkeypatch.setattr(recall_triton, "scan", lambda *args: spans.append(args[8]) or scan(*args))
     benchmark.main(["--device", "cpu", "--middle", "200,300", "--heads", "2", "--head-dim", "32", "--window", "16",
                     "--repeats", "1", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "recall_kernel_cpu.json").read_text())
-    ways = ["torch", "triton", "triton-int8", "triton-int8-block", "triton-int8-unsure"]
+    ways = ["torch", "triton", "triton-span8", "triton-span32", "triton-int8", "triton-int8-block",
+            "triton-int8-unsure"]
+    assert set(spans) == {1, 8, 32} and recall_kernel.SPAN == 1  # each way's span, and the library's kept
     assert [(r["middle"], r["kernel"]) for r in saved["results"]] == [(n, way) for n in (200, 300) for way in ways]
     for row in saved["results"]:  # the torch path rounds each product to bfloat16 before it selects
         if row["kernel"] != "torch":

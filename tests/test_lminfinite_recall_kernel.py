@@ -52,12 +52,15 @@ class CountOps(TorchDispatchMode):
         return counted
 
 
+@pytest.mark.parametrize("span", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows, n, live, k", [(1, 1000, 777, 5), (3, 300, None, 1), (8, 129, 40, 7), (2, 200, 3, 5)])
-def test_the_kernels_pick_float64s_top_k_among_the_rows_in_use(dtype, rows, n, live, k):
-    """Blocks of 128 keys with a partial last one; a count that leaves spare rows (holding huge numbers, which
-    must not win); fewer rows in use than k (-inf logits, zero values). The logits are float32 sums of the same
-    numbers float64 sums; the rows are float64's top k up to a near-tie."""
+def test_the_kernels_pick_float64s_top_k_among_the_rows_in_use(dtype, rows, n, live, k, span, monkeypatch):
+    """Blocks of 128 keys with a partial last one, scanned a block a program or three (recall_triton._scan_spans);
+    a count that leaves spare rows (holding huge numbers, which must not win); fewer rows in use than k (-inf
+    logits, zero values). The logits are float32 sums of the same numbers float64 sums; the rows are float64's top
+    k up to a near-tie."""
+    monkeypatch.setattr(recall_kernel, "SPAN", span)
     generator = torch.Generator().manual_seed(rows * n + k)
     query = torch.randn(2, 3, rows, 64, generator=generator).to(dtype)
     keys = torch.randn(2, 3, n, 64, generator=generator).to(dtype)
@@ -78,6 +81,29 @@ def test_the_kernels_pick_float64s_top_k_among_the_rows_in_use(dtype, rows, n, l
     index = picked.reshape(2, 3, -1, 1).expand(-1, -1, -1, 64)
     assert torch.equal(gathered[..., :found, :], values.gather(2, index).reshape(2, 3, rows, found, 64))
     assert (gathered[..., found:, :] == 0).all()
+
+
+@pytest.mark.parametrize("rows", [1, 2])  # recall_kernel.FEW_ROWS: more rows are scanned a block a program
+@pytest.mark.parametrize("rising", [True, False])
+def test_a_program_over_several_blocks_keeps_their_k_best_as_each_block_displaces_earlier_picks(rows, rising,
+                                                                                               monkeypatch):
+    """Keys whose logits rise along the store: every block's k best displace all the picks before them (a running
+    k best that took one key a block, or only the first block's, fails here); falling: the first block's stay.
+    Eight blocks in two programs of four, the last one partial, against float64's top k."""
+    monkeypatch.setattr(recall_kernel, "SPAN", 4)
+    generator = torch.Generator().manual_seed(rows)
+    n, k = 7 * recall_kernel.BLOCK + 40, 5
+    query = torch.randn(1, 2, rows, 32, generator=generator)
+    keys = torch.randn(1, 2, n, 32, generator=generator) * 0.01
+    ramp = torch.linspace(-1.0, 1.0, n) if rising else torch.linspace(1.0, -1.0, n)
+    keys += ramp[:, None] * query.mean(2, keepdim=True)  # every row's logit follows the ramp
+    logits, positions = recall_kernel.store_topk(query, keys, None, k=k, scale=1.0, first_row=3)
+    candidates, _ = torch.ops.lminfinite.recall_scan(query, keys, None, k, 1.0, 3, None, 4)
+    exact = query.double() @ keys.double().transpose(-1, -2)
+    best, rows_picked = exact.topk(k, dim=-1)
+    assert candidates.shape[-1] == 2 * k  # two programs
+    torch.testing.assert_close(logits.double(), best, atol=1e-5, rtol=1e-5)
+    assert torch.equal(positions - 3, rows_picked)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
