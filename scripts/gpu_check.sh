@@ -107,15 +107,16 @@ for i in "${!STEPS[@]}"; do
       own=$seconds; [[ $step == library ]] || own=$(( seconds - APP_FLOOR ))  # the app's tests keep their floor
       own=$(( own < ${WANT[library]} ? own : ${WANT[library]} ))
       # -v: each test's name and result as it ends (in 8 workers, -q named no failure of a run cut at its timeout);
-      # SIGINT at the timeout: pytest still prints its summary of what ran
-      timeout -s INT -k 20 "$own" python3 -m pytest -v -p no:cacheprovider -rfEs $workers $per_test \
+      # SIGINT 10 s before its share ends, so pytest still prints its summary; killed at the share's end (a run that
+      # reached its last test on 2026-11-29 hung in its workers' teardown)
+      timeout -s INT -k 10 "$(( own - 10 ))" python3 -m pytest -v -p no:cacheprovider -rfEs $workers $per_test \
         tests/test_lminfinite_cuda.py 2>&1 | tee "$OUT/cuda_tests.log"; rc=${PIPESTATUS[0]}
       if [[ $step == tests ]]; then
         left=$(( seconds - (SECONDS - step_started) ))
         if (( left < 30 )); then
           echo "the app's tests: skipped, $left s of the step left" | tee -a "$OUT/cuda_tests.log"; rc=1
         else
-          timeout -s INT -k 20 "$(( left < APP_WANT ? left : APP_WANT ))" python3 -m pytest -v -p no:cacheprovider \
+          timeout -s INT -k 10 "$(( (left < APP_WANT ? left : APP_WANT) - 10 ))" python3 -m pytest -v -p no:cacheprovider \
             -rfEs $per_test tests/test_app_cuda.py 2>&1 | tee -a "$OUT/cuda_tests.log"; rc=$(( rc || PIPESTATUS[0] ))
         fi
       fi ;;
