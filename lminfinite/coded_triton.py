@@ -8,7 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .recall_triton import FEW_ROWS, INTERPRETED, candidates, padded_rows, summed_products
+from .recall_kernel import FEW_ROWS
+from .recall_triton import INTERPRETED, candidates, padded_rows, summed_products
 
 
 def scan_codes(query, keys, codes, scales, errors, norms, live, scale: float, first_row: int, keep: int, pool: int,

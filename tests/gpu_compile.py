@@ -41,7 +41,7 @@ def kernels(dtype: str) -> list[tuple]:
            [dtype, dtype, "*i8", "*fp32", "*fp32", "*fp32", "*i64", "*fp32", "*i64", "*fp32",
             I32, I32, I32, I32, F32, I32, F32, F32] + [I64] * 18,
            dict(scan, ROWS=recall_triton.padded_rows(rows), POOL=pool, KEEP=keep, IEEE=False,
-                DOT=rows > recall_triton.FEW_ROWS), dict(num_warps=coded_triton.scan_warps(rows)))
+                DOT=rows > recall_kernel.FEW_ROWS), dict(num_warps=coded_triton.scan_warps(rows)))
           for rows, pool, keep in coded),
         (coded_triton._certify_rows,
          [dtype, dtype, "*i64", "*fp32", "*i64", "*fp32", "*fp32", "*i64", "*i32"] + [I32] * 7 + [F32, I32] + [I64] * 4,
@@ -51,7 +51,7 @@ def kernels(dtype: str) -> list[tuple]:
         *((recall_triton._scan_blocks,
            [dtype, dtype, "*i64", "*i32", "*fp32", "*i64", I32, I32, I32, I32, I32, F32, I32] + [I64] * 4,
            dict(scan, ROWS=recall_triton.padded_rows(rows), HAS_SETTLED=settled, K=5, IEEE=not half,
-                DOT=rows > recall_triton.FEW_ROWS),
+                DOT=rows > recall_kernel.FEW_ROWS),
            dict(num_warps=recall_triton.scan_warps(rows, torch.bfloat16 if half else torch.float32)))
           for rows in (1, 4, recall_kernel.MAX_ROWS) for settled in (False, True)),
         *((recall_triton._scan_spans,

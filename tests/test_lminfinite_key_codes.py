@@ -287,7 +287,7 @@ def test_the_checks_before_auto_run_each_way_the_scans_multiply(monkeypatch):
     on_tensor_cores = {"scan": set(), "scan_codes": set()}
     for module, name in ((recall_triton, "scan"), (coded_triton, "scan_codes")):
         def spy(query, *args, _scan=getattr(module, name), _name=name, **kwargs):
-            on_tensor_cores[_name].add(query.shape[-2] > recall_triton.FEW_ROWS)
+            on_tensor_cores[_name].add(query.shape[-2] > recall_kernel.FEW_ROWS)
             return _scan(query, *args, **kwargs)
 
         monkeypatch.setattr(module, name, spy)
