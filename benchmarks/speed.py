@@ -287,7 +287,8 @@ def plot(results, path: Path, window: int) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for method in dict.fromkeys(r["method"] for r in results):
-        rows = [r for r in results if r["method"] == method and not r["error"]]
+        rows = sorted((r for r in results if r["method"] == method and not r["error"]),
+                      key=lambda r: r["context"])
         xs = [r["context"] / window for r in rows]
         for ax, key, scale in zip(axes, ("prefill_s", "decode_ms", "kv_bytes"), (1, 1, 2**-20)):
             ax.plot(xs, [r[key] * scale for r in rows], marker="o", label=method)

@@ -15,7 +15,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from .config import LMInfiniteConfig, require_int
-from .decode_step import DecodeStep
+from .decode_step import DecodeStep, StepKind
 from .forward_rotation import ForwardRotation
 from .layer import InfiniteLayer
 from .layer_state import LayerState
@@ -55,11 +55,14 @@ class InfiniteCache(Cache):
     (default None: the model's) is the recall k of this cache's forwards, and may change between them.
     ``recall_fixed_shapes`` (default None: on a GPU) makes a steady decode step scan each middle store's whole
     buffer with its spare rows masked, so a CUDA graph can stand for a step that recalls (MiddleStore.fixed_view).
+    ``window_fixed_shapes`` (default None: on a GPU) makes a decode step before the window is full attend over the
+    whole ring with the slots not yet filled masked, so a CUDA graph stands for those steps too (an answer read
+    in a short context decodes through one from its first token; decode_step.py).
     """
 
     def __init__(self, model, keep_middle: bool | None = None, offload_middle: bool | None = None,
                  topk: int | None = None, middle_device_bytes: int | None = None,
-                 recall_fixed_shapes: bool | None = None):
+                 recall_fixed_shapes: bool | None = None, window_fixed_shapes: bool | None = None):
         state = get_state(model)
         if state is None:
             raise ValueError("InfiniteCache needs an LM-Infinite model: call lminfinite.enable(model) first")
@@ -69,14 +72,14 @@ class InfiniteCache(Cache):
         keeping = [keep and i >= self.config.topk_from_layer for i in range(state.num_layers)]
         total = middle_device_bytes if middle_device_bytes is not None else _free_share(model, self.config)
         budget = None if total is None or not any(keeping) else total // sum(keeping)
-        layers = [InfiniteLayer(self.config, state.rope, keeps, offload, budget, recall_fixed_shapes)
-                  for keeps in keeping]
+        layers = [InfiniteLayer(self.config, state.rope, keeps, offload, budget, recall_fixed_shapes,
+                                window_fixed_shapes) for keeps in keeping]
         super().__init__(layers=layers)
         self._model = weakref.ref(model)  # to refuse clearly a forward after lminfinite.disable(model)
         self.topk = topk
         self._rollbacks: list[int] = []
         self._recall_config: tuple | None = None  # (model config, topk, that config with this k)
-        self._step: DecodeStep | None = None  # the next steady decode step's slot and rotations (decode_step.py)
+        self._step: DecodeStep | None = None  # the next decode step's slot and rotations (decode_step.py)
         self._recording = False
         self._forward_plan: ForwardRotation | None = None  # the forward under way's (plan_rotation)
         self._rotated = False  # this forward's queries and keys came rotated into the frame (forward_rotation.py)
@@ -106,8 +109,8 @@ class InfiniteCache(Cache):
         if not self._recording:
             self.prepare_forward(tokens)
         first = self.layers[0]
-        steady = tokens == 1 and first.is_initialized and first.steady and self._step is not None
-        self._forward_plan = ForwardRotation(self, first.seen - first.frame, self._step if steady else None)
+        step = tokens == 1 and first.step_kind is not None and self._step is not None
+        self._forward_plan = ForwardRotation(self, first.seen - first.frame, self._step if step else None)
         return self._forward_plan
 
     def end_forward(self) -> None:
@@ -122,28 +125,32 @@ class InfiniteCache(Cache):
 
     def prepare_forward(self, tokens: int) -> None:
         """Before a forward of ``tokens`` tokens: re-base the frames that are due, and load the DecodeStep if it is
-        one steady decode step. A forward does this itself; a recorded one is prepared by whoever replays it."""
+        one decode step (steady or filling: InfiniteLayer.step_kind). A forward does this itself; a recorded one is
+        prepared by whoever replays it."""
         for layer in self.layers:
             layer.rebase_if_due()
         first = self.layers[0]
-        if tokens == 1 and first.is_initialized and first.steady:
+        if tokens == 1 and first.step_kind is not None:
             ring = first.ring_k
             if self._step is None or not self._step.fits(ring.dtype, ring.device):
-                self._step = DecodeStep.allocate(ring.shape[-1], ring.dtype, ring.device)
+                self._step = DecodeStep.allocate(ring.shape[-1], ring.dtype, ring.device, self.config.n_starting,
+                                                 self.config.window_)
             first.load_step(self._step, evicts=self.keeps_middle)
 
     def replay_buffers(self, model_config: LMInfiniteConfig, observed: bool = False) -> tuple | None:
-        """The recall k and the tensors a recorded steady decode step of this cache reads and writes (a recording
-        stands for a step only while they are the same), or None when its next step
-        cannot be replayed from a recording: the last forward was not a steady decode step (so the DecodeStep may
-        not be the one the next step loads, e.g. after a rollback or a reset), a snapshot holds a ring (the step
-        must copy it before writing), or a layer recalls from a store without a fixed-shape view
+        """The step's kind, the recall k and the tensors a recorded decode step of this cache reads and writes (a
+        recording stands for a step only while they are the same), or None when its next step
+        cannot be replayed from a recording: the last forward was not a decode step of the same kind (so the
+        DecodeStep may not be the one the next step loads, e.g. after a rollback or a reset), a snapshot holds a
+        ring (the step must copy it before writing), or, in a steady step, a layer recalls from a store without a
+        fixed-shape view
         (MiddleStore.fixed_view: on the CPU by default, or rows in pages) or while ``observed`` (the model's
         observers are told what recall picks; a replay runs no Python to tell them). A recalling layer's store
         buffers and its count of rows are among the tensors: when the store grows, the step is recorded again.
         Middle tokens kept without recall are fine: ``advance`` moves the evicted one into the store after the step."""
         config, first = self._with_topk(model_config), self.layers[0]
-        if self._step is None or self._step.position != first.seen - 1 or not first.steady:
+        kind = first.step_kind
+        if self._step is None or self._step.position != first.seen - 1 or kind is None or self._step.kind is not kind:
             return None
         if not self._step.fits(first.ring_k.dtype, first.ring_k.device):
             return None
@@ -151,13 +158,13 @@ class InfiniteCache(Cache):
         for i, layer in enumerate(self.layers):
             if layer.shared:
                 return None
-            if config.uses_topk(i):
+            if config.uses_topk(i) and kind is StepKind.STEADY:  # a filling step has nothing to recall
                 fixed = None if observed or layer.middle is None else layer.middle.fixed_view()
                 if fixed is None:
                     return None
                 recall.extend(fixed)
         rings = (t for layer in self.layers for t in layer.tensors())
-        return (config.topk, *self._step.tensors, *rings, *recall)
+        return (kind, config.topk, *self._step.tensors, *rings, *recall)
 
     @contextmanager
     def recording(self):

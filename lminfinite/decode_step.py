@@ -1,4 +1,4 @@
-"""DecodeStep: what changes from one steady decode step to the next, held in tensors on the cache's device.
+"""DecodeStep: what changes from one decode step to the next, held in tensors on the cache's device.
 
 A steady decode step (one token, window full) writes the token's key and value into one ring slot, rotates the
 token's key and query into the frame, and places the start keys at distance ``window`` from it (layer.py); after it,
@@ -6,16 +6,29 @@ a layer that keeps a middle store moves the window's oldest token there, unrotat
 depend on the position. The cache loads them here before the step, and every
 layer reads them as tensors, not as Python numbers. So every step runs the same kernels on the same buffers,
 and a CUDA graph recorded at one step replays any later one (graphed.py).
+
+A filling step (one token before the window is full, every key within it; where the cache asks for fixed window
+shapes, on a GPU by default) is made alike: it attends over the whole ring, the start keys placed at their own
+distances and the slots that hold no token yet masked by ``valid``, so a graph recorded at one filling step replays
+the next ones too. An answer read in a short context (the app's quoted answers) decodes so from its first token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 
 from .modes import outside_inference_mode
-from .rotary import Rope, rotation_dtype
+from .rotary import Rope, half_negated, rotation_dtype
+
+
+class StepKind(Enum):
+    """What a one-token call of a layer is: a steady step (the window full) or a filling one (layer.py)."""
+
+    STEADY = "steady"
+    FILLING = "filling"
 
 
 @dataclass(eq=False)
@@ -27,7 +40,10 @@ class DecodeStep:
     ``topk_distance``, where recall scores the unrotated middle keys (offset topk_distance - (position - frame)).
     evict_cos, evict_sin, float32 at least: the window's oldest key out of the frame, unrotated, as it goes into the
     middle store after the step (offset frame - (position - window + 1)), the sine half-negated like start_sin.
-    position: the token they were last loaded for (-1: never)."""
+    placed_cos, placed_sin (n_starting, head_dim), float32 at least: a filling step's start keys into the frame
+    at their own positions (offsets -frame, 1 - frame, ...), the sine half-negated. valid (1, n_starting + window)
+    bool: the ring rows a filling step attends to. position: the token they were last loaded for (-1: never);
+    kind: the step they were loaded for."""
 
     slot: torch.Tensor
     cos: torch.Tensor
@@ -38,19 +54,25 @@ class DecodeStep:
     recall_sin: torch.Tensor
     evict_cos: torch.Tensor
     evict_sin: torch.Tensor
+    placed_cos: torch.Tensor
+    placed_sin: torch.Tensor
+    valid: torch.Tensor
     position: int = -1
+    kind: StepKind | None = None
 
     @classmethod
-    def allocate(cls, head_dim: int, dtype: torch.dtype, device) -> "DecodeStep":
+    def allocate(cls, head_dim: int, dtype: torch.dtype, device, n_starting: int, window: int) -> "DecodeStep":
         with outside_inference_mode():  # written in place at every step, whatever the caller's mode
             kinds = (dtype, dtype, *[rotation_dtype(dtype)] * 6)
             rows = [torch.zeros(1, head_dim, dtype=kind, device=device) for kind in kinds]
-            return cls(torch.zeros(1, dtype=torch.long, device=device), *rows)
+            placed = [torch.zeros(n_starting, head_dim, dtype=rotation_dtype(dtype), device=device) for _ in range(2)]
+            valid = torch.zeros(1, n_starting + window, dtype=torch.bool, device=device)
+            return cls(torch.zeros(1, dtype=torch.long, device=device), *rows, *placed, valid)
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.slot, self.cos, self.sin, self.start_cos, self.start_sin, self.recall_cos, self.recall_sin,
-                self.evict_cos, self.evict_sin)
+                self.evict_cos, self.evict_sin, self.placed_cos, self.placed_sin, self.valid)
 
     @property
     def nbytes(self) -> int:
@@ -63,7 +85,7 @@ class DecodeStep:
              evicts: bool) -> None:
         """Fill in place for the token at ``position``: device copies only, no sync. ``evicts``: whether a middle
         store takes the oldest token after the step (else the eviction's rotation is left as it was)."""
-        self.position = position
+        self.position, self.kind = position, StepKind.STEADY
         self.slot.fill_(slot)
         rope.fill_row(self.cos, self.sin, position - frame)
         rope.fill_row(self.start_cos, self.start_sin, position - frame - window, negate_first_half=True)
@@ -71,3 +93,19 @@ class DecodeStep:
         if evicts:
             oldest = position - (window - 1)
             rope.fill_row(self.evict_cos, self.evict_sin, frame - oldest, negate_first_half=True)
+
+    def load_filling(self, rope: Rope, *, position: int, frame: int, slot: int, n_starting: int) -> None:
+        """Fill in place for a filling step's token at ``position`` (n_starting <= position < window, so every key
+        is at its own distance, and the ring's slot of position q is n_starting + q): the slot and rotation as a
+        steady step's, the start keys' rotations to their own positions, and the valid rows: the start keys placed
+        in rows [0, n_starting), and the tokens since them, [n_starting, position], in their slots. The ring's
+        slots of the start positions hold nothing while it fills (the start keys are kept apart)."""
+        self.position, self.kind = position, StepKind.FILLING
+        self.slot.fill_(slot)
+        rope.fill_row(self.cos, self.sin, position - frame)
+        cos, sin = rope.consecutive(-frame, 1, n_starting, self.placed_cos.dtype, self.placed_cos.device)
+        self.placed_cos.copy_(cos)
+        self.placed_sin.copy_(half_negated(sin))
+        self.valid[:, : slot + 1].fill_(True)
+        self.valid[:, slot + 1 :].fill_(False)
+        self.valid[:, n_starting : 2 * n_starting].fill_(False)

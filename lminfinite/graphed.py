@@ -1,13 +1,15 @@
-"""GraphedDecoder: steady decoding through one recorded CUDA graph of the model's whole forward.
+"""GraphedDecoder: decoding through one recorded CUDA graph of the model's whole forward.
 
 One decoded token runs thousands of small kernels (per layer: norms, projections, rotations, the ring write,
 attention); launched one by one from Python, they take longer to launch than the GPU takes to run them. A CUDA
 graph launches a recorded forward at once. It records kernels and their arguments, not Python, so it may stand
 for a step only while that step would run the same kernels on the same buffers. An InfiniteCache's steady
-decode step does (decode_step.py: what depends on the position is loaded into tensors before it), provided
-  - a layer that recalls reads its middle store through a fixed-shape view (on a GPU by default: the store's
-    whole buffer, spare rows masked by a count kept on the device, MiddleStore.fixed_view), and nobody observes
-    what recall picks; when the store grows into a new buffer the step is recorded again. The evicted token a
+decode step does (decode_step.py: what depends on the position is loaded into tensors before it), and so does a
+step before its window is full where the cache keeps fixed window shapes (on a GPU by default), provided
+  - a layer that recalls in a steady step (a filling one has nothing beyond its window) reads its middle store
+    through a fixed-shape view (on a GPU by default: the store's whole buffer, spare rows masked by a count kept
+    on the device, MiddleStore.fixed_view), and nobody observes what recall picks; when the store grows into a
+    new buffer the step is recorded again. The evicted token a
     layer keeps goes into its store after each replay, in Python, as after a step the model ran;
   - the cache's buffers are those the graph was recorded with, none of them held by a snapshot (a snapshot, a
     rollback or a copy-on-write changes them: the next step is recorded again);

@@ -52,10 +52,11 @@ def lm_infinite_attention(
     groups = heads // kv_heads
     # HF's rotary scale multiplies cos and sin for both q and k, hence appears squared in the logit.
     scale = scaling * rope.attention_scaling**2
-    if ctx.decode_keys is not None and not config.uses_topk(layer_idx):
-        # Steady-state decoding: every cached key is visible, so one unmasked fused call does it all.
+    if ctx.decode_keys is not None and (ctx.decode_valid is not None or not config.uses_topk(layer_idx)):
+        # Decoding: every cached key is visible (a steady step), or those valid (a filling step, which has nothing
+        # beyond its window to recall), so one fused call does it all.
         return F.scaled_dot_product_attention(
-            query, ctx.decode_keys, ctx.decode_values, scale=scale, enable_gqa=groups > 1
+            query, ctx.decode_keys, ctx.decode_values, attn_mask=ctx.decode_valid, scale=scale, enable_gqa=groups > 1
         )
 
     first_pos = ctx.end - c

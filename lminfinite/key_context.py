@@ -34,8 +34,10 @@ class KeyContext:
         with fixed shapes, MiddleStore.fixed_view): middle_k/v are the store's whole buffers, and only their first
         middle_live rows (a count on their device) are in use. ``middle_codes``: the store's int8 copy of
         middle_k, which a decode step's recall scans where there is one (key_codes.py, coded_recall.py).
-    decode_keys/values: steady-state decoding of one query: the n_starting start keys rotated to
-        distance ``window`` from it, then the last ``window`` keys in the frame, all valid, in any order.
+    decode_keys/values: decoding one query: the n_starting start keys rotated to distance ``window`` from it,
+        then the last ``window`` keys in the frame, in any order; all valid in a steady step, and in a filling
+        step (before the window is full) the start keys at their own distances and only the rows ``decode_valid``
+        (bool, 1 × (n_starting + window)) marks.
     decode_rotation: with them, (cos, sin) of the query's rotation into the frame, as its key got it.
     decode_recall_rotation: with them, (cos, sin) from the query's frame rotation to ``topk_distance``.
     """
@@ -55,6 +57,7 @@ class KeyContext:
     decode_values: torch.Tensor | None = None
     decode_rotation: tuple[torch.Tensor, torch.Tensor] | None = None
     decode_recall_rotation: tuple[torch.Tensor, torch.Tensor] | None = None
+    decode_valid: torch.Tensor | None = None
     queries_rotated: bool = False  # the call's queries arrive rotated into the frame (forward_rotation.py)
     middle_codes: KeyCodes | None = None
 

@@ -15,7 +15,9 @@ R(j - frame)·k_j. ``update`` receives keys rotated into the frame by the model'
 ``rebase_interval`` behind (``rebase_if_due``, before a forward; a re-base rotates the ring once, in place),
 which bounds every rotation offset and with it the model's rotation tables (rotary.lookup_rows). Steady
 decoding writes one row and reads the buffer as it is: no per-token rotation or copy of the window; what
-depends on its position comes in a DecodeStep (decode_step.py), so every step runs the same kernels. Layers
+depends on its position comes in a DecodeStep (decode_step.py), so every step runs the same kernels; where asked
+(``fixed_window``, on a GPU by default), a one-token call before the window is full does too, over the whole ring
+with the slots not yet filled masked (``StepKind.FILLING``), so a CUDA graph can stand for it. Layers
 that do top-k recall also keep every evicted token once, unrotated, in a MiddleStore. Everything kept across
 calls is allocated outside inference mode, so a cache filled under ``torch.inference_mode`` goes on under
 ``no_grad`` (``generate``) and back.
@@ -28,7 +30,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from .config import LMInfiniteConfig
 from .key_context import KeyContext
-from .decode_step import DecodeStep
+from .decode_step import DecodeStep, StepKind
 from .kv_bytes import row_bytes
 from .layer_state import MIDDLE_TENSORS, POSITIONS, TENSORS, LayerCounters, LayerState
 from .middle_store import MiddleStore
@@ -60,9 +62,11 @@ class InfiniteLayer(CacheLayerMixin):
     is_croppable = False
 
     def __init__(self, config: LMInfiniteConfig, rope: Rope, keep_middle: bool, offload: bool = False,
-                 device_budget: int | None = None, fixed_shapes: bool | None = None):
+                 device_budget: int | None = None, fixed_shapes: bool | None = None,
+                 fixed_window: bool | None = None):
         super().__init__()
         self.config, self.rope = config, rope
+        self.fixed_window = fixed_window  # filling steps over the whole ring, masked (None: on a GPU)
         self.middle = MiddleStore(offload, device_budget, config.recall_scan_copy, fixed_shapes,
                                   config.recall_key_codes, config.recall_kernel) if keep_middle else None
         self.start_k = self.start_v = None  # unrotated, positions [0, min(seen, n_starting))
@@ -102,12 +106,14 @@ class InfiniteLayer(CacheLayerMixin):
         call's queries, by the model's rotary embedding: forward_rotation.py) and values; return what this call
         attends to.
 
-        A steady decode step reads ``step``, loaded for its position; ``advance=False`` leaves the counters to
-        whoever replays a recorded step (graphed.py)."""
+        A one-token step (``step_kind``) reads ``step``, loaded for its position; ``advance=False`` leaves the
+        counters to whoever replays a recorded step (graphed.py)."""
+        kind = self.step_kind if key_states.shape[-2] == 1 else None
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if key_states.shape[-2] == 1 and self.steady:
-            ctx = self._decode_step(key_states, value_states, step, rotated)
+        if kind is not None:
+            decode = self._decode_step if kind is StepKind.STEADY else self._filling_step
+            ctx = decode(key_states, value_states, step, rotated)
             if advance:
                 self.advance(step)
         else:
@@ -128,7 +134,8 @@ class InfiniteLayer(CacheLayerMixin):
     def reset(self) -> None:
         middle = self.middle
         self.__init__(self.config, self.rope, middle is not None, middle is not None and middle.offload,
-                      None if middle is None else middle.device_budget, None if middle is None else middle.fixed_shapes)
+                      None if middle is None else middle.device_budget, None if middle is None else middle.fixed_shapes,
+                      self.fixed_window)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise NotImplementedError("InfiniteCache does not support beam search")
@@ -142,9 +149,28 @@ class InfiniteLayer(CacheLayerMixin):
         """The window is full: a one-token call is a steady decode step."""
         return self.seen >= self.config.n_starting + self.config.window_ - 1
 
+    @property
+    def step_kind(self) -> StepKind | None:
+        """What a one-token call is now: STEADY once the window is full; FILLING before, where this layer keeps
+        fixed window shapes, its start keys are complete and the token's every key lies within its window (so no
+        key is at the distance ceiling: position < window); None (a one-token prefill) otherwise, and before the
+        first call (no ring yet, no step loaded)."""
+        if not self.is_initialized:
+            return None
+        if self.steady:
+            return StepKind.STEADY
+        fixed = self.fixed_window if self.fixed_window is not None else self.ring_k.device.type == "cuda"
+        if fixed and self.config.n_starting <= self.seen < self.config.window_:
+            return StepKind.FILLING
+        return None
+
     def load_step(self, step: DecodeStep, evicts: bool) -> None:
-        """Fill ``step`` for this layer's next token (every layer of a cache is at the same position and frame);
-        ``evicts``: whether some layer's middle store takes the oldest token after it."""
+        """Fill ``step`` for this layer's next token, of ``step_kind`` (every layer of a cache is at the same
+        position and frame); ``evicts``: whether some layer's middle store takes the oldest token after it."""
+        if self.step_kind is StepKind.FILLING:
+            step.load_filling(self.rope, position=self.seen, frame=self.frame, slot=self._slot(self.seen),
+                              n_starting=self.config.n_starting)
+            return
         step.load(self.rope, position=self.seen, frame=self.frame, slot=self._slot(self.seen),
                   window=self.config.window_, recall_distance=self.config.topk_distance, evicts=evicts)
 
@@ -156,7 +182,11 @@ class InfiniteLayer(CacheLayerMixin):
         """Count a steady decode step: one more token seen, the oldest out of the window (into the middle store,
         if this layer keeps one). Python's part of the step, so a replayed step does it too (graphed.py). The
         oldest key is unrotated by the row of the ``step`` it was loaded for as the store writes it: 6 launches,
-        where a rotation by a table row and a copy are 13, after every replay in every recall layer."""
+        where a rotation by a table row and a copy are 13, after every replay in every recall layer. A filling step
+        evicts nothing."""
+        if not self.steady:
+            self.seen += 1
+            return
         oldest = self.win_start  # at distance window - 1 from the step's token, beyond the window from the next on
         if self.middle is not None:
             old = self._slot(oldest)
@@ -242,6 +272,23 @@ class InfiniteLayer(CacheLayerMixin):
             middle_codes=None if self.middle is None else self.middle.codes,
             decode_keys=self.ring_k, decode_values=self.ring_v, decode_rotation=(step.cos, step.sin),
             decode_recall_rotation=(step.recall_cos, step.recall_sin),
+        )
+
+    def _filling_step(self, key_states, value_states, step: DecodeStep, rotated_already: bool) -> KeyContext:
+        """One token before the window is full, as a steady step is made (decode_step.py): into its slot, with the
+        start keys placed in the ring's first rows at their own distances (positions 0.. in the frame), and every
+        ring row read, the ones ``step.valid`` leaves out masked. Nothing lies beyond the window: no recall."""
+        n_starting = self.config.n_starting
+        self._writable()
+        rotated = key_states if rotated_already else apply_rotation(key_states, step.cos, step.sin)
+        self.ring_k.index_copy_(-2, step.slot, rotated.detach())
+        self.ring_v.index_copy_(-2, step.slot, value_states.detach())
+        rotate_into(self.ring_k[..., :n_starting, :], self.start_k, step.placed_cos, step.placed_sin)
+        self.ring_v[..., :n_starting, :] = self.start_v
+        return KeyContext(
+            rotated, value_states, self.seen, self.frame, self.start_k, self.start_v,
+            decode_keys=self.ring_k, decode_values=self.ring_v, decode_rotation=(step.cos, step.sin),
+            decode_valid=step.valid,
         )
 
     def _prefill(self, rotated, value_states) -> KeyContext:

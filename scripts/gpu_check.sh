@@ -7,7 +7,9 @@
 #
 # Steps:
 #   cells    the speed table's cells that matter: the Llama-2-7B shape in 4-bit at 4K, 32K and 128K tokens,
-#            vanilla, LM-Infinite and LM-Infinite + recall -> docs/benchmarks.md's speed_gpu table (about 3 minutes)
+#            vanilla, LM-Infinite and LM-Infinite + recall, then at 2K (a quoted answer's reader: decoding before
+#            the window is full, through a CUDA graph too; first cut if time runs short) -> docs/benchmarks.md's
+#            speed_gpu table (about 3 minutes)
 #   tests    the CUDA tests (tests/test_lminfinite_cuda.py, tests/test_app_cuda.py: the library, and the app in
 #            4-bit, its engine and `python app.py --load-in-4bit` over HTTP) -> cuda_tests.log (about 3 minutes)
 #   kernels  the window-span kernels side by side at Llama-2-7B's shape, c = 4·L -> docs/benchmarks.md's
@@ -122,7 +124,7 @@ for i in "${!STEPS[@]}"; do
       fi ;;
     cells)
       timeout "$seconds" python3 -m benchmarks.speed --model random-7b --device cuda --load-in-4bit --window 4096 \
-        --contexts 4096,32768,131072 --methods lminfinite,lminfinite-topk,vanilla --decode-tokens 8 \
+        --contexts 4096,32768,131072,2048 --methods lminfinite,lminfinite-topk,vanilla --decode-tokens 8 \
         --repeat-budget-s 8 --deadline-s "$(deadline "$seconds" 50)" --tag speed_gpu --readme 2>&1 \
         | tee "$OUT/speed_gpu.log"
       rc=${PIPESTATUS[0]}; results+=(benchmarks/results/speed_gpu.{json,md,png}) ;;

@@ -1,11 +1,12 @@
 """The app on an NVIDIA GPU (skipped without one; scripts/gpu_check.sh runs it there).
 
 A Llama-2-7B-shaped random model (4 of its 32 layers, the demo model's tokenizer and chat template), loaded as
-``python app.py --model DIR --load-in-4bit`` loads it: it reads a document beyond its window and answers; the
-live panel's card shows CUDA allocated, reserved and peak memory; a real CUDA out-of-memory (a blocker tensor
-holds the free memory) rolls the context back and the next feed works; answers, with recall or without, decode
-through CUDA graphs and say what the model's own forward says. Where Gradio is installed, the launched
-app itself answers on CUDA (the GPU machine's image has no Gradio, so gpu_check.sh runs the engine tests).
+``python app.py --model DIR --load-in-4bit`` loads it: it reads a document beyond its window and answers; the live
+panel's card shows CUDA allocated, reserved and peak memory; a real CUDA out-of-memory (a blocker tensor holds the
+free memory) rolls the context back and the next feed works; answers, with recall or without, quoted (read in a
+short context) or not, decode through CUDA graphs and say what the model's own forward says. Where Gradio is
+installed, the launched app itself answers on CUDA (the GPU machine's image has no Gradio, so gpu_check.sh runs the
+engine tests).
 """
 
 from __future__ import annotations
@@ -108,6 +109,35 @@ def test_answers_without_recall_decode_through_cuda_graphs_and_say_the_same(runt
             if kept.middle is not None:
                 for a, b in zip(kept.middle.view(), replayed.middle.view()):
                     torch.testing.assert_close(b, a, atol=2**-5, rtol=2**-5)  # a wrong row is off by far more
+    for engine in engines:
+        engine.close()
+
+
+def test_quoted_answers_decode_through_cuda_graphs_and_say_the_same(runtime, monkeypatch):
+    """A quoted answer (the default) is drawn in a reader's short context, inside the window (reader.py): its steps
+    before the window is full replay one recording too (decode_step.py's filling steps), where they once ran
+    eagerly at 71-98 ms a token against 7-8 through a graph (H200, 2026-11-29). The answer is --no-cuda-graphs'
+    up to a near-tie."""
+    decoders, make = [], type(runtime).decoder_for
+
+    def decoder_for(self, cache):
+        decoders.append(make(self, cache))
+        return decoders[-1]
+
+    monkeypatch.setattr(type(runtime), "decoder_for", decoder_for)
+    no_graphs = dataclasses.replace(runtime, graph_recorder=None)
+    settings = dataclasses.replace(SETTINGS, quote=True, max_new_tokens=16)
+    engines, answers, scores = [new_engine(no_graphs), new_engine(runtime)], [], _scores_seen(monkeypatch)
+    for engine in engines:
+        run(engine.feed_documents(pdf_like(pages=12)))
+        scores.clear()
+        result = run(engine.ask("What is the pass key?", settings))
+        assert result.quoted
+        answers.append([(result.answer_ids, list(scores))])
+    readers = [decoder for decoder in decoders if decoder is not None and decoder.cache is not engines[1].cache]
+    assert readers and sum(decoder.recordings for decoder in readers) >= 1
+    assert not any(decoder.unrecordable for decoder in readers)
+    _same_up_to_a_near_tie(*answers)
     for engine in engines:
         engine.close()
 

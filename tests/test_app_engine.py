@@ -502,6 +502,28 @@ def test_answers_without_recall_replay_recorded_steps_and_say_the_same(runtime):
     assert graphed._decoder is None
 
 
+def test_quoted_answers_replay_recorded_steps_and_say_the_same(runtime):
+    """A quoted answer is read in a short context of its own (reader.py), whose window never fills: where steps are
+    recorded its steps keep fixed shapes (the whole ring, masked: decode_step.py), so one recording stands for the
+    answer's steps. The same answers, token for token, as an engine that runs the model at every step."""
+    from graph_replay import ReplayedOps
+
+    graphed_runtime, decoders = dataclasses.replace(runtime, graph_recorder=ReplayedOps), []
+    make = graphed_runtime.decoder_for
+    graphed_runtime.decoder_for = lambda cache: decoders.append(make(cache)) or decoders[-1]
+    engines, results = [new_engine(runtime), new_engine(graphed_runtime)], []
+    for engine in engines:
+        run(engine.feed_documents(pdf_like()))
+        asked = [answer(engine, "What is the pass key?", QUOTING), answer(engine, "And who wrote page 3?", QUOTING)]
+        assert all(result.quoted and result.tokens > 4 for result in asked)
+        results.append([result.answer_ids for result in asked])
+    assert results[1] == results[0]
+    readers = decoders[1:]  # the first is the engine's own
+    assert len(readers) == 2 and all(decoder.recordings == 1 for decoder in readers)
+    assert all(layer.fixed_window for layer in readers[0].cache.layers)
+    assert not any(layer.fixed_window for layer in engines[0].cache.layers)  # without recordings: as before
+
+
 # -- quoting the top source (quoting.py) ---------------------------------------------------------------
 def test_a_quoted_answer_comes_from_the_quote_and_leaves_only_its_question_and_answer(runtime):
     question = "What is the pass key?"

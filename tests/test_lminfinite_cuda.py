@@ -174,6 +174,20 @@ def test_cuda_graph_decoding_with_recall_follows_the_models_own_forward(dtype, c
     assert worst == 0 and 1 <= decoder.recordings < steps // 4, (worst, decoder.recordings)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+def test_cuda_graph_decoding_before_the_window_is_full(dtype, config_name):
+    """A short context (the app's answer reader): on a GPU every step from n_starting to the window's length
+    attends over the whole ring with the slots not yet filled masked (decode_step.py), so one recording stands for
+    all of them, recall on or off, and one more for the steady steps after them; bit for bit the model's own
+    logits, which take the same path."""
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=dtype).cuda(), CONFIGS[config_name])
+    worst, _, decoder = _graphed_against_plain(model, random_ids(WINDOW // 2).cuda(), 2 * WINDOW, 3)
+    recordings = decoder.recordings  # with recall, the steady steps are recorded again as a store grows
+    assert worst == 0 and (recordings == 2 if config_name == "lambda" else 2 <= recordings < WINDOW // 2), (
+        worst, recordings)
+
+
 def test_cuda_graph_decoding_with_recall_through_the_operators_from_a_large_store(monkeypatch):
     """From recall_kernel.GRAPHED_OPERATORS_FROM rows (here every store) a recorded step scans through PyTorch's
     operators, where the eager step scans through Triton's kernels: the same tokens recalled except between
@@ -208,12 +222,14 @@ def test_a_step_cuda_cannot_capture_decodes_without_a_graph_on_the_callers_strea
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
 
 
-def test_cuda_graph_decoding_of_the_4bit_llama2_shape():
+@pytest.mark.parametrize("tokens", [4200, 1800], ids=["steady", "filling"])
+def test_cuda_graph_decoding_of_the_4bit_llama2_shape(tokens):
     """Within bf16 rounding, not bit for bit: at this shape the model's own forward is not bitwise reproducible.
     Two caches fed the same ids and decoded eagerly differ by up to 0.039 at |logit| ≈ 5 (H100, torch 2.11, bnb
-    0.50.2; the replay matched one of them exactly). 0.125 is four bf16 steps there (8 bits: 2^-5 below 8)."""
+    0.50.2; the replay matched one of them exactly). 0.125 is four bf16 steps there (8 bits: 2^-5 below 8). Beyond
+    the window (steady steps) and inside it (filling steps: a quoted answer's reader, about 1,800 tokens)."""
     model = lminfinite.enable(_llama2_shaped_4bit(), lminfinite.LMInfiniteConfig(n_starting=10))
-    ids = torch.randint(0, 32000, (1, 4200), generator=torch.Generator().manual_seed(2)).cuda()
+    ids = torch.randint(0, 32000, (1, tokens), generator=torch.Generator().manual_seed(2)).cuda()
     worst, same_tokens, decoder = _graphed_against_plain(model, ids, 24, 2100)
     assert worst < 0.125 and same_tokens and decoder.recordings == 1, (worst, same_tokens, decoder.recordings)
 

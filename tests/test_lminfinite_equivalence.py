@@ -76,6 +76,27 @@ def test_chunked_prefill_equals_reference(references, family, config_name, chunk
     assert cache.get_seq_length() == N_LONG
 
 
+@pytest.mark.parametrize("fixed_window", [True, None])
+@pytest.mark.parametrize("config_name", ["lambda", "topk"])
+@pytest.mark.parametrize("family", ["llama-mha", "llama-gqa"])
+def test_one_token_steps_before_and_after_the_window_fills_equal_reference(references, family, config_name,
+                                                                           fixed_window, monkeypatch):
+    """Token by token from the first: with fixed window shapes (a GPU's default, decode_step.py) the steps from
+    n_starting to the window's length attend over the whole ring, the slots not yet filled masked; without (the
+    CPU's default) they are one-token prefills, as before."""
+    from lminfinite.layer import InfiniteLayer
+
+    filling, step = [], InfiniteLayer._filling_step
+    monkeypatch.setattr(InfiniteLayer, "_filling_step", lambda *args: filling.append(1) or step(*args))
+    model, _, expected = references(family, config_name)
+    cache = lminfinite.InfiniteCache(model, window_fixed_shapes=fixed_window)
+    tokens = 3 * WINDOW
+    logits = feed_in_chunks(model, random_ids(N_LONG)[:, :tokens], 1, cache)
+    torch.testing.assert_close(logits.double(), expected[:, :tokens], atol=FP32_ATOL, rtol=0)
+    n_starting, layers = CONFIGS[config_name].n_starting, len(cache.layers)
+    assert len(filling) == (layers * (WINDOW - n_starting) if fixed_window else 0)
+
+
 @pytest.mark.parametrize("config_name", ["lambda", "topk"])
 def test_dynamic_cache_prefill_equals_reference(references, config_name):
     """Without an InfiniteCache (transformers' default DynamicCache) the attention is still LM-Infinite."""

@@ -11,6 +11,7 @@ import torch
 
 import lminfinite
 from graph_replay import ReplayedOps
+from lminfinite.decode_step import StepKind
 from lminfinite.graphed import GraphedDecoder
 from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
 
@@ -263,3 +264,18 @@ def test_a_fixed_shape_store_recalls_what_the_exact_one_does():
             token = expected[:, -1:].argmax(-1)
     store = fixed.layers[1].middle
     assert exact.layers[1].middle.fixed_view() is None and store.keys.shape[-2] > store.length
+
+
+@pytest.mark.parametrize("config", [LAMBDA, RECALL], ids=["lambda", "recall"])
+def test_steps_before_the_window_is_full_replay_one_recording_with_fixed_window_shapes(config, one_thread):
+    """A short context (the app's answer reader): with fixed window shapes (a GPU's default) each step from
+    n_starting until the window's length attends over the whole ring, the slots not yet filled masked
+    (decode_step.py), so one recording stands for all of them, recall on or off (nothing lies beyond the window to
+    recall); the steady steps after them get another. Bit for bit the model's own logits with the same shapes."""
+    model = lminfinite.enable(tiny_model("llama-gqa"), config)
+    (plain, graphed), token = _twin_caches(model, WINDOW // 2, window_fixed_shapes=True)
+    decoder = GraphedDecoder(model, graphed, recorder=ReplayedOps)
+    kinds = []
+    _decode_both(model, plain, decoder, token, 2 * WINDOW, between=lambda i: kinds.append(graphed.layers[0].step_kind))
+    assert kinds.count(StepKind.FILLING) == WINDOW // 2 and kinds[-1] is StepKind.STEADY
+    assert decoder.recordings == (1 if config.topk else 2)  # a steady step recalls: on the CPU, no fixed store

@@ -110,8 +110,11 @@ class ModelRuntime:
         return self.lm_config.window_
 
     def new_cache(self) -> lminfinite.InfiniteCache:
-        """A session cache that keeps evicted tokens, so recall can be switched on for any question."""
-        return lminfinite.InfiniteCache(self.model, keep_middle=True, offload_middle=self.offload_middle)
+        """A session cache that keeps evicted tokens, so recall can be switched on for any question. Where its steps
+        are recorded (``decoder_for``), the steps before its window is full keep fixed shapes, so a graph stands
+        for them too: a quoted answer's reader never fills its window (decode_step.py)."""
+        return lminfinite.InfiniteCache(self.model, keep_middle=True, offload_middle=self.offload_middle,
+                                        window_fixed_shapes=self.graph_recorder is not None)
 
     def decoder_for(self, cache) -> lminfinite.GraphedDecoder | None:
         """On CUDA (unless --no-cuda-graphs), a GraphedDecoder of ``cache`` for ``forward``: one launch per answer
