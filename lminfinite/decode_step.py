@@ -96,10 +96,10 @@ class DecodeStep:
 
     def load_filling(self, rope: Rope, *, position: int, frame: int, slot: int, n_starting: int) -> None:
         """Fill in place for a filling step's token at ``position`` (n_starting <= position < window, so every key
-        is at its own distance, and the ring's slot of position q is n_starting + q): the slot and rotation as a
+        is at its own distance, and position q lies in the ring's row n_starting + q): the slot and rotation as a
         steady step's, the start keys' rotations to their own positions, and the valid rows: the start keys placed
-        in rows [0, n_starting), and the tokens since them, [n_starting, position], in their slots. The ring's
-        slots of the start positions hold nothing while it fills (the start keys are kept apart)."""
+        in rows [0, n_starting), and the tokens since them, [n_starting, position], in their rows. The rows of the
+        start positions hold nothing while the ring fills (the start keys are kept apart)."""
         self.position, self.kind = position, StepKind.FILLING
         self.slot.fill_(slot)
         rope.fill_row(self.cos, self.sin, position - frame)

@@ -9,8 +9,8 @@ step before its window is full where the cache keeps fixed window shapes (on a G
   - a layer that recalls in a steady step (a filling one has nothing beyond its window) reads its middle store
     through a fixed-shape view (on a GPU by default: the store's whole buffer, spare rows masked by a count kept
     on the device, MiddleStore.fixed_view), and nobody observes what recall picks; when the store grows into a
-    new buffer the step is recorded again. The evicted token a
-    layer keeps goes into its store after each replay, in Python, as after a step the model ran;
+    new buffer the step is recorded again. The evicted token a layer keeps goes into its store after each replay,
+    in Python, as after a step the model ran;
   - the cache's buffers are those the graph was recorded with, none of them held by a snapshot (a snapshot, a
     rollback or a copy-on-write changes them: the next step is recorded again);
   - the model's LM-Infinite state and the input's shape are those it was recorded with.

@@ -179,11 +179,11 @@ class InfiniteLayer(CacheLayerMixin):
             self._rebase(self.win_start)
 
     def advance(self, step: DecodeStep) -> None:
-        """Count a steady decode step: one more token seen, the oldest out of the window (into the middle store,
-        if this layer keeps one). Python's part of the step, so a replayed step does it too (graphed.py). The
-        oldest key is unrotated by the row of the ``step`` it was loaded for as the store writes it: 6 launches,
-        where a rotation by a table row and a copy are 13, after every replay in every recall layer. A filling step
-        evicts nothing."""
+        """Count a decode step: one more token seen and, in a steady one, the oldest out of the window (into the
+        middle store, if this layer keeps one). Python's part of the step, so a replayed step does it too
+        (graphed.py). The oldest key is unrotated by the row of the ``step`` it was loaded for as the store writes
+        it: 6 launches, where a rotation by a table row and a copy are 13, after every replay in every recall
+        layer."""
         if not self.steady:
             self.seen += 1
             return

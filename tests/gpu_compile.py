@@ -32,10 +32,13 @@ def kernels(dtype: str) -> list[tuple]:
     queries and keys of ``dtype``."""
     half = dtype != "*fp32"
     scan = dict(HAS_LIVE=True, ROWS=16, DIM=128, BLOCK=128)
-    # The coded scan for a decode step's 1 and 4 query rows, pooled and per block; for the most rows, a question read
-    # with recall, in bfloat16 only (254 registers a thread: a build of 14 s on one core, at the edge of spilling).
+    # The coded scan (only where asked: recall_key_codes="int8") in bfloat16 only, a GPU model's dtype: for a decode
+    # step's 1 and 4 query rows, pooled and per block, and for the most rows, a question read with recall (254
+    # registers a thread, at the edge of spilling). A pooled scan unrolls 8 blocks: 35-43 s a build on one core of
+    # an AVX2 machine, so the other dtypes' builds (the int8 check on a GPU builds them, and falls back if one fails)
+    # would double this check's time.
     coded = [(rows, pool, keep) for rows in (1, 4) for pool, keep in ((8, 32), (1, 16))]
-    coded += [(recall_kernel.MAX_ROWS, 8, 32)] if dtype == "*bf16" else []
+    coded = [*coded, (recall_kernel.MAX_ROWS, 8, 32)] if dtype == "*bf16" else []
     return [
         *((coded_triton._scan_coded_pools,
            [dtype, dtype, "*i8", "*fp32", "*fp32", "*fp32", "*i64", "*fp32", "*i64", "*fp32",

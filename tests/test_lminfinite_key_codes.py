@@ -81,8 +81,7 @@ def test_a_store_codes_each_block_as_it_fills_keeps_them_as_it_grows_and_recodes
 
 
 @pytest.mark.parametrize("dtype, keep, pool", [(torch.float32, 32, 1024), (torch.bfloat16, 32, 1024),
-                                               (torch.float16, 32, 1024), (torch.bfloat16, 16, BLOCK),
-                                               (torch.bfloat16, 16, 3 * BLOCK)])
+                                               (torch.bfloat16, 16, BLOCK), (torch.float16, 16, 3 * BLOCK)])
 @pytest.mark.parametrize("rows, n, live, k", [(1, 6 * BLOCK + 40, 5 * BLOCK + 70, 5), (4, 3 * BLOCK, None, 8),
                                               (2, 2 * BLOCK + 1, 2 * BLOCK, 1), (3, BLOCK + 60, 3, 5)])
 def test_the_codes_recall_float64s_top_k_and_spare_the_full_scan(dtype, keep, pool, rows, n, live, k):
@@ -312,12 +311,13 @@ def test_codes_count_in_a_gpu_caches_bytes_per_token_and_in_a_budgeted_primary(m
     assert budgeted.primary_cap == (1 << 20) // (2 * 2 * 32 * 4 + codes_row_bytes(2, 32))
 
 
-@pytest.mark.parametrize("family", ["llama-gqa", "qwen2-gqa"])
-def test_decoding_through_the_codes_equals_the_reference(family):
+def test_decoding_through_the_codes_equals_the_reference():
     """A prompt of 24 windows leaves two coded blocks and one being filled; decoding fills it, so a block is coded
-    mid-way. Every logit is the float64 reference's, and the coded scan ran in every recall layer of every step."""
+    mid-way. Every logit is the float64 reference's, and the coded scan ran in every recall layer of every step.
+    One family: the codes see keys as the store keeps them, unrotated, whichever family made them (the plain
+    scan's test, test_lminfinite_recall_kernel.py, runs Qwen2's biased projections too)."""
     steps = 24
-    cache, calls, recall_layers = decoded_against_the_reference(CONFIG, family, 24, steps)
+    cache, calls, recall_layers = decoded_against_the_reference(CONFIG, "llama-gqa", 24, steps)
     assert calls["lminfinite::recall_scan_codes"] == calls["lminfinite::recall_merge_"] >= steps * recall_layers
     assert cache.layers[1].middle.codes.blocks == 3
 
