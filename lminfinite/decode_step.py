@@ -43,7 +43,7 @@ class DecodeStep:
     placed_cos, placed_sin (n_starting, head_dim), float32 at least: a filling step's start keys into the frame
     at their own positions (offsets -frame, 1 - frame, ...), the sine half-negated. valid (1, n_starting + window)
     bool: the ring rows a filling step attends to. position: the token they were last loaded for (-1: never);
-    kind: the step they were loaded for."""
+    kind: the step they were loaded for; placed_frame: the frame placed_cos/sin hold (None: none yet)."""
 
     slot: torch.Tensor
     cos: torch.Tensor
@@ -59,6 +59,7 @@ class DecodeStep:
     valid: torch.Tensor
     position: int = -1
     kind: StepKind | None = None
+    placed_frame: int | None = None
 
     @classmethod
     def allocate(cls, head_dim: int, dtype: torch.dtype, device, n_starting: int, window: int) -> "DecodeStep":
@@ -99,13 +100,16 @@ class DecodeStep:
         is at its own distance, and position q lies in the ring's row n_starting + q): the slot and rotation as a
         steady step's, the start keys' rotations to their own positions, and the valid rows: the start keys placed
         in rows [0, n_starting), and the tokens since them, [n_starting, position], in their rows. The rows of the
-        start positions hold nothing while the ring fills (the start keys are kept apart)."""
+        start positions hold nothing while the ring fills (the start keys are kept apart). The start keys' rows
+        depend on the frame alone, which stays put while the ring fills: made once, not at every token."""
         self.position, self.kind = position, StepKind.FILLING
         self.slot.fill_(slot)
         rope.fill_row(self.cos, self.sin, position - frame)
-        cos, sin = rope.consecutive(-frame, 1, n_starting, self.placed_cos.dtype, self.placed_cos.device)
-        self.placed_cos.copy_(cos)
-        self.placed_sin.copy_(half_negated(sin))
+        if self.placed_frame != frame:
+            cos, sin = rope.consecutive(-frame, 1, n_starting, self.placed_cos.dtype, self.placed_cos.device)
+            self.placed_cos.copy_(cos)
+            self.placed_sin.copy_(half_negated(sin))
+            self.placed_frame = frame
         self.valid[:, : slot + 1].fill_(True)
         self.valid[:, slot + 1 :].fill_(False)
         self.valid[:, n_starting : 2 * n_starting].fill_(False)
