@@ -1,31 +1,21 @@
-"""One layer's recall in a steady decode step, through PyTorch's operators, through Triton's kernels
-(lminfinite/recall_kernel.py) and through them over the store's int8 codes (coded_recall.py), side by side: eager,
-and replayed from a CUDA graph where the device has one. Each way scans the store, picks the k best and merges them
-into the window's output (kernel.py's _merge_into).
+"""One layer's recall in a steady decode step, through PyTorch's operators and through Triton's kernels
+(lminfinite/recall_kernel.py), side by side: eager, and replayed from a CUDA graph where the device has one. Each
+way scans the store, picks the k best and merges them into the window's output (kernel.py's _merge_into).
 
     python -m benchmarks.recall_kernel --readme          # on a GPU: Llama-2-7B's heads, 4K to 128K middle tokens
 
 The store is a fixed-shape one (a GPU's default: the whole buffer, an eighth of it spare, a count of the rows in
 use on the device), the query one token's 32 heads of 128 in bfloat16, k = 5 (the app's). The GB/s column counts
 the middle keys in use once: what a scan must read at least. Both ways must recall the same tokens, up to
-near-ties: the table says how many picks differ and by how much their logits do, and for the codes how many heads
-their certificate sent to the full scan. The codes are scanned keeping 32 candidates per pool of 1,024 keys and
-query row (the library's KEEP and POOL: 4,096 candidates a row at 128K for the top-k after the scan) and 16 per
-block of 128 (``triton-int8-block``: 16,384, and a selection with no pool), so one GPU run says which pays;
-``triton-span8`` and ``triton-span32`` scan the keys 8 and 32 blocks a program with a running k best
-(recall_triton._scan_spans) where ``triton`` selects each block's k best in k passes (the library's, SPAN = 1);
-``triton-int8-unsure`` is the first with every key's error bound made huge, so no row is certain and every head is
-scanned in full: what a step costs where the certificate fails (seldom on a real model's keys). A second table
-times the coded ways' launches one by one (the scan of the codes, the top-k of its candidates, the rescoring and
-certificate, the full scan, the settling), so a GPU run says which of them a step waits on. The keys are random
-normal numbers, not a model's: the codes' bound is measured on a real model's keys by
-benchmarks/scan_copy_bound.py.
+near-ties: the table says how many picks differ and by how much their logits do. ``triton-span8`` and
+``triton-span32`` scan the keys 8 and 32 blocks a program with a running k best (recall_triton._scan_spans) where
+``triton`` selects each block's k best in k passes (the library's, SPAN = 1), so one GPU run says which pays. The
+keys are random normal numbers, not a model's.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import statistics
 import time
@@ -35,17 +25,13 @@ import torch
 from benchmarks.measure import _sync
 from benchmarks.report import add_publish_arguments, publish
 from ingest.tables import markdown_table
-from lminfinite import coded_recall, recall_kernel
+from lminfinite import recall_kernel
 from lminfinite.graphed import CudaGraph
 from lminfinite.kernel import _merge_into
-from lminfinite.key_codes import BLOCK, KEEP, POOL, KeyCodes
 from lminfinite.key_context import KeyContext
 from lminfinite.recall import recall_topk
 
 N_STARTING = 10
-# (candidates kept, per pool of keys)
-CODED = {"triton-int8": (KEEP, POOL), "triton-int8-block": (16, BLOCK), "triton-int8-unsure": (KEEP, POOL)}
-UNSURE = "triton-int8-unsure"  # the error bounds made huge: every head scanned in full
 # Blocks of 128 keys per program of the keys' scan (recall_kernel.SPAN; "triton": the library's, 1)
 SPANS = {"triton-span8": 8, "triton-span32": 32}
 
@@ -68,7 +54,7 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    kernels = ["torch"] + (["triton", *SPANS, *CODED] if recall_kernel.runs_on(device) else [])
+    kernels = ["torch"] + (["triton", *SPANS] if recall_kernel.runs_on(device) else [])
     results = []
     for middle in (int(n) for n in args.middle.split(",")):
         step_args, step_kwargs = decode_step(args, middle, device, dtype)
@@ -76,17 +62,7 @@ def main(argv=None) -> None:
         lse = torch.zeros(1, args.heads, 1, device=device)
         picked = {}
         for kernel in kernels:
-            ctx = step_args[3]
-            if kernel in CODED:
-                keep, pool = CODED[kernel]
-                codes = KeyCodes(keep=keep, pool=pool).grown(ctx.middle_k, ctx.middle_k.shape[-2])
-                ctx = dataclasses.replace(ctx, middle_codes=codes)
-                ctx.middle_codes.code(ctx.middle_k, middle)
-                if kernel == UNSURE:
-                    ctx.middle_codes.errors.fill_(1e30)
-            call = (*step_args[:3], ctx, *step_args[4:])
-
-            def run(fused=kernel != "torch", call=call, span=SPANS.get(kernel, recall_kernel.SPAN)):
+            def run(fused=kernel != "torch", call=step_args, span=SPANS.get(kernel, recall_kernel.SPAN)):
                 recall_kernel.SPAN, library_span = span, recall_kernel.SPAN  # read as the step is recorded
                 try:
                     recalled = recall_topk(*call, **step_kwargs, fused=fused)
@@ -102,16 +78,6 @@ def main(argv=None) -> None:
                                 key_bytes=middle * args.heads * args.head_dim * dtype.itemsize))
             if kernel != "torch":
                 results[-1].update(agreement(picked["torch"], picked[kernel]))
-            if kernel in CODED:
-                certain = coded_recall.certified_topk(call[0].flatten(2, 3), ctx.middle_k, ctx.middle_codes,
-                                                      ctx.middle_live, k=args.k, scale=step_kwargs["scale"],
-                                                      first_row=N_STARTING)[2]
-                results[-1]["full_scans"] = int((~certain.all(-1)).sum())
-                results[-1]["stages_s"] = {
-                    stage: (timed_graph(run_stage, args.repeats) if device.type == "cuda"
-                            else timed(run_stage, device, args.repeats))
-                    for stage, run_stage in coded_stages(call[0].flatten(2, 3), ctx, args.k,
-                                                         step_kwargs["scale"]).items()}
             print(results[-1], flush=True)
     write_results(args, device, results)
 
@@ -136,25 +102,6 @@ def decode_step(args, middle: int, device, dtype) -> tuple:
     query = normal(1, 1, args.head_dim)
     return (query, torch.tensor([position], device=device), position, ctx, None), dict(
         k=args.k, n_starting=N_STARTING, window=args.window, scale=args.head_dim ** -0.5)
-
-
-def coded_stages(query: torch.Tensor, ctx: KeyContext, k: int, scale: float) -> dict:
-    """The coded path's launches one by one (coded_recall.py's steps), each a call on the previous ones' outputs,
-    computed once here: where a layer's recall through the codes spends its time."""
-    codes, keys, live, ops = ctx.middle_codes, ctx.middle_k, ctx.middle_live, torch.ops.lminfinite
-    options = dict(scale=scale, first_row=N_STARTING)
-    upper, positions, left = coded_recall.scan_bounds(query, keys, codes, live, **options)
-    bounds, pick, count = coded_recall.best_bounds(upper)
-    logits, picks, settled = ops.recall_certify(query, keys, positions, bounds, pick, left, k, count, scale,
-                                                N_STARTING)
-    full = ops.recall_scan(query, keys, live, k, scale, N_STARTING, settled)
-    return {
-        "scan": lambda: coded_recall.scan_bounds(query, keys, codes, live, **options),
-        "top-k": lambda: coded_recall.best_bounds(upper),  # nothing launched where no more than BUDGET
-        "certify": lambda: ops.recall_certify(query, keys, positions, bounds, pick, left, k, count, scale, N_STARTING),
-        "full scan": lambda: ops.recall_scan(query, keys, live, k, scale, N_STARTING, settled),
-        "settle": lambda: ops.recall_settle_(logits, picks, settled, *full, N_STARTING),  # the same picks again
-    }
 
 
 def timed(run, device, repeats: int) -> float:
@@ -200,8 +147,6 @@ def write_results(args, device, results: list[dict]) -> None:
         best = r["graph_s"] or r["eager_s"]
         same = (f"{r['differing_heads']}/{r['heads']} heads, logits ≤ {r['logit_gap']:.1e}"
                 if "heads" in r else "")
-        if "full_scans" in r:
-            same += f"; {r['full_scans']} heads scanned in full"
         return ([f"{r['middle']:,}", r["kernel"], f"{r['eager_s'] * 1e3:,.3f}"]
                 + ([f"{r['graph_s'] * 1e3:,.3f}"] if on_cuda else [])
                 + [f"{r['key_bytes'] / best / 1e9:,.0f}", f"{best * args.recall_layers * 1e3:,.1f}", same])
@@ -215,20 +160,7 @@ def write_results(args, device, results: list[dict]) -> None:
                f"step, {args.heads} heads of {args.head_dim}, {args.dtype}, k = {args.k}, a fixed-shape store; "
                f"median of {args.repeats}.")
     publish(name, dict(device=where, heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, k=args.k,
-                       results=results), heading + "\n\n" + table + "\n\n" + stages_table(results, on_cuda),
-            readme=args.readme, out=args.out)
-
-
-def stages_table(results: list[dict], on_cuda: bool) -> str:
-    """The coded ways' launches one by one (coded_stages), each timed alone, beside their sum."""
-    coded = [r for r in results if "stages_s" in r]
-    stages = list(coded[0]["stages_s"]) if coded else []
-    how = "each replayed alone from a CUDA graph" if on_cuda else "each run alone, eagerly"
-    rows = [[f"{r['middle']:,}", r["kernel"], *(f"{r['stages_s'][s] * 1e6:,.1f}" for s in stages),
-             f"{sum(r['stages_s'].values()) * 1e6:,.1f}"] for r in coded]
-    return (f"The coded ways' launches, µs, {how} (benchmarks.recall_kernel.coded_stages; the whole way, above, "
-            "also rotates the query and merges the picks):\n\n"
-            + markdown_table(["middle tokens", "recall", *stages, "sum"], rows))
+                       results=results), heading + "\n\n" + table, readme=args.readme, out=args.out)
 
 
 if __name__ == "__main__":

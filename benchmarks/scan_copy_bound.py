@@ -14,10 +14,8 @@ recall_topk. For each copy, per query row, the bound of key i is ‖q‖·‖k_i
 key's own rounding error, which a copy would store beside it), and the share of keys whose upper bound reaches the
 k-th largest lower bound is what must be rescored. Float64 throughout: the scan's own rounding is not counted.
 
-The second table is what the GPU's coded scan (lminfinite/coded_recall.py) does with a fixed number of candidates:
-each pool of keys (one block or several) keeps the ``keep`` largest upper bounds of each row, the ``budget`` largest
-of those are rescored, and the row is certain when no bound left out reaches the k-th best rescored logit (else its
-head is scanned in full).
+The GPU's int8 key codes built on this (a scan of the codes, then a rescoring of its best candidates) were the
+slowest recall at every size on an H200 and made the store 30 % larger; they were removed (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -33,16 +31,11 @@ import torch
 
 from benchmarks.decode_weights import write_result
 from ingest.tables import markdown_table
-from lminfinite import coded_recall
-from lminfinite.key_codes import code_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = Path("/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf")
 QUESTION = "What is the default weight value of a glob element?"
 BLOCK = 128  # keys per block of the GPU scan (recall_triton.py): a per-block scale costs no extra pass
-# (keys per pool, candidates kept per pool, candidates rescored per row) of the second table
-POOLS = ((128, 8, 128), (128, 16, 64), (128, 16, 128), (512, 16, 128), (1024, 16, 128), (1024, 32, 64),
-         (1024, 32, 128), (2048, 32, 128))
 
 
 def int8_per_key(keys: torch.Tensor) -> torch.Tensor:
@@ -104,36 +97,6 @@ def rescore_shares(query: torch.Tensor, keys: torch.Tensor, copy: torch.Tensor, 
     bound = query.norm(dim=-1, keepdim=True) * (keys - copy).norm(dim=-1)[..., None, :] * scale
     kth_lower = (scanned - bound).topk(min(k, keys.shape[-2]), dim=-1).values[..., -1:]
     return ((scanned + bound) >= kth_lower).double().mean(-1).flatten()
-
-
-def certified_shares(query: torch.Tensor, keys: torch.Tensor, *, k: int, scale: float, keep: int,
-                     budget: int, pool: int = BLOCK) -> torch.Tensor:
-    """Per query row, whether coded_recall.py's certificate holds with ``keep`` candidates per pool of ``pool``
-    keys (whole blocks) and ``budget`` rescored (1.0; else 0.0: the row's head is
-    scanned in full), with the library's codes and its bound (float64 here, so without the margin for the scan's
-    own rounding). query (B, H, R, D), keys (B, H, n, D)."""
-    n, dim = keys.shape[-2], keys.shape[-1]
-    full = n // BLOCK * BLOCK
-    codes, scales, errors, norms = (t.double() for t in code_blocks(keys[..., :full, :]))
-    coded = (codes.unflatten(-2, (-1, BLOCK)) * scales[..., None, :]).flatten(-3, -2)
-    exact = (query @ keys.transpose(-1, -2)) * scale
-    scanned = (query @ coded.transpose(-1, -2)) * scale
-    q_norm = query.norm(dim=-1, keepdim=True)
-    reach = errors[..., None, :] + coded_recall.rounding(dim) * norms.repeat_interleave(BLOCK, dim=-1)[..., None, :]
-    upper = torch.cat((scanned + scale * q_norm * reach, exact[..., full:]), dim=-1)
-    upper = torch.nn.functional.pad(upper, (0, -n % pool), value=float("-inf")).unflatten(-1, (-1, pool))
-    kept, at = upper.topk(min(keep, pool), dim=-1)
-    left = upper.scatter(-1, at, float("-inf")).amax(-1).amax(-1)
-    positions = (at + pool * torch.arange(upper.shape[-2])[:, None]).flatten(-2)
-    kept = kept.flatten(-2)
-    count = min(budget, kept.shape[-1])
-    bounds, pick = kept.topk(min(count + 1, kept.shape[-1]), dim=-1)
-    if count < kept.shape[-1]:
-        left = torch.maximum(left, bounds[..., -1])
-    chosen = positions.gather(-1, pick[..., :count]).clamp(max=n - 1)
-    rescored = exact.gather(-1, chosen).masked_fill(bounds[..., :count] == float("-inf"), float("-inf"))
-    kth = rescored.topk(min(k, n), dim=-1).values[..., -1]
-    return ((left < kth) | (left == float("-inf"))).double().flatten()
 
 
 @contextlib.contextmanager
@@ -198,12 +161,6 @@ def main(argv=None) -> str:
         rows.append([name, f"{row_bytes(head_dim):.0f} / {2 * head_dim}",
                      f"{100 * shares.mean():.2f} %", f"{100 * statistics.median(ordered.tolist()):.2f} %",
                      f"{100 * ordered[int(0.99 * (len(ordered) - 1))]:.2f} %", f"{100 * ordered[-1]:.1f} %"])
-    certain = []
-    for pool, keep, budget in POOLS:
-        shares = torch.cat([certified_shares(q, keys, k=k, scale=scale, keep=keep, budget=budget, pool=pool)
-                            for q, keys, k, scale in seen])
-        certain.append([f"{pool:,}", str(keep), str(budget), f"{100 * shares.mean():.2f} %",
-                        f"{-(-131072 // pool) * keep:,}"])
     middle = seen[0][1].shape[-2]
     table = markdown_table(["copy", "bytes per key and head (copy / bfloat16)", "rescored: mean", "median",
                             "99th percentile row", "worst row"], rows)
@@ -212,11 +169,7 @@ def main(argv=None) -> str:
               f"with recall (k = {seen[0][2]}): {len(seen)} recall layer scans of {middle:,} middle keys, "
               f"{sum(q.shape[1] * q.shape[2] for q, *_ in seen):,} query rows. Share of the middle keys an exact scan "
               f"through each copy must rescore from the store's own keys (k / n = {100 * seen[0][2] / middle:.2f} %)."
-              f"\n\n{table}\n\nWith a fixed number of candidates (coded_recall.py, which keeps "
-              f"{coded_recall.KEEP} per pool of {coded_recall.POOL:,} keys and rescores {coded_recall.BUDGET}), the "
-              f"query rows whose k best are certain, the rest scanned in full:\n\n"
-              + markdown_table(["keys per pool", "kept per pool", "rescored per row", "rows certain",
-                                "candidates per row at 128K"], certain))
+              f"\n\n{table}")
     write_result(args.out / f"scan_copy_bound_{Path(args.model).name}_{round(len(ids) / 1024)}k.md", result)
     return result
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 WINDOW_KERNELS = ("auto", "cpu-flash", "efficient", "flash", "flex", "float32")
 RECALL_KERNELS = ("auto", "torch", "triton")
-RECALL_KEY_CODES = ("auto", "int8", "off")
 
 
 @dataclass
@@ -31,11 +30,6 @@ class LMInfiniteConfig:
     recall_kernel: what scans a decode step's middle store for recall: ``auto`` (Triton's kernels on a CUDA device
         where Triton is installed and they agree with float64 there, else PyTorch's operators), ``torch`` or
         ``triton`` (recall_kernel.py).
-    recall_key_codes: whether a middle store on a GPU also keeps an int8 copy of its keys, which a decode step's
-        recall scans instead, rescoring from the keys what could be among the top k (key_codes.py, coded_recall.py):
-        the same tokens, half the bytes read, the store 30 % larger. ``int8``: where recall runs through Triton's
-        kernels (on a CUDA device, where the coded scan agrees with float64 there); ``auto`` (no codes: on the GPU
-        measured, an H200, the coded scan was slower than the keys' own) or ``off``.
     """
 
     n_starting: int = 10
@@ -48,7 +42,6 @@ class LMInfiniteConfig:
     recall_scan_copy: bool = True
     window_kernel: str = "auto"
     recall_kernel: str = "auto"
-    recall_key_codes: str = "auto"
 
     def __post_init__(self) -> None:
         require_int("n_starting", self.n_starting, minimum=0)
@@ -73,9 +66,6 @@ class LMInfiniteConfig:
             raise ValueError(f"window_kernel must be one of {', '.join(WINDOW_KERNELS)}, got {self.window_kernel!r}")
         if self.recall_kernel not in RECALL_KERNELS:
             raise ValueError(f"recall_kernel must be one of {', '.join(RECALL_KERNELS)}, got {self.recall_kernel!r}")
-        if self.recall_key_codes not in RECALL_KEY_CODES:
-            raise ValueError(f"recall_key_codes must be one of {', '.join(RECALL_KEY_CODES)}, "
-                             f"got {self.recall_key_codes!r}")
 
     def resolved(self, trained_span: int) -> "LMInfiniteConfig":
         """A copy with ``window`` (default: the model's ``trained_span``, patch.trained_span) and ``topk_distance``
@@ -93,7 +83,6 @@ class LMInfiniteConfig:
             recall_scan_copy=self.recall_scan_copy,
             window_kernel=self.window_kernel,
             recall_kernel=self.recall_kernel,
-            recall_key_codes=self.recall_key_codes,
         )
 
     @property

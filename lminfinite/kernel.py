@@ -142,7 +142,7 @@ def _attend_block(q_frame, query_pos, p0: int, ctx: KeyContext, config, rope: Ro
     if config.uses_topk(layer_idx):
         store = ctx.middle_k
         fused = store is not None and recall_kernel.scans_store(config.recall_kernel, store.device, store.dtype,
-                                                                store.shape, coded=ctx.middle_codes is not None)
+                                                                store.shape)
         if ctx.decode_recall_rotation is not None:  # a decode step: its rotation loaded as tensors (DecodeStep)
             rotate = recall_kernel.rotate if fused else apply_rotation
             q_mid = rotate(q_frame, *ctx.decode_recall_rotation)

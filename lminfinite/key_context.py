@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from .rotary import Rope, apply_rotation
-from .key_codes import KeyCodes
 from .scan_copy import ScanKeys
 
 
@@ -32,8 +31,7 @@ class KeyContext:
         budget or was offloaded (middle_store.py). ``middle_scan``: the store's bfloat16 copy of middle_k, which
         recall scans where there is one (scan_copy.py). ``middle_live``, where set (a steady decode step of a store
         with fixed shapes, MiddleStore.fixed_view): middle_k/v are the store's whole buffers, and only their first
-        middle_live rows (a count on their device) are in use. ``middle_codes``: the store's int8 copy of
-        middle_k, which a decode step's recall scans where there is one (key_codes.py, coded_recall.py).
+        middle_live rows (a count on their device) are in use.
     decode_keys/values: decoding one query: the n_starting start keys rotated to distance ``window`` from it,
         then the last ``window`` keys in the frame, in any order; all valid in a steady step, and in a filling
         step (before the window is full) the start keys at their own distances and only the rows ``decode_valid``
@@ -59,7 +57,6 @@ class KeyContext:
     decode_recall_rotation: tuple[torch.Tensor, torch.Tensor] | None = None
     decode_valid: torch.Tensor | None = None
     queries_rotated: bool = False  # the call's queries arrive rotated into the frame (forward_rotation.py)
-    middle_codes: KeyCodes | None = None
 
     @property
     def end(self) -> int:

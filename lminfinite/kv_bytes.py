@@ -12,8 +12,6 @@ from typing import Any
 
 from .config import LMInfiniteConfig
 
-CODED_BLOCK = 128  # rows that share a block's scales in a store's int8 copy (key_codes.py)
-
 
 def row_bytes(num_kv_heads: int, head_dim: int, dtype: Any) -> int:
     """One token's key and value in one layer: the unit every count here multiplies."""
@@ -29,19 +27,6 @@ def keeps_scan_copy(wanted: bool, dtype: Any, device_type: str) -> bool:
 def scan_copy_row_bytes(num_kv_heads: int, head_dim: int) -> int:
     """One token's bfloat16 key copy in one layer."""
     return num_kv_heads * head_dim * 2
-
-
-def may_keep_codes(requested: str, device_type: str) -> bool:
-    """Whether a model's middle stores may keep an int8 copy of their keys (key_codes.py), as far as bytes go: on a
-    GPU where asked (``int8``). coded_recall.keeps_codes decides for a store (its check may say no); this counts
-    the bytes whenever they may be kept."""
-    return requested == "int8" and device_type == "cuda"
-
-
-def codes_row_bytes(num_kv_heads: int, head_dim: int) -> int:
-    """One token's int8 key copy in one layer: its codes, its error, and its share of its block's scales and norm
-    (key_codes.BLOCK rows share them)."""
-    return num_kv_heads * (head_dim + 4 + -(-(4 * head_dim + 4) // CODED_BLOCK))
 
 
 @dataclass(frozen=True)
@@ -74,9 +59,8 @@ class SpanBytes:
 
     starting: each of the first n_starting tokens, kept twice (unrotated, and placed for the decode step);
     window: each of the window ring slots, preallocated; middle: each evicted token, once, in the layers that
-    keep a middle store (those from ``topk_from_layer`` on), 0 without one; middle_scan: its key's copies that
-    recall scans in those layers, where they are kept (the bfloat16 one of scan_copy.py, the int8 one of
-    key_codes.py).
+    keep a middle store (those from ``topk_from_layer`` on), 0 without one; middle_scan: its key's bfloat16 copy
+    that recall scans in those layers, where one is kept (scan_copy.py).
     """
 
     starting: int
@@ -96,14 +80,11 @@ def span_bytes(shape: KVShape, config: LMInfiniteConfig, dtype: Any, keep_middle
     keep = config.topk > 0 if keep_middle is None else keep_middle
     middle_layers = max(0, shape.num_layers - config.topk_from_layer) if keep else 0
     copy = keeps_scan_copy(config.recall_scan_copy, dtype, device_type)
-    coded = may_keep_codes(config.recall_key_codes, device_type) and not config.offload_middle
     return SpanBytes(
         starting=2 * shape.token_bytes(dtype),
         window=shape.token_bytes(dtype),
         middle=shape.token_bytes(dtype, layers=middle_layers),
-        middle_scan=middle_layers * (
-            (scan_copy_row_bytes(shape.num_kv_heads, shape.head_dim) if copy else 0)
-            + (codes_row_bytes(shape.num_kv_heads, shape.head_dim) if coded else 0)),
+        middle_scan=(middle_layers * scan_copy_row_bytes(shape.num_kv_heads, shape.head_dim)) if copy else 0,
     )
 
 

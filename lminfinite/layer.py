@@ -67,8 +67,8 @@ class InfiniteLayer(CacheLayerMixin):
         super().__init__()
         self.config, self.rope = config, rope
         self.fixed_window = fixed_window  # filling steps over the whole ring, masked (None: on a GPU)
-        self.middle = MiddleStore(offload, device_budget, config.recall_scan_copy, fixed_shapes,
-                                  config.recall_key_codes, config.recall_kernel) if keep_middle else None
+        self.middle = (MiddleStore(offload, device_budget, config.recall_scan_copy, fixed_shapes) if keep_middle
+                       else None)
         self.start_k = self.start_v = None  # unrotated, positions [0, min(seen, n_starting))
         # Rows [0, n_starting): start keys placed for the current decode step; then the ring, slot(p) below.
         self.ring_k = self.ring_v = None
@@ -269,7 +269,6 @@ class InfiniteLayer(CacheLayerMixin):
             rotated, value_states, self.seen, self.frame, self.start_k, self.start_v, *middle,
             # copied now: the count as it is before this step's ``advance`` (below in ``update``, after a replay)
             middle_live=None if fixed is None else fixed[2].clone(),
-            middle_codes=None if self.middle is None else self.middle.codes,
             decode_keys=self.ring_k, decode_values=self.ring_v, decode_rotation=(step.cos, step.sin),
             decode_recall_rotation=(step.recall_cos, step.recall_sin),
         )

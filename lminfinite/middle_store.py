@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .coded_recall import keeps_codes
-from .key_codes import KeyCodes
-from .kv_bytes import codes_row_bytes, keeps_scan_copy, row_bytes, scan_copy_row_bytes
+from .kv_bytes import keeps_scan_copy, row_bytes, scan_copy_row_bytes
 from .modes import outside_inference_mode
 from .rotary import rotate_into
 from .scan_copy import ScanCopy, ScanKeys
@@ -48,18 +46,12 @@ class MiddleStore:
     wanted; the first append decides from the keys' dtype and device whether it is kept (kv_bytes.keeps_scan_copy).
 
     ``fixed_shapes``: whether a steady decode step reads the primary through ``fixed_view`` (None: on a GPU).
-
-    ``key_codes``: whether the primary also keeps an int8 copy of its keys (``codes``, key_codes.py) for a decode
-    step's recall (LMInfiniteConfig.recall_key_codes; ``recall_kernel`` as there); decided at the first append.
     """
 
     def __init__(self, offload: bool = False, device_budget: int | None = None, scan_copy: bool = True,
-                 fixed_shapes: bool | None = None, key_codes: str = "off", recall_kernel: str = "auto"):
+                 fixed_shapes: bool | None = None):
         self.offload, self.device_budget, self.wants_scan_copy = offload, device_budget, scan_copy
         self.fixed_shapes = fixed_shapes
-        self.wants_codes, self.recall_kernel = key_codes, recall_kernel
-        self.coded = False  # whether the primary keeps codes: fixed at the first append
-        self.codes: KeyCodes | None = None
         self._live: torch.Tensor | None = None  # ``length`` on the primary's device, once fixed_view was asked for
         self.keys: torch.Tensor | None = None  # the primary's buffers, rows [0, primary_rows) in use
         self.values: torch.Tensor | None = None
@@ -114,8 +106,6 @@ class MiddleStore:
         ``model_device``: none for a CPU model, 0 for an offloaded GPU store, else the budget's rows."""
         self.pinned_pages = model_device.type == "cuda"
         batch, kv_heads, _, head_dim = like.shape
-        self.coded = not self.offload and keeps_codes(self.wants_codes, self.recall_kernel, model_device,
-                                                       dtype or like.dtype, head_dim)
         if model_device.type == "cpu" and (self.device_budget is None or self.offload):
             self.primary_cap = None
         elif self.offload:
@@ -124,8 +114,7 @@ class MiddleStore:
             self.primary_cap = None
         else:
             itemsize = (dtype or like.dtype).itemsize
-            coded = codes_row_bytes(kv_heads, head_dim) if self.coded else 0
-            self.primary_cap = self.device_budget // (batch * (row_bytes(kv_heads, head_dim, itemsize) + coded))
+            self.primary_cap = self.device_budget // (batch * row_bytes(kv_heads, head_dim, itemsize))
 
     def _append_primary(self, keys: torch.Tensor, values: torch.Tensor,
                         rotation: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
@@ -143,8 +132,6 @@ class MiddleStore:
         self.values[..., self.length : needed, :] = values
         if self.scan is not None:
             self.scan.write(self.length, rows)
-        if self.codes is not None:
-            self.codes.code(self.keys, needed)
         self.length = needed
 
     def _append_pages(self, keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -171,8 +158,7 @@ class MiddleStore:
         device, taken as the primary, when they all belong there; else the primary's share copied there and the
         rest into pages. A scan copy is made anew where one is kept."""
         model_device = torch.device(model_device)
-        self.__init__(self.offload, self.device_budget, self.wants_scan_copy, self.fixed_shapes, self.wants_codes,
-                      self.recall_kernel)
+        self.__init__(self.offload, self.device_budget, self.wants_scan_copy, self.fixed_shapes)
         self._place(keys, model_device, dtype)
         n = keys.shape[-2]
         into_primary = n if self.primary_cap is None else min(n, self.primary_cap)
@@ -181,8 +167,6 @@ class MiddleStore:
             self._reallocate(keys, values, n, model_device, take=True)
             if self.scan is not None:
                 self.scan.write(0, keys)
-            if self.codes is not None:
-                self.codes.code(keys, n)
             self.length = n
             return
         if into_primary:
@@ -200,8 +184,7 @@ class MiddleStore:
         grown_keys = keys if take else self._grow(self.keys, keys, capacity, device)
         grown_values = values if take else self._grow(self.values, values, capacity, device)
         grown_scan = None if scan is None else scan.grown(keys, capacity, self.primary_rows)
-        grown_codes = (self.codes or KeyCodes()).grown(keys, capacity) if self.coded else None
-        self.keys, self.values, self.scan, self.codes = grown_keys, grown_values, grown_scan, grown_codes
+        self.keys, self.values, self.scan = grown_keys, grown_values, grown_scan
 
     def _grow(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int, device) -> torch.Tensor:
         shape = (*like.shape[:-2], capacity, like.shape[-1])
@@ -254,11 +237,10 @@ class MiddleStore:
             paged -= take
         return (*primary, tuple(pages))
 
-    def fixed_view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, KeyCodes | None] | None:
-        """(keys, values, live, codes): the primary's whole buffers, on their device the number of rows in use (rows
-        from it on are not), and its codes (kept only where asked: ``int8``). What a steady decode step reads of it is
-        then the same tensors at every step until the store grows, with the count changing in place (the codes are
-        written in place as blocks fill), so one CUDA graph can stand for the step (graphed.py). None
+    def fixed_view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(keys, values, live): the primary's whole buffers, and on their device the number of rows in use (rows
+        from it on are not). What a steady decode step reads of it is then the same tensors at every step until the
+        store grows, with the count changing in place, so one CUDA graph can stand for the step (graphed.py). None
         where the store offers no such view: not asked for (``fixed_shapes``; by default only on a GPU, where the
         graph pays for scanning the spare rows), nothing held yet, rows in pages, or a scan copy."""
         wanted = self.fixed_shapes if self.fixed_shapes is not None else (
@@ -268,7 +250,7 @@ class MiddleStore:
         if self._live is None:
             with outside_inference_mode():  # written in place at every append, whatever the caller's mode
                 self._live = torch.full((), self._length, dtype=torch.long, device=self.keys.device)
-        return self.keys, self.values, self._live, self.codes
+        return self.keys, self.values, self._live
 
     def scan_view(self) -> ScanKeys | None:
         """The scan copy of the primary's rows in use, where the store keeps one."""
@@ -279,8 +261,6 @@ class MiddleStore:
     def truncate(self, length: int) -> None:
         if length > self.length:
             raise ValueError(f"cannot grow the middle store by truncation ({self.length} -> {length})")
-        if self.codes is not None:
-            self.codes.truncate(min(length, self.primary_rows))
         self.length = length
 
     def _row_bytes(self) -> int:
@@ -304,13 +284,11 @@ class MiddleStore:
 
     @property
     def scan_bytes(self) -> int:
-        """Bytes of the copies of the rows in use that recall scans (the scan copy, the codes)."""
-        if self.scan is None and self.codes is None:
+        """Bytes of the copy of the rows in use that recall scans (the scan copy)."""
+        if self.scan is None:
             return 0
         batch, kv_heads, _, head_dim = self.keys.shape
-        per_row = scan_copy_row_bytes(kv_heads, head_dim) if self.scan is not None else 0
-        per_row += codes_row_bytes(kv_heads, head_dim) if self.codes is not None else 0
-        return self.primary_rows * batch * per_row
+        return self.primary_rows * batch * scan_copy_row_bytes(kv_heads, head_dim)
 
     @property
     def allocated_bytes(self) -> int:
@@ -318,8 +296,7 @@ class MiddleStore:
         if self.keys is not None:
             tensors += [self.keys, self.values]
         scan = 0 if self.scan is None else self.scan.allocated_bytes
-        codes = 0 if self.codes is None else self.codes.allocated_bytes
-        return sum(t.numel() * t.element_size() for t in tensors) + scan + codes
+        return sum(t.numel() * t.element_size() for t in tensors) + scan
 
     @property
     def reserved_bytes(self) -> int:

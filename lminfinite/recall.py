@@ -5,8 +5,7 @@ For every query row and head, the k middle tokens with the largest logits, score
 top-k, so no (queries × context) float32 matrix is ever held; an offloaded (CPU) middle store is
 scanned where it lives, and only the selected rows travel to the queries' device. A long store with a scan
 copy is scanned through it where that pays (bounded_scan.py), with the same result. A decode step's scan of a
-store on a GPU runs through Triton's kernels where ``fused`` (recall_kernel.py), through the store's int8 codes
-where it keeps them (coded_recall.py), again with the same result.
+store on a GPU runs through Triton's kernels where ``fused`` (recall_kernel.py), again with the same result.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import coded_recall, recall_kernel
+from . import recall_kernel
 from .bounded_scan import copy_pays, scan_topk
 from .key_context import KeyContext
 from .head_products import head_products
@@ -147,10 +146,7 @@ def _scan_store(best: _RunningTopK, flat_q: torch.Tensor, ctx: KeyContext, *, n_
 
 def _fused_store_topk(query: torch.Tensor, ctx: KeyContext, *, k: int, scale: float,
                       first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The store's top k through Triton's kernels: over its codes where it keeps them, else over its keys."""
-    if coded_recall.fits(ctx.middle_codes, k):
-        return coded_recall.coded_topk(query, ctx.middle_k, ctx.middle_codes, ctx.middle_live, k=k, scale=scale,
-                                       first_row=first_row)
+    """The store's top k through Triton's kernels."""
     return recall_kernel.store_topk(query, ctx.middle_k, ctx.middle_live, k=k, scale=scale, first_row=first_row)
 
 

@@ -81,13 +81,13 @@ def resolve(requested: str, device: torch.device, dtype: torch.dtype, head_dim: 
             and _checked(device.type, device.index, dtype, head_dim))
 
 
-def scans_store(requested: str, device: torch.device, dtype: torch.dtype, shape: torch.Size, coded: bool) -> bool:
+def scans_store(requested: str, device: torch.device, dtype: torch.dtype, shape: torch.Size) -> bool:
     """Whether recall scans a middle store's primary (keys of ``shape``: B, Hkv, rows, D) through these kernels:
     where ``resolve`` says so, except, for ``auto``, a store of GRAPHED_OPERATORS_FROM rows or more in a step being
-    recorded into a CUDA graph, unless it keeps codes (``coded``), which only these kernels read."""
+    recorded into a CUDA graph."""
     if not resolve(requested, device, dtype, shape[-1]):
         return False
-    return (requested != "auto" or coded or shape[-2] < GRAPHED_OPERATORS_FROM or device.type != "cuda"
+    return (requested != "auto" or shape[-2] < GRAPHED_OPERATORS_FROM or device.type != "cuda"
             or not torch.cuda.is_current_stream_capturing())
 
 
@@ -124,38 +124,35 @@ def store_topk(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | Non
 
     query: (B, Hkv, R, D); keys: (B, Hkv, n, D); live: the rows in use (a 0-d count on the keys' device), None for
     all n."""
-    cand_logits, cand_positions = torch.ops.lminfinite.recall_scan(query, keys, live, k, scale, first_row, None, SPAN)
+    cand_logits, cand_positions = torch.ops.lminfinite.recall_scan(query, keys, live, k, scale, first_row, SPAN)
     logits, pick = cand_logits.topk(k, dim=-1)
     return logits, cand_positions.gather(-1, pick)
 
 
 @torch.library.custom_op("lminfinite::recall_scan", mutates_args=())
 def recall_scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float,
-                first_row: int, settled: torch.Tensor | None = None,
-                span: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                first_row: int, span: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query row, the ``k`` best scaled float32 logits of each block of BLOCK keys (of each ``span`` blocks
     where ``_spans`` takes them) and their positions: (B, Hkv, R, blocks·k) each, -inf where a block holds fewer
-    rows in use. ``settled``: (B, Hkv, R) int32 flags, nonzero for a row whose result is known already; a head all
-    of whose rows are is left unscanned, its results garbage (coded_recall.py's full scan)."""
+    rows in use."""
     from . import recall_triton
 
-    return recall_triton.scan(query, keys, live, k, scale, first_row, BLOCK, settled,
-                              _spans(span, query.shape[-2], settled))
+    return recall_triton.scan(query, keys, live, k, scale, first_row, BLOCK, _spans(span, query.shape[-2]))
 
 
 @recall_scan.register_fake
-def _(query, keys, live, k, scale, first_row, settled=None, span=1):
+def _(query, keys, live, k, scale, first_row, span=1):
     batch, kv_heads, rows, _ = query.shape
-    candidates = -(-keys.shape[-2] // (BLOCK * _spans(span, rows, settled))) * k
+    candidates = -(-keys.shape[-2] // (BLOCK * _spans(span, rows))) * k
     shape = (batch, kv_heads, rows, candidates)
     return query.new_empty(shape, dtype=torch.float32), query.new_empty(shape, dtype=torch.long)
 
 
-def _spans(span: int, rows: int, settled: torch.Tensor | None) -> int:
-    """Blocks per program of a scan: ``span`` for FEW_ROWS query rows or fewer and nothing settled, else 1 (on
-    tensor cores the running selection of recall_triton._scan_spans took every register and spilled: ptxas,
-    sm_90, 232 bytes in float32 over 4 warps, more over 8)."""
-    return span if settled is None and rows <= FEW_ROWS else 1
+def _spans(span: int, rows: int) -> int:
+    """Blocks per program of a scan: ``span`` for FEW_ROWS query rows or fewer, else 1 (on tensor cores the
+    running selection of recall_triton._scan_spans took every register and spilled: ptxas, sm_90, 232 bytes in
+    float32 over 4 warps, more over 8)."""
+    return span if rows <= FEW_ROWS else 1
 
 
 @torch.library.custom_op("lminfinite::recall_rotate", mutates_args=())

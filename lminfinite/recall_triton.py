@@ -13,11 +13,6 @@ from .recall_kernel import FEW_ROWS, interpreted
 # Read once, as triton.jit reads it when it builds the kernels below: for the interpreter or for the GPU.
 INTERPRETED = interpreted()
 
-# Programs per key head of a scan told which rows are settled (coded_recall.py's full scan): each takes every
-# FALLBACK_PROGRAMS-th block. Where no head needs it, 32 × 64 programs read their flags and return at Llama-2-7B's
-# heads, not 32 × 1,024 at 128K tokens; where one does, 64 programs still read its keys side by side.
-FALLBACK_PROGRAMS = 64
-
 
 def padded_rows(rows: int) -> int:
     return triton.next_power_of_2(rows) if rows <= FEW_ROWS else max(16, triton.next_power_of_2(rows))
@@ -32,7 +27,7 @@ def scan_warps(rows: int, dtype: torch.dtype) -> int:
 
 def candidates(query: torch.Tensor, keys: torch.Tensor, block: int,
                per_block: int) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """A scan's blocks of ``block`` keys (a coded scan's pools) and its outputs, ``per_block`` candidates per block
+    """A scan's blocks of ``block`` keys and its outputs, ``per_block`` candidates per block
     and query row: float32 logits (or bounds) and int64 positions, (B, Hkv, R, blocks·per_block) each, filled by
     the kernel."""
     blocks = triton.cdiv(keys.shape[-2], block)
@@ -42,7 +37,7 @@ def candidates(query: torch.Tensor, keys: torch.Tensor, block: int,
 
 
 def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: int, scale: float, first_row: int,
-         block: int, settled: torch.Tensor | None = None, span: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+         block: int, span: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """k candidates per query row from each block of ``block`` keys, or from each ``span`` blocks (``_scan_spans``:
     recall_kernel._spans says where)."""
     batch, kv_heads, rows, dim = query.shape
@@ -51,12 +46,10 @@ def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: 
     if span > 1:
         return _scan_in_spans(query, keys, live, k, scale, first_row, block, span)
     blocks, cand_logits, cand_positions = candidates(query, keys, block, k)
-    programs = blocks if settled is None else min(blocks, FALLBACK_PROGRAMS)
-    _scan_blocks[(batch * kv_heads, programs)](
-        query, keys, query if live is None else live, query if settled is None else settled.contiguous(),
-        cand_logits, cand_positions,
-        kv_heads, rows, n, blocks, dim, float(scale), first_row, *keys.stride(),
-        HAS_LIVE=live is not None, HAS_SETTLED=settled is not None, ROWS=padded_rows(rows),
+    _scan_blocks[(batch * kv_heads, blocks)](
+        query, keys, query if live is None else live, cand_logits, cand_positions,
+        kv_heads, rows, n, dim, float(scale), first_row, *keys.stride(),
+        HAS_LIVE=live is not None, ROWS=padded_rows(rows),
         DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block, K=k, IEEE=query.dtype == torch.float32 or INTERPRETED,
         DOT=rows > FEW_ROWS, num_warps=scan_warps(rows, query.dtype),
     )
@@ -109,38 +102,14 @@ def merge(out: torch.Tensor, lse: torch.Tensor, logits: torch.Tensor, positions:
 
 
 @triton.jit
-def _scan_blocks(q_ptr, k_ptr, live_ptr, settled_ptr, out_logits, out_positions,
-                 kv_heads, rows, n, blocks, dim, scale, first_row, stride_b, stride_h, stride_n, stride_d,
-                 HAS_LIVE: tl.constexpr, HAS_SETTLED: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr,
-                 BLOCK: tl.constexpr, K: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr):
-    """One program: one key head's query rows against one block of its keys (``_scan_block``). Told which rows
-    are ``settled`` (coded_recall.py's full scan, seldom needed): a head all of whose rows are returns at once,
-    and any other's programs take every FALLBACK_PROGRAMS-th block, so a scan that is not needed launches a few
-    programs per head rather than one per block."""
+def _scan_blocks(q_ptr, k_ptr, live_ptr, out_logits, out_positions, kv_heads, rows, n, dim, scale, first_row,
+                 stride_b, stride_h, stride_n, stride_d, HAS_LIVE: tl.constexpr, ROWS: tl.constexpr,
+                 DIM: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr):
+    """One program: one key head's query rows against one block of its keys; the block's K best per row (logit,
+    and position: first_row + the key's row)."""
     head = tl.program_id(0)
-    if HAS_SETTLED:
-        r = tl.arange(0, ROWS)
-        if tl.min(tl.load(settled_ptr + head * rows + r, mask=r < rows, other=1), axis=0) != 0:
-            return
-        block = tl.program_id(1)
-        while block < blocks:  # not range(): see coded_triton._certify_rows
-            _scan_block_apart(q_ptr, k_ptr, live_ptr, out_logits, out_positions, head, block, kv_heads, rows, n,
-                              blocks, dim, scale, first_row, stride_b, stride_h, stride_n, stride_d,
-                              HAS_LIVE, ROWS, DIM, BLOCK, K, IEEE, DOT)
-            block += tl.num_programs(1)
-    else:
-        _scan_block(q_ptr, k_ptr, live_ptr, out_logits, out_positions, head, tl.program_id(1), kv_heads, rows, n,
-                    tl.num_programs(1), dim, scale, first_row, stride_b, stride_h, stride_n, stride_d,
-                    HAS_LIVE, ROWS, DIM, BLOCK, K, IEEE, DOT)
-
-
-@triton.jit
-def _scan_block(q_ptr, k_ptr, live_ptr, out_logits, out_positions, head, block, kv_heads, rows, n, blocks, dim,
-                scale, first_row, stride_b, stride_h, stride_n, stride_d, HAS_LIVE: tl.constexpr,
-                ROWS: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr, IEEE: tl.constexpr,
-                DOT: tl.constexpr):
-    """One key head's query rows against one ``block`` of its keys; the block's K best per row (logit, and
-    position: first_row + the key's row)."""
+    block = tl.program_id(1)
+    blocks = tl.num_programs(1)
     r = tl.arange(0, ROWS)
     c = tl.arange(0, BLOCK)
     scores = _block_scores(q_ptr, k_ptr, live_ptr, head, block, kv_heads, rows, n, dim, scale, stride_b, stride_h,
@@ -179,8 +148,7 @@ def _block_scores(q_ptr, k_ptr, live_ptr, head, block, kv_heads, rows, n, dim, s
         else:
             scores = tl.dot(q, tl.trans(keys))
     else:
-        scores, _ = summed_products(q_at, r < rows, keys_at, stride_d, key_rows < in_use, q_ptr, 0, dim, ROWS,
-                                     BLOCK, DIM, False)
+        scores = summed_products(q_at, r < rows, keys_at, stride_d, key_rows < in_use, dim, ROWS, BLOCK, DIM)
     return tl.where((key_rows < in_use)[None, :], scores * scale, float("-inf"))
 
 
@@ -202,7 +170,9 @@ def _scan_spans(q_ptr, k_ptr, live_ptr, out_logits, out_positions, kv_heads, row
     kept_at = tl.zeros((ROWS, SLOTS), tl.int64) + first_row  # a row of the store: never read (its logit: -inf)
     block = tl.program_id(1) * span
     last = tl.minimum(block + span, blocks)
-    while block < last:  # a count known only at launch: not range() (see coded_triton._certify_rows)
+    # A count known only at launch: not range(), which Triton 3.6's interpreter cannot bound by an argument under
+    # numpy 2.4.
+    while block < last:
         scores = _block_scores(q_ptr, k_ptr, live_ptr, head, block, kv_heads, rows, n, dim, scale, stride_b,
                                stride_h, stride_n, stride_d, HAS_LIVE, ROWS, DIM, BLOCK, False, False)
         top, at = tl.max(scores, axis=1, return_indices=True)
@@ -223,31 +193,20 @@ def _scan_spans(q_ptr, k_ptr, live_ptr, out_logits, out_positions, kv_heads, row
     tl.store(out_positions + out, kept_at, mask=written)
 
 
-# The same, as a function of its own (not inlined): inlined into the while loop above, the float32 products of many
-# query rows on tensor cores spill 9.7 KB of registers (ptxas, sm_90); called, they take what the loop's body alone
-# takes.
-_scan_block_apart = triton.jit(noinline=True)(_scan_block.fn)
-
-
 @triton.jit
-def summed_products(q_at, rows_in, tile_at, tile_d, tile_in, scale_at, scale_d, dim, ROWS: tl.constexpr,
-                     BLOCK: tl.constexpr, DIM: tl.constexpr, SCALED: tl.constexpr):
-    """For FEW_ROWS query rows or fewer: their products with a tile's rows (times the channels' scales where
-    SCALED) as float32 products summed along the channels, CHUNK channels at a time (the tile is never whole in
-    registers); and the tile rows' squared norms."""
+def summed_products(q_at, rows_in, tile_at, tile_d, tile_in, dim, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                    DIM: tl.constexpr):
+    """For FEW_ROWS query rows or fewer: their products with a tile's rows as float32 products summed along the
+    channels, CHUNK channels at a time (the tile is never whole in registers)."""
     CHUNK: tl.constexpr = 32 if DIM > 32 else DIM
     products = tl.zeros((ROWS, BLOCK), tl.float32)
-    squares = tl.zeros((BLOCK,), tl.float32)
     for start in tl.static_range(0, DIM, CHUNK):
         d = start + tl.arange(0, CHUNK)
         q = tl.load(q_at + d[None, :], mask=rows_in[:, None] & (d[None, :] < dim), other=0.0).to(tl.float32)
         tile = tl.load(tile_at + d[None, :] * tile_d, mask=tile_in[:, None] & (d[None, :] < dim),
                        other=0.0).to(tl.float32)
-        if SCALED:
-            q = q * tl.load(scale_at + d * scale_d, mask=d < dim, other=0.0)[None, :]
         products += tl.sum(q[:, None, :] * tile[None, :, :], axis=2)
-        squares += tl.sum(tile * tile, axis=1)
-    return products, squares
+    return products
 
 
 @triton.jit

@@ -16,10 +16,8 @@
 #            window_span_gpu table
 #   speed    the whole ladder, 4K to 128K, with truncation too (two calls' worth)
 #   recall   one layer's recall in a decode step at Llama-2-7B's heads, 4K to 128K middle tokens, through PyTorch's
-#            operators, through Triton's kernels (a block a program, and 8 or 32 blocks a program with a running k
-#            best) and through them over int8 key codes (keeping 32 candidates per pool of 1,024 keys, 16 per block
-#            of 128, and with every head sent to the full scan), eager and from a CUDA graph, and the coded path's
-#            launches one by one -> docs/benchmarks.md's recall_kernel_gpu tables (about a minute and a half)
+#            operators and through Triton's kernels (a block a program, and 8 or 32 blocks a program with a running
+#            k best), eager and from a CUDA graph -> docs/benchmarks.md's recall_kernel_gpu table (about a minute)
 #   profile  a 4K prefill, vanilla against LM-Infinite, side by side, operators per layer counted, and operator
 #            by operator -> profile_prefill.log (under a minute once the model is made)
 # Logs and results go to $OUT (they come back to this machine): gpu.txt (with each step's time), the logs (the
@@ -77,15 +75,14 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 GRADIO_ANALYTICS_ENABLED=Fal
 transformers.__version__, '| bitsandbytes', b.__version__, '|', torch.cuda.get_device_name())"
 } 2>&1 | tee "$OUT/gpu.txt"
 
-# Meanwhile, in the background: the checks `auto` runs before it recalls through Triton's kernels, and `int8` before
-# it keeps codes, for each dtype and head size the steps and tests use, so that the checks' builds (the pooled coded
-# scan's for one and four query rows: 11 and 7 s on one core) land in Triton's disk cache, not inside a timed step.
+# Meanwhile, in the background: the check `auto` runs before it recalls through Triton's kernels, for each dtype and
+# head size the steps and tests use, so that the check's builds land in Triton's disk cache, not inside a timed step.
 # Nice'd: the steps' host threads keep their cores.
 prebuilds=()
 for dtype in bfloat16 float16 float32; do
   for dim in 128 64; do
-    nice -n 10 python3 -c "import torch; from lminfinite import coded_recall; print('$dtype, head size $dim: codes', \
-coded_recall.keeps_codes('int8', 'auto', torch.device('cuda', 0), torch.$dtype, $dim), flush=True)" \
+    nice -n 10 python3 -c "import torch; from lminfinite import recall_kernel; print('$dtype, head size $dim:', \
+recall_kernel.resolve('auto', torch.device('cuda', 0), torch.$dtype, $dim), flush=True)" \
       >> "$OUT/prebuild.log" 2>&1 & prebuilds+=($!)
   done
 done
@@ -100,8 +97,7 @@ for i in "${!STEPS[@]}"; do
   fi
   step_started=$SECONDS
   case $step in
-    tests|library)  # the library's tests in eight workers: FlexAttention's and Triton's kernels build side by side
-            # (the pooled coded scan takes about 16 s a build on one core, one per dtype, head size and query rows);
+    tests|library)  # the library's tests in eight workers: FlexAttention's and Triton's kernels build side by side;
             # the app's alone, as one of them takes all free GPU memory on purpose ("library": the library's only)
       workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
       # a test that hangs (a CUDA graph, a lock) fails alone and names itself, rather than taking the step's time

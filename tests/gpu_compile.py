@@ -22,7 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from lminfinite import coded_triton, recall_kernel, recall_triton
+from lminfinite import recall_kernel, recall_triton
 
 I64, I32, F32 = "i64", "i32", "fp32"
 
@@ -32,31 +32,12 @@ def kernels(dtype: str) -> list[tuple]:
     queries and keys of ``dtype``."""
     half = dtype != "*fp32"
     scan = dict(HAS_LIVE=True, ROWS=16, DIM=128, BLOCK=128)
-    # The coded scan (only where asked: recall_key_codes="int8") in bfloat16 only, a GPU model's dtype: for a decode
-    # step's 1 and 4 query rows, pooled and per block, and for the most rows, a question read with recall (254
-    # registers a thread, at the edge of spilling). A pooled scan unrolls 8 blocks: 35-43 s a build on one core of
-    # an AVX2 machine, so the other dtypes' builds (the int8 check on a GPU builds them, and falls back if one fails)
-    # would double this check's time.
-    coded = [(rows, pool, keep) for rows in (1, 4) for pool, keep in ((8, 32), (1, 16))]
-    coded = [*coded, (recall_kernel.MAX_ROWS, 8, 32)] if dtype == "*bf16" else []
     return [
-        *((coded_triton._scan_coded_pools,
-           [dtype, dtype, "*i8", "*fp32", "*fp32", "*fp32", "*i64", "*fp32", "*i64", "*fp32",
-            I32, I32, I32, I32, F32, I32, F32, F32] + [I64] * 18,
-           dict(scan, ROWS=recall_triton.padded_rows(rows), POOL=pool, KEEP=keep, IEEE=False,
-                DOT=rows > recall_kernel.FEW_ROWS), dict(num_warps=coded_triton.scan_warps(rows)))
-          for rows, pool, keep in coded),
-        (coded_triton._certify_rows,
-         [dtype, dtype, "*i64", "*fp32", "*i64", "*fp32", "*fp32", "*i64", "*i32"] + [I32] * 7 + [F32, I32] + [I64] * 4,
-         dict(HAS_PICK=True, COUNT=128, K=5, DIM=128, LEFT=1024)),
-        (coded_triton._settle_rows, ["*fp32", "*i64", "*i32", "*fp32", "*i64", I32, I32],
-         dict(K=5, SLOTS=8, CHUNK=1024)),
         *((recall_triton._scan_blocks,
-           [dtype, dtype, "*i64", "*i32", "*fp32", "*i64", I32, I32, I32, I32, I32, F32, I32] + [I64] * 4,
-           dict(scan, ROWS=recall_triton.padded_rows(rows), HAS_SETTLED=settled, K=5, IEEE=not half,
-                DOT=rows > recall_kernel.FEW_ROWS),
+           [dtype, dtype, "*i64", "*fp32", "*i64", I32, I32, I32, I32, F32, I32] + [I64] * 4,
+           dict(scan, ROWS=recall_triton.padded_rows(rows), K=5, IEEE=not half, DOT=rows > recall_kernel.FEW_ROWS),
            dict(num_warps=recall_triton.scan_warps(rows, torch.bfloat16 if half else torch.float32)))
-          for rows in (1, 4, recall_kernel.MAX_ROWS) for settled in (False, True)),
+          for rows in (1, 4, recall_kernel.MAX_ROWS)),
         *((recall_triton._scan_spans,
            [dtype, dtype, "*i64", "*fp32", "*i64"] + [I32] * 6 + [F32, I32] + [I64] * 4,
            dict(scan, ROWS=recall_triton.padded_rows(rows), K=5, SLOTS=8))
@@ -70,9 +51,9 @@ def kernels(dtype: str) -> list[tuple]:
 
 
 def compile_all(capability: int = 90) -> list[str]:
-    """Each kernel compiled for ``capability``; a line per kernel, dtype, query rows (and candidates kept): its
-    registers per thread and the bytes it spills to local memory, as ptxas reports them (an error raises). The
-    kernels compile side by side, one process per CPU (a pooled scan unrolls 8 blocks: 16 s each on one core)."""
+    """Each kernel compiled for ``capability``; a line per kernel, dtype and query rows: its registers per thread
+    and the bytes it spills to local memory, as ptxas reports them (an error raises). The kernels compile side by
+    side, one process per CPU."""
     jobs = [(capability, dtype, index) for dtype in ("*bf16", "*fp16", "*fp32") for index in range(len(kernels(dtype)))]
     context = multiprocessing.get_context("fork")  # nothing has compiled yet; the workers import nothing anew
     with concurrent.futures.ProcessPoolExecutor(max_workers=min(4, os.cpu_count() or 1), mp_context=context) as pool:
@@ -88,8 +69,7 @@ def _compile_one(capability: int, dtype: str, index: int) -> str:
     compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", capability, 32),
                               options=options[0] if options else None)
     registers, spilled = _registers(compiled.asm["ptx"])
-    shape = "".join(f" {name.lower()}={constants[name]}" for name in ("ROWS", "POOL", "KEEP", "HAS_SETTLED")
-                    if name in constants)
+    shape = f" rows={constants['ROWS']}" if "ROWS" in constants else ""
     return f"{kernel.__name__} {dtype[1:]}{shape}: {registers} registers, {spilled} bytes spilled"
 
 

@@ -50,39 +50,6 @@ def test_an_exact_copy_rescores_the_k_best_alone():
     assert torch.equal(shares, torch.full((6,), 5 / 300, dtype=torch.float64))
 
 
-def test_a_row_is_certain_unless_a_block_holds_more_of_the_best_than_it_keeps():
-    """Keys the codes tell apart, spread over three blocks: every row is certain with 16 kept per block. The same
-    keys with a row's 8 best in one block: certain with 16 kept, not with 4 (the block's 5th best, left out, is
-    above the 5th best rescored), nor with 5 candidates rescored (the 6th best bound is above the 5th logit)."""
-    torch.manual_seed(1)
-    keys = torch.randn(1, 1, 3 * 128, 64, dtype=torch.float64)
-    query = torch.randn(1, 1, 1, 64, dtype=torch.float64)
-    options = dict(k=5, scale=0.125)
-    assert scan_copy_bound.certified_shares(query, keys, keep=16, budget=128, **options).tolist() == [1.0]
-    best = (query @ keys.transpose(-1, -2)).squeeze().topk(8).indices
-    crowded = keys.clone()
-    crowded[0, 0, 128:136], crowded[0, 0, best] = keys[0, 0, best], keys[0, 0, 128:136]
-    assert scan_copy_bound.certified_shares(query, crowded, keep=16, budget=128, **options).tolist() == [1.0]
-    assert scan_copy_bound.certified_shares(query, crowded, keep=4, budget=128, **options).tolist() == [0.0]
-    assert scan_copy_bound.certified_shares(query, keys, keep=16, budget=5, **options).tolist() == [0.0]
-
-
-def test_a_pool_of_blocks_keeps_its_best_from_all_of_them():
-    """A row's 8 best keys spread over two blocks of three, 4 in each: a pool of those two blocks keeping 4 leaves
-    4 of them out (not certain), keeping 8 holds them all, as blocks keeping 4 each do."""
-    torch.manual_seed(2)
-    keys = torch.randn(1, 1, 3 * 128, 64, dtype=torch.float64)
-    query = torch.randn(1, 1, 1, 64, dtype=torch.float64)
-    best = (query @ keys.transpose(-1, -2)).squeeze().topk(8).indices
-    spread = keys.clone()
-    places = torch.tensor([0, 1, 2, 3, 128, 129, 130, 131])
-    spread[0, 0, places], spread[0, 0, best] = keys[0, 0, best], keys[0, 0, places]
-    options = dict(k=5, scale=0.125, budget=128)
-    assert scan_copy_bound.certified_shares(query, spread, keep=4, pool=256, **options).tolist() == [0.0]
-    assert scan_copy_bound.certified_shares(query, spread, keep=8, pool=256, **options).tolist() == [1.0]
-    assert scan_copy_bound.certified_shares(query, spread, keep=4, pool=128, **options).tolist() == [1.0]
-
-
 def test_asymmetric_codes_lie_within_half_a_step_of_each_channels_range_per_block():
     keys = keys_with_outlier_channels(n=200) + 100  # blocks of 32: six full ones and one of 8, far from zero
     copy = scan_copy_bound.asymmetric_per_block_channel(4, 32)(keys)

@@ -1,13 +1,12 @@
 """InfiniteCache: bounded memory, position invariance, snapshot/rollback, the middle store."""
 
-import dataclasses
 
 import pytest
 import torch
 
 import lminfinite
 from lminfinite.key_context import KeyContext
-from lminfinite.kv_bytes import codes_row_bytes, row_bytes
+from lminfinite.kv_bytes import row_bytes
 from lminfinite.layer_state import POSITIONS
 from lminfinite_models import FAMILIES, WINDOW, feed_in_chunks, held_bytes, random_ids, tiny_model
 
@@ -78,12 +77,10 @@ def test_span_bytes_are_what_the_cache_holds():
     assert memory["middle"] == per_token.middle * evicted and memory["middle_scan"] == per_token.middle_scan * evicted
     assert per_token.middle_scan > 0  # a float32 model on the CPU keeps a scan copy (scan_copy.py) ...
     shape = lminfinite.KVShape.from_config(model.config)
-    on_gpu = lminfinite.span_bytes(shape, dataclasses.replace(resolved, recall_key_codes="int8"), torch.float32,
-                                   device_type="cuda")
-    uncoded = lminfinite.span_bytes(shape, resolved, torch.float32, device_type="cuda")  # ``auto``: no codes
-    assert uncoded.middle_scan == 0 and on_gpu.middle == per_token.middle  # ... and on a GPU it would not,
+    on_gpu = lminfinite.span_bytes(shape, resolved, torch.float32, device_type="cuda")
+    assert on_gpu.middle_scan == 0 and on_gpu.middle == per_token.middle  # ... and on a GPU it would not
     recall_layers = per_token.middle // row_bytes(shape.num_kv_heads, shape.head_dim, torch.float32)
-    assert on_gpu.middle_scan == recall_layers * codes_row_bytes(shape.num_kv_heads, shape.head_dim)  # but codes
+    assert per_token.middle_scan == recall_layers * shape.num_kv_heads * shape.head_dim * 2  # bfloat16 keys
 
 
 def test_update_returns_the_key_context_the_attention_reads(model):

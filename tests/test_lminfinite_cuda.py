@@ -7,8 +7,8 @@
 - ``offload_middle=True``: GPU memory stays flat while the middle store fills pinned CPU pages; without it the
   store stays on the GPU up to its budget and spills to those pages beyond it, recall following the reference;
 - no device sync inside an attention module (prefill and decode with recall);
-- recall through Triton's kernels (recall_kernel.py, ``auto`` on a GPU), through them over the stores' int8 codes
-  (coded_recall.py) and through PyTorch's operators, against the reference;
+- recall through Triton's kernels (recall_kernel.py, ``auto`` on a GPU) and through PyTorch's operators, against
+  the reference;
 - GraphedDecoder through real CUDA graphs, on the tiny model and the 4-bit Llama-2-7B shape, against the model's
   own forward (test_lminfinite_graphed.py checks the same on the CPU, replaying recorded operations);
 - each window-span kernel (efficient, flash, flex, float32) through the model against the reference, and on its
@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import lminfinite
-from lminfinite import coded_recall, recall_kernel
+from lminfinite import recall_kernel
 from lminfinite.key_context import KeyContext
 from lminfinite.kernel_choice import kernels_for
 from lminfinite.reference import ReferenceModel
@@ -38,7 +38,6 @@ CONFIGS = {
     "lambda": lminfinite.LMInfiniteConfig(n_starting=4),
     "topk": lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1),  # recall through Triton's kernels
     "topk-torch": lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1, recall_kernel="torch"),
-    "topk-int8": lminfinite.LMInfiniteConfig(n_starting=4, topk=3, topk_from_layer=1, recall_key_codes="int8"),
 }
 
 
@@ -58,14 +57,6 @@ def test_cuda_follows_the_float64_reference(family, config_name, dtype, chunk):
     assert (logits.argmax(-1) == expected.argmax(-1)).float().mean() > 0.95
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("family", ["llama-gqa", "qwen2-gqa"])
-def test_cuda_recall_through_int8_codes_follows_the_float64_reference(family, dtype):
-    """Token by token (decode steps are what scans the codes), blocks coded as the stores fill: the tolerances of
-    the test above."""
-    test_cuda_follows_the_float64_reference(family, "topk-int8", dtype, 1)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_auto_recalls_through_tritons_kernels_on_the_gpu(dtype, head_dim):
@@ -74,18 +65,6 @@ def test_auto_recalls_through_tritons_kernels_on_the_gpu(dtype, head_dim):
     device = torch.device("cuda", torch.cuda.current_device())
     assert recall_kernel.agrees_with_float64(device, dtype, head_dim)
     assert recall_kernel.resolve("auto", device, dtype, head_dim)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_int8_keeps_codes_on_the_gpu_where_their_scan_recalls_float64s_top_k(dtype, head_dim):
-    """The coded scan on TF32 tensor cores: float64's top k with keys the codes tell apart and with keys they do
-    not (every head then scanned in full), so ``int8`` keeps codes in a GPU's middle stores (``auto`` does not:
-    the coded scan was the slower on an H200)."""
-    device = torch.device("cuda", torch.cuda.current_device())
-    assert coded_recall.agrees_with_float64(device, dtype, head_dim)
-    assert coded_recall.keeps_codes("int8", "auto", device, dtype, head_dim)
-    assert not coded_recall.keeps_codes("auto", "auto", device, dtype, head_dim)
 
 
 def _llama2_shaped_checkpoint(layers: int = 4):
@@ -163,12 +142,11 @@ def test_cuda_graph_decoding_follows_the_models_own_forward(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("config_name", ["topk", "topk-int8"])
-def test_cuda_graph_decoding_with_recall_follows_the_models_own_forward(dtype, config_name):
+def test_cuda_graph_decoding_with_recall_follows_the_models_own_forward(dtype):
     """Steps that recall replay too: each middle store is read through its whole buffer with a count on the GPU
     (MiddleStore.fixed_view), so one recording stands for every step until a store grows into a new buffer. Bit for
-    bit the model's own logits, which read the stores the same way (through their codes, coded between steps)."""
-    model = lminfinite.enable(tiny_model("llama-gqa", dtype=dtype).cuda(), CONFIGS[config_name])
+    bit the model's own logits, which read the stores the same way."""
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=dtype).cuda(), CONFIGS["topk"])
     steps = 6 * WINDOW
     worst, _, decoder = _graphed_against_plain(model, random_ids(3 * WINDOW + 5).cuda(), steps, 7)
     assert worst == 0 and 1 <= decoder.recordings < steps // 4, (worst, decoder.recordings)
@@ -304,13 +282,12 @@ def test_a_gpu_middle_store_takes_its_budget_from_the_free_memory():
     assert 0.8 * min(before, after) / 2 - 1 <= budgets.pop() <= 0.8 * max(before, after) / 2, (before, after)
 
 
-@pytest.mark.parametrize("config_name", ["topk", "topk-int8"])
-def test_attention_never_waits_for_the_gpu(config_name):
+def test_attention_never_waits_for_the_gpu():
     """No device sync inside an attention module, in a prefill inside the window, past it, far past it with recall,
-    and in decode steps with recall (and with the stores' codes): a sync per layer stalls the kernel launches of the
-    next one (a 4K prefill ran at 0.76 of the plain model's speed). Run once to build the rotation tables, rolled
-    back, then under torch.cuda.set_sync_debug_mode('error')."""
-    model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16).cuda(), CONFIGS[config_name])
+    and in decode steps with recall: a sync per layer stalls the kernel launches of the next one (a 4K prefill ran
+    at 0.76 of the plain model's speed). Run once to build the rotation tables, rolled back, then under
+    torch.cuda.set_sync_debug_mode('error')."""
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=torch.bfloat16).cuda(), CONFIGS["topk"])
     cache = lminfinite.InfiniteCache(model)
     ids = random_ids(30 * WINDOW).cuda()
     pieces = [WINDOW - 3, 5, 6 * WINDOW, 20 * WINDOW] + [1] * (ids.shape[1] - 27 * WINDOW - 2)

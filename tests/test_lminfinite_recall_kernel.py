@@ -98,7 +98,7 @@ def test_a_program_over_several_blocks_keeps_their_k_best_as_each_block_displace
     ramp = torch.linspace(-1.0, 1.0, n) if rising else torch.linspace(1.0, -1.0, n)
     keys += ramp[:, None] * query.mean(2, keepdim=True)  # every row's logit follows the ramp
     logits, positions = recall_kernel.store_topk(query, keys, None, k=k, scale=1.0, first_row=3)
-    candidates, _ = torch.ops.lminfinite.recall_scan(query, keys, None, k, 1.0, 3, None, 4)
+    candidates, _ = torch.ops.lminfinite.recall_scan(query, keys, None, k, 1.0, 3, 4)
     exact = query.double() @ keys.double().transpose(-1, -2)
     best, rows_picked = exact.topk(k, dim=-1)
     assert candidates.shape[-1] == 2 * k  # two programs
@@ -267,7 +267,7 @@ def test_a_decode_step_that_recalls_launches_seven_kernels_more_per_layer_not_fo
 
 def test_auto_scans_a_large_store_through_the_operators_only_in_a_step_recorded_into_a_cuda_graph(monkeypatch):
     """From a CUDA graph the operators' product read 128K middle keys faster than the scan (H200); eagerly the scan
-    won at every size. A named kernel, or a store keeping codes (only the kernels read them), is kept as it is."""
+    won at every size. A named kernel is kept as it is."""
     monkeypatch.setattr(recall_kernel, "runs_on", lambda device: True)
     monkeypatch.setattr(recall_kernel, "_checked", lambda *args: True)
     capturing = [False]
@@ -276,12 +276,12 @@ def test_auto_scans_a_large_store_through_the_operators_only_in_a_step_recorded_
     chosen = {}
     for capturing[0] in (False, True):
         for name, store_rows in (("large", rows), ("small", rows - 1)):
-            for requested, coded in (("auto", False), ("auto", True), ("triton", False)):
+            for requested in ("auto", "triton"):
                 shape = torch.Size((1, 2, store_rows, 64))
-                chosen[capturing[0], name, requested, coded] = recall_kernel.scans_store(
-                    requested, cuda, torch.bfloat16, shape, coded)
-    assert [key for key, fused in chosen.items() if not fused] == [(True, "large", "auto", False)]
-    assert not recall_kernel.scans_store("torch", cuda, torch.bfloat16, torch.Size((1, 2, 8, 64)), False)
+                chosen[capturing[0], name, requested] = recall_kernel.scans_store(requested, cuda, torch.bfloat16,
+                                                                                   shape)
+    assert [key for key, fused in chosen.items() if not fused] == [(True, "large", "auto")]
+    assert not recall_kernel.scans_store("torch", cuda, torch.bfloat16, torch.Size((1, 2, 8, 64)))
 
 
 def test_the_kernel_named_must_be_one_there_is():
