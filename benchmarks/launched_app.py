@@ -43,27 +43,37 @@ class AppServer:
                 self.process.wait(timeout=10)
 
 
-def start_app(*args: str, timeout_s: float = 180, port: int | None = None) -> AppServer:
-    """Launch ``app.py args`` on ``port`` (default: a free one) of the loopback; returns once the page answers."""
+    def wait_until_ready(self, timeout_s: float = 180) -> "AppServer":
+        """Return once the page answers; stopped, with its log in the error, if it exits or takes longer."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"app exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"app did not start within {timeout_s} s:\n{self.log()}")
+
+
+def launch_app(*args: str, port: int | None = None) -> AppServer:
+    """Launch ``app.py args`` on ``port`` (default: a free one) of the loopback, without waiting for it: servers
+    launched together start side by side."""
     port = port or free_port()
     log_path = Path(tempfile.mkdtemp(prefix="app-log-")) / "server.log"
     command = [sys.executable, str(ROOT / "app.py"), *args, "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **QUIET_ENV}, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
-    server = AppServer(process, f"http://127.0.0.1:{port}/", log_path)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"app exited with {process.returncode}:\n{server.log()}")
-        try:
-            with urllib.request.urlopen(server.url, timeout=2) as response:
-                if response.status == 200:
-                    return server
-        except OSError:
-            time.sleep(0.5)
-    server.stop()
-    raise RuntimeError(f"app did not start within {timeout_s} s:\n{server.log()}")
+    return AppServer(process, f"http://127.0.0.1:{port}/", log_path)
+
+
+def start_app(*args: str, timeout_s: float = 180, port: int | None = None) -> AppServer:
+    """Launch ``app.py args`` and return once the page answers."""
+    return launch_app(*args, port=port).wait_until_ready(timeout_s)
 
 
 NGINX = "/usr/sbin/nginx"

@@ -9,7 +9,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from benchmarks.launched_app import AppServer, start_app
+from benchmarks.launched_app import AppServer, launch_app
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_MODEL = ROOT / "demo_model"
@@ -107,8 +107,13 @@ def start_server(*extra: str, timeout_s: float = 180, real_model: bool = False, 
     it: its first start joins, checks and converts the model's parts (about a minute), so it is given longer."""
     if real_model:
         timeout_s = max(timeout_s, 480)
+    return launch_server(*extra, real_model=real_model, port=port).wait_until_ready(timeout_s)
+
+
+def launch_server(*extra: str, real_model: bool = False, port: int | None = None) -> AppServer:
+    """``start_server``'s app, launched without waiting for its page (``AppServer.wait_until_ready``)."""
     model = [] if real_model else ["--model", str(model_dir()), "--dtype", "float32"]  # as conftest's runtime
-    return start_app(*model, "--cpu-threads", "2" if real_model else "1", *extra, timeout_s=timeout_s, port=port)
+    return launch_app(*model, "--cpu-threads", "2" if real_model else "1", *extra, port=port)
 
 
 _shared: AppServer | None = None

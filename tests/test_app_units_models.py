@@ -123,7 +123,7 @@ def test_a_split_model_is_converted_once_and_again_when_a_part_changes(tmp_path,
     os.utime(found[0].path, ns=(1, 1))
     with pytest.raises(bundled_model.ModelFilesError, match="altered"):
         bundled_model.bundled_folder(model, tmp_path / "cache")
-    assert (first / "config.json").is_file() and not list((tmp_path / "cache").glob(".*"))
+    assert (first / "config.json").is_file() and not list((tmp_path / "cache").glob(".fake-*"))  # no work folder left
 
 
 def test_gguf_conversion_is_cached_and_redone_when_the_file_changes(tmp_path, monkeypatch):
@@ -144,6 +144,33 @@ def test_gguf_conversion_is_cached_and_redone_when_the_file_changes(tmp_path, mo
 
     def failing(gguf, out, dtype="bfloat16"):
         raise OSError("disk full")
+
+
+def test_processes_that_start_at_once_convert_a_model_once_and_load_it_whole(tmp_path, monkeypatch):
+    """Two replicas starting together on a fresh machine: the second waits for the first's conversion and takes it,
+    rather than converting again and replacing the folder the first is loading from. (The lock is flock's, which
+    also holds between threads that open the file apart, as here.)"""
+    import threading
+    import time
+
+    calls = []
+
+    def slow_convert(gguf, out, dtype="bfloat16"):
+        calls.append(out)
+        time.sleep(0.5)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(bundled_model, "_convert", slow_convert)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF v1")
+    found = []
+    starts = [threading.Thread(target=lambda: found.append(bundled_model.converted_folder(gguf, tmp_path / "cache")))
+              for _ in range(2)]
+    for start in starts:
+        start.start()
+    for start in starts:
+        start.join()
+    assert len(calls) == 1 and found[0] == found[1] and (found[0] / "config.json").is_file()
 
 
 def test_quantization_and_device_map_follow_the_flags():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app_fixtures import start_server
+from app_fixtures import launch_server
 from benchmarks.launched_app import NGINX, AppServer, free_port, start_proxy
 from test_app_browser import _table_includes, _wait_for_page_load, chromium, drop_and_ask
 
@@ -39,10 +39,13 @@ class Cluster:
         self.url = ""  # the proxy's, once started
         self.proxy: subprocess.Popen | None = None
 
-    def start(self, name: str) -> AppServer:
-        self.replicas[name] = start_server("--workspaces", str(self.folder), "--replica", name,
-                                           "--lease-seconds", LEASE_S, port=self.ports[name])
-        return self.replicas[name]
+    def start(self, *names: str) -> None:
+        """The named replicas, launched side by side; returns once each page answers."""
+        for name in names:
+            self.replicas[name] = launch_server("--workspaces", str(self.folder), "--replica", name,
+                                                "--lease-seconds", LEASE_S, port=self.ports[name])
+        for name in names:
+            self.replicas[name].wait_until_ready()
 
     def start_proxy(self) -> None:
         self.proxy, self.url = start_proxy(self.ports, self.prefix)
@@ -65,8 +68,7 @@ class Cluster:
 def cluster(tmp_path):
     made = Cluster(tmp_path)
     try:
-        made.start("a")
-        made.start("b")
+        made.start("a", "b")
         made.start_proxy()
         yield made
     finally:

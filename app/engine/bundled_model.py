@@ -12,6 +12,8 @@ about a second. A joined GGUF is only a step of the conversion and is deleted af
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -224,17 +226,40 @@ def converted_folder(gguf: Path, cache: Path | None = None, dtype: str = "bfloat
 
 def _cached(name: str, stamp: dict, convert, cache: Path | None) -> Path:
     """``cache/name`` when its stamp matches, else ``convert(folder)`` into a temporary folder renamed into place:
-    an interrupted conversion never leaves a half-written model behind."""
+    an interrupted conversion never leaves a half-written model behind. Processes that start at once (two replicas
+    on a fresh machine) convert it once: the others wait for the first, then find its stamp; without the lock the
+    last to finish replaced the folder another was already loading from."""
     cache = cache or cache_root()
     target = cache / name
-    stamp_file = target / _STAMP
-    if stamp_file.is_file():
-        try:
-            if json.loads(stamp_file.read_text(encoding="utf-8")) == stamp:
-                return target
-        except (OSError, ValueError):
-            pass
+    if _stamped(target, stamp):
+        return target
     cache.mkdir(parents=True, exist_ok=True)
+    with _held(cache / f".{name}.lock"):
+        if _stamped(target, stamp):  # converted by another process while this one waited
+            return target
+        return _convert_into(target, stamp, convert)
+
+
+def _stamped(target: Path, stamp: dict) -> bool:
+    try:
+        return json.loads((target / _STAMP).read_text(encoding="utf-8")) == stamp
+    except (OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def _held(lock: Path):
+    """An exclusive lock on the file ``lock`` (flock: let go when the holder exits, however it exits)."""
+    with open(lock, "a") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
+
+
+def _convert_into(target: Path, stamp: dict, convert) -> Path:
+    cache, name = target.parent, target.name
     log.info("converting %s into %s (once)", name, target)
     work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache))
     try:
