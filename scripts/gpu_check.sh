@@ -34,7 +34,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
 if (($#)); then STEPS=("$@"); else STEPS=(cells tests); fi
 BUDGET_S=${GPU_CHECK_BUDGET_S:-570}
-declare -A WANT=([tests]=390 [library]=240 [cells]=200 [kernels]=120 [speed]=540 [recall]=150 [profile]=120)
+declare -A WANT=([tests]=390 [library]=240 [cells]=200 [kernels]=120 [speed]=540 [recall]=100 [profile]=120)
 declare -A FLOOR=([tests]=210 [library]=120 [cells]=150 [kernels]=60 [speed]=300 [recall]=60 [profile]=60)
 APP_WANT=150 APP_FLOOR=90  # the tests step: the library's tests, then the app's
 
