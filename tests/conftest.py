@@ -23,6 +23,18 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# The files that take longest, collected first: scripts/test.sh runs two workers, a file each, taking files in
+# collection order (--no-loadscope-reorder), so the real model's 7-9 minutes overlap the rest of the suite rather
+# than close it (the last file to start, on 2026-11-30, it made the run 25 minutes).
+FIRST = ("test_app_real_model.py", "test_deploy_replicas.py", "test_app_browser.py", "test_app_model_switch.py",
+         "test_app_fair_sharing.py", "test_app_workspaces.py", "test_lminfinite_gpu_compile.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: each file's own order kept
+
+
 @pytest.fixture(scope="module")
 def runtime():
     """The demo model loaded as the app loads it (test_app_engine.py has its own, with small prefill chunks)."""
