@@ -20,6 +20,9 @@ from gradio_client import Client, handle_file
 from app_fixtures import start_server
 
 SPEC = Path("/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf")
+# The default model reads on 2 CPU threads beside the suite's other worker (scripts/test.sh): /ask took 284 s alone
+# and 625 s beside the browser and replica tests on 2026-11-30, near pytest's 900 s for a test (pyproject.toml).
+pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
