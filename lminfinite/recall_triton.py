@@ -27,9 +27,8 @@ def scan_warps(rows: int, dtype: torch.dtype) -> int:
 
 def candidates(query: torch.Tensor, keys: torch.Tensor, block: int,
                per_block: int) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """A scan's blocks of ``block`` keys and its outputs, ``per_block`` candidates per block
-    and query row: float32 logits (or bounds) and int64 positions, (B, Hkv, R, blocks·per_block) each, filled by
-    the kernel."""
+    """A scan's blocks of ``block`` keys and its outputs, ``per_block`` candidates per block and query row: float32
+    logits and int64 positions, (B, Hkv, R, blocks·per_block) each, filled by the kernel."""
     blocks = triton.cdiv(keys.shape[-2], block)
     shape = (*query.shape[:3], blocks * per_block)
     return (blocks, torch.empty(shape, dtype=torch.float32, device=query.device),
@@ -148,7 +147,7 @@ def _block_scores(q_ptr, k_ptr, live_ptr, head, block, kv_heads, rows, n, dim, s
         else:
             scores = tl.dot(q, tl.trans(keys))
     else:
-        scores = summed_products(q_at, r < rows, keys_at, stride_d, key_rows < in_use, dim, ROWS, BLOCK, DIM)
+        scores = _summed_products(q_at, r < rows, keys_at, stride_d, key_rows < in_use, dim, ROWS, BLOCK, DIM)
     return tl.where((key_rows < in_use)[None, :], scores * scale, float("-inf"))
 
 
@@ -194,7 +193,7 @@ def _scan_spans(q_ptr, k_ptr, live_ptr, out_logits, out_positions, kv_heads, row
 
 
 @triton.jit
-def summed_products(q_at, rows_in, tile_at, tile_d, tile_in, dim, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+def _summed_products(q_at, rows_in, tile_at, tile_d, tile_in, dim, ROWS: tl.constexpr, BLOCK: tl.constexpr,
                     DIM: tl.constexpr):
     """For FEW_ROWS query rows or fewer: their products with a tile's rows as float32 products summed along the
     channels, CHUNK channels at a time (the tile is never whole in registers)."""
