@@ -24,9 +24,10 @@ class LMInfiniteConfig:
     recall_scan_copy: a model running in float32 on the CPU also keeps a bfloat16 copy of its middle keys,
         which recall scans instead (scan_copy.py): the same tokens are recalled, decoding with recall runs
         faster at long contexts, and the middle store takes a quarter more memory.
-    window_kernel: what computes a prefill's window span: ``auto`` (the fastest measured kernel this device and
-        PyTorch build run correctly), ``cpu-flash``, ``efficient`` (CUDA), ``flash`` (CUDA), ``flex`` or
-        ``float32`` (fused.py).
+    window_kernel: what computes a prefill's window span, and a decode step's with top-k: ``auto`` (the fastest
+        measured kernel this device and PyTorch build run correctly), ``cpu-flash``, ``efficient`` (CUDA),
+        ``flash`` (CUDA), ``flex`` (a prefill's only: a decode step takes ``auto``'s) or ``float32`` (fused.py,
+        kernel_choice.py).
     recall_kernel: what scans a decode step's middle store for recall: ``auto`` (Triton's kernels on a CUDA device
         where Triton is installed and they agree with float64 there, else PyTorch's operators), ``torch`` or
         ``triton`` (recall_kernel.py).

@@ -8,9 +8,10 @@ layer reads them as tensors, not as Python numbers. So every step runs the same 
 and a CUDA graph recorded at one step replays any later one (graphed.py).
 
 A filling step (one token before the window is full, every key within it; where the cache asks for fixed window
-shapes, on a GPU by default) is made alike: it attends over the whole ring, the start keys placed at their own
-distances and the slots that hold no token yet masked by ``valid``, so a graph recorded at one filling step replays
-the next ones too. An answer read in a short context (the app's quoted answers) decodes so from its first token.
+shapes, on a GPU by default) is made alike: it attends over the ring's window rows, the start keys placed at their
+own distances in their own slots, then every token since in its slot: a prefix of the same buffers at every step,
+its length counted in ``filled`` (filling.py), so a graph recorded at one filling step replays the next ones too.
+An answer read in a short context (the app's quoted answers) decodes so from its first token.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from enum import Enum
 
 import torch
 
+from .filling import FilledRows
 from .modes import outside_inference_mode
 from .rotary import Rope, half_negated, rotation_dtype
 
@@ -41,8 +43,8 @@ class DecodeStep:
     evict_cos, evict_sin, float32 at least: the window's oldest key out of the frame, unrotated, as it goes into the
     middle store after the step (offset frame - (position - window + 1)), the sine half-negated like start_sin.
     placed_cos, placed_sin (n_starting, head_dim), float32 at least: a filling step's start keys into the frame
-    at their own positions (offsets -frame, 1 - frame, ...), the sine half-negated. valid (1, n_starting + window)
-    bool: the ring rows a filling step attends to. position: the token they were last loaded for (-1: never);
+    at their own positions (offsets -frame, 1 - frame, ...), the sine half-negated. filled: the window rows of the
+    ring a filling step attends to, a prefix. position: the token they were last loaded for (-1: never);
     kind: the step they were loaded for; placed_frame: the frame placed_cos/sin hold (None: none yet)."""
 
     slot: torch.Tensor
@@ -56,7 +58,7 @@ class DecodeStep:
     evict_sin: torch.Tensor
     placed_cos: torch.Tensor
     placed_sin: torch.Tensor
-    valid: torch.Tensor
+    filled: FilledRows
     position: int = -1
     kind: StepKind | None = None
     placed_frame: int | None = None
@@ -67,13 +69,13 @@ class DecodeStep:
             kinds = (dtype, dtype, *[rotation_dtype(dtype)] * 6)
             rows = [torch.zeros(1, head_dim, dtype=kind, device=device) for kind in kinds]
             placed = [torch.zeros(n_starting, head_dim, dtype=rotation_dtype(dtype), device=device) for _ in range(2)]
-            valid = torch.zeros(1, n_starting + window, dtype=torch.bool, device=device)
-            return cls(torch.zeros(1, dtype=torch.long, device=device), *rows, *placed, valid)
+            return cls(torch.zeros(1, dtype=torch.long, device=device), *rows, *placed,
+                       FilledRows.allocate(window, device))
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.slot, self.cos, self.sin, self.start_cos, self.start_sin, self.recall_cos, self.recall_sin,
-                self.evict_cos, self.evict_sin, self.placed_cos, self.placed_sin, self.valid)
+                self.evict_cos, self.evict_sin, self.placed_cos, self.placed_sin, *self.filled.tensors)
 
     @property
     def nbytes(self) -> int:
@@ -97,11 +99,11 @@ class DecodeStep:
 
     def load_filling(self, rope: Rope, *, position: int, frame: int, slot: int, n_starting: int) -> None:
         """Fill in place for a filling step's token at ``position`` (n_starting <= position < window, so every key
-        is at its own distance, and position q lies in the ring's row n_starting + q): the slot and rotation as a
-        steady step's, the start keys' rotations to their own positions, and the valid rows: the start keys placed
-        in rows [0, n_starting), and the tokens since them, [n_starting, position], in their rows. The rows of the
-        start positions hold nothing while the ring fills (the start keys are kept apart). The start keys' rows
-        depend on the frame alone, which stays put while the ring fills: made once, not at every token."""
+        is at its own distance, and position q lies in the ring's row n_starting + q, its window row q): the slot and
+        rotation as a steady step's, the start keys' rotations to their own positions, and the rows in use: window
+        rows [0, position], the start keys placed in their own slots (which hold nothing else while the ring fills:
+        the start keys are kept apart) and the tokens since. The start keys' rotations depend on the frame alone,
+        which stays put while the ring fills: made once, not at every token."""
         self.position, self.kind = position, StepKind.FILLING
         self.slot.fill_(slot)
         rope.fill_row(self.cos, self.sin, position - frame)
@@ -110,6 +112,4 @@ class DecodeStep:
             self.placed_cos.copy_(cos)
             self.placed_sin.copy_(half_negated(sin))
             self.placed_frame = frame
-        self.valid[:, : slot + 1].fill_(True)
-        self.valid[:, slot + 1 :].fill_(False)
-        self.valid[:, n_starting : 2 * n_starting].fill_(False)
+        self.filled.fill(position + 1)

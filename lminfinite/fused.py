@@ -9,12 +9,14 @@ None) and returns (output float32 (B, Hkv, R, D), log-sum-exp float32 (B, Hkv, R
   float32    plain float32 matmul-softmax-matmul: the reference every other kernel is checked against.
 
 ``flash`` (flash_window.py) and ``flex`` (flex_window.py) are not band kernels: each does a prefill's whole window
-span in one call.
+span in one call. ``flash`` also takes a span with no mask (flash_window.flash_span): a decode step with top-k.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .flash_window import flash_span
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _EFFICIENT = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
@@ -59,6 +61,12 @@ def aligned_bias(mask: torch.Tensor) -> torch.Tensor:
 
 
 SPAN_KERNELS = {"cpu-flash": cpu_flash_span, "efficient": efficient_span, "float32": float32_span}
+# Kernels for spans that every query row sees whole (no mask: a decode step with top-k), besides SPAN_KERNELS.
+UNMASKED_SPAN_KERNELS = {"flash": flash_span}
+
+
+def takes_unmasked_spans(name: str) -> bool:
+    return name in SPAN_KERNELS or name in UNMASKED_SPAN_KERNELS
 
 
 def supports(name: str, device: torch.device, dtype: torch.dtype) -> bool:
@@ -82,4 +90,5 @@ def supports(name: str, device: torch.device, dtype: torch.dtype) -> bool:
 
 def attend_with_lse(q, k, v, additive_mask, scale: float, kernel: str = "float32"):
     """Attention of q over k, v through the named span kernel (see the module docstring)."""
-    return SPAN_KERNELS[kernel](q, k, v, additive_mask, scale)
+    span = SPAN_KERNELS.get(kernel) or UNMASKED_SPAN_KERNELS[kernel]
+    return span(q, k, v, additive_mask, scale)

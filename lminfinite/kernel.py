@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from .config import LMInfiniteConfig
 from .key_context import KeyContext
 from .fused import attend_with_lse
+from .filling import filling_attention
 from .kernel_choice import kernels_for
 from . import recall_kernel
 from .recall import Recalled, recall_topk
@@ -52,15 +53,15 @@ def lm_infinite_attention(
     groups = heads // kv_heads
     # HF's rotary scale multiplies cos and sin for both q and k, hence appears squared in the logit.
     scale = scaling * rope.attention_scaling**2
-    if ctx.decode_keys is not None and (ctx.decode_valid is not None or not config.uses_topk(layer_idx)):
-        # Decoding: every cached key is visible (a steady step), or those valid (a filling step, which has nothing
-        # beyond its window to recall), so one fused call does it all.
-        return F.scaled_dot_product_attention(
-            query, ctx.decode_keys, ctx.decode_values, attn_mask=ctx.decode_valid, scale=scale, enable_gqa=groups > 1
-        )
+    kernels = kernels_for(config.window_kernel, query.device, query.dtype, dim)
+    if ctx.decode_filled is not None:  # a filling step: nothing beyond its window to recall (filling.py)
+        return filling_attention(query, ctx.decode_keys, ctx.decode_values, ctx.decode_filled, scale, kernels.filling)
+    if ctx.decode_keys is not None and not config.uses_topk(layer_idx):
+        # A steady decode step without recall: every cached key is visible, so one fused call does it all.
+        return F.scaled_dot_product_attention(query, ctx.decode_keys, ctx.decode_values, scale=scale,
+                                              enable_gqa=groups > 1)
 
     first_pos = ctx.end - c
-    kernels = kernels_for(config.window_kernel, query.device, query.dtype, dim)
     if ctx.decode_keys is None and ctx.recent_start == 0 and ctx.end <= config.window_ and kernels.window != "float32":
         return within_window(query, ctx, scale, groups)
     # Query head h reads key/value head h // groups, as HF's repeat_kv lays them out.
@@ -70,7 +71,7 @@ def lm_infinite_attention(
         # per recall layer of every step, which a CUDA graph replays).
         query_pos = torch.arange(first_pos, ctx.end, device=query.device) if observer is not None else None
         block = _attend_block(q_frame, query_pos, first_pos, ctx, config, rope, layer_idx, scale, observer, None,
-                              kernels.band)
+                              kernels.decode)
         return block.reshape(batch, heads, c, dim).to(query.dtype)  # CUDA's fused kernels may return it strided
 
     # Prefill: the window span for every query at once (window.py). Queries before position L see nothing
@@ -87,7 +88,7 @@ def lm_infinite_attention(
         target = out[:, :, :, lo:hi]
         block = _attend_block(
             q_frame[:, :, :, lo:hi], query_pos[lo:hi], first_pos + lo, ctx, config, rope, layer_idx, scale, observer,
-            (target, lse[:, :, :, lo:hi]), kernels.band,
+            (target, lse[:, :, :, lo:hi]),
         )
         if block.data_ptr() != target.data_ptr():  # grouped heads: the rows were merged in a copy
             target.copy_(block.view(batch, kv_heads, groups, hi - lo, dim))
@@ -109,9 +110,10 @@ def within_window(query: torch.Tensor, ctx: KeyContext, scale: float, groups: in
 
 
 def _attend_block(q_frame, query_pos, p0: int, ctx: KeyContext, config, rope: Rope, layer_idx, scale, observer,
-                  window_part, band_kernel):
+                  window_part, decode_kernel: str | None = None):
     """One block of queries at positions ``query_pos`` (the first, ``p0``, as a number: reading it off the device
-    would wait for the GPU): the window span (given, or the decode keys), then the start and middle spans.
+    would wait for the GPU): the window span (given, or the decode keys through ``decode_kernel``), then the start
+    and middle spans.
 
     Returns float32 (B, Hkv, g·nb, D); with a given window span of one head per key head, that span's
     own storage, merged in place."""
@@ -121,7 +123,7 @@ def _attend_block(q_frame, query_pos, p0: int, ctx: KeyContext, config, rope: Ro
 
     if window_part is None:  # decoding with top-k: the start keys are already placed at distance L
         out, lse = attend_with_lse(q_frame.reshape(batch, kv_heads, rows, dim), ctx.decode_keys,
-                                   ctx.decode_values, None, scale, band_kernel)
+                                   ctx.decode_values, None, scale, decode_kernel)
     else:
         out, lse = window_part[0].reshape(batch, kv_heads, rows, dim), window_part[1].reshape(batch, kv_heads, rows)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .filling import FilledRows
 from .rotary import Rope, apply_rotation
 from .scan_copy import ScanKeys
 
@@ -33,9 +34,9 @@ class KeyContext:
         with fixed shapes, MiddleStore.fixed_view): middle_k/v are the store's whole buffers, and only their first
         middle_live rows (a count on their device) are in use.
     decode_keys/values: decoding one query: the n_starting start keys rotated to distance ``window`` from it,
-        then the last ``window`` keys in the frame, in any order; all valid in a steady step, and in a filling
-        step (before the window is full) the start keys at their own distances and only the rows ``decode_valid``
-        (bool, 1 × (n_starting + window)) marks.
+        then the last ``window`` keys in the frame, in any order, all valid: a steady step. Or, in a filling
+        step (before the window is full), the ring's window rows, whose first ``decode_filled`` rows (a count on
+        the device, filling.py) hold the start keys at their own distances and every token since.
     decode_rotation: with them, (cos, sin) of the query's rotation into the frame, as its key got it.
     decode_recall_rotation: with them, (cos, sin) from the query's frame rotation to ``topk_distance``.
     """
@@ -55,7 +56,7 @@ class KeyContext:
     decode_values: torch.Tensor | None = None
     decode_rotation: tuple[torch.Tensor, torch.Tensor] | None = None
     decode_recall_rotation: tuple[torch.Tensor, torch.Tensor] | None = None
-    decode_valid: torch.Tensor | None = None
+    decode_filled: FilledRows | None = None
     queries_rotated: bool = False  # the call's queries arrive rotated into the frame (forward_rotation.py)
 
     @property

@@ -275,19 +275,21 @@ class InfiniteLayer(CacheLayerMixin):
 
     def _filling_step(self, key_states, value_states, step: DecodeStep, rotated_already: bool) -> KeyContext:
         """One token before the window is full, as a steady step is made (decode_step.py): into its slot, with the
-        start keys placed in the ring's first rows at their own distances (positions 0.. in the frame), and every
-        ring row read, the ones ``step.valid`` leaves out masked. Nothing lies beyond the window: no recall."""
+        start keys placed in their own slots at their own distances (positions 0.. in the frame; those slots hold
+        nothing else until the ring wraps), and the ring's window rows read up to the token's
+        (``step.filled``). Nothing lies beyond the window: no recall."""
         n_starting = self.config.n_starting
         self._writable()
         rotated = key_states if rotated_already else apply_rotation(key_states, step.cos, step.sin)
         self.ring_k.index_copy_(-2, step.slot, rotated.detach())
         self.ring_v.index_copy_(-2, step.slot, value_states.detach())
-        rotate_into(self.ring_k[..., :n_starting, :], self.start_k, step.placed_cos, step.placed_sin)
-        self.ring_v[..., :n_starting, :] = self.start_v
+        own_slots = slice(n_starting, 2 * n_starting)  # positions 0 .. n_starting - 1: _slot(p) = n_starting + p
+        rotate_into(self.ring_k[..., own_slots, :], self.start_k, step.placed_cos, step.placed_sin)
+        self.ring_v[..., own_slots, :] = self.start_v
         return KeyContext(
             rotated, value_states, self.seen, self.frame, self.start_k, self.start_v,
-            decode_keys=self.ring_k, decode_values=self.ring_v, decode_rotation=(step.cos, step.sin),
-            decode_valid=step.valid,
+            decode_keys=self.ring_k[..., n_starting:, :], decode_values=self.ring_v[..., n_starting:, :],
+            decode_rotation=(step.cos, step.sin), decode_filled=step.filled,
         )
 
     def _prefill(self, rotated, value_states) -> KeyContext:

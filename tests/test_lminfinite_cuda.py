@@ -12,8 +12,10 @@
 - GraphedDecoder through real CUDA graphs, on the tiny model and the 4-bit Llama-2-7B shape, against the model's
   own forward (test_lminfinite_graphed.py checks the same on the CPU, replaying recorded operations);
 - each window-span kernel (efficient, flash, flex, float32) through the model against the reference, and on its
-  own at a scale where the whole-span kernels skip whole blocks; ``auto`` picks FlashAttention's sliding window in
-  half precision and the memory-efficient kernel otherwise (test_lminfinite_kernels.py has the CPU side).
+  own at a scale where the whole-span kernels skip whole blocks, and a decode step's unmasked span (one row or a
+  group's four over a 4K ring); ``auto`` picks FlashAttention (its sliding window for a prefill, its split-KV call
+  for a decode step with top-k) in half precision and the memory-efficient kernel otherwise
+  (test_lminfinite_kernels.py has the CPU side).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import torch
 
 import lminfinite
 from lminfinite import recall_kernel
+from lminfinite.filling import FILLING_KERNELS, FilledRows
+from lminfinite.fused import attend_with_lse
 from lminfinite.key_context import KeyContext
 from lminfinite.kernel_choice import kernels_for
 from lminfinite.reference import ReferenceModel
@@ -347,8 +351,57 @@ def test_cuda_window_span_kernels_match_float64_with_whole_blocks(kernel, dtype,
     torch.testing.assert_close(lse.double().cpu(), torch.logsumexp(logits, -1), atol=0.02, rtol=0)
 
 
+@pytest.mark.parametrize("kernel", ["efficient", "flash"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_cuda_decode_span_kernels_match_float64_over_a_whole_ring(kernel, dtype, rows):
+    kv_heads, keys_held, dim = 32 // rows, 10 + 4096, 128
+    generator = torch.Generator().manual_seed(rows)
+    query, keys, values = (torch.randn(1, kv_heads, n, dim, generator=generator).to("cuda", dtype)
+                           for n in (rows, keys_held, keys_held))
+    out, lse = attend_with_lse(query, keys, values, None, dim**-0.5, kernel)
+    logits = query.double().cpu() @ keys.double().cpu().transpose(-1, -2) * dim**-0.5
+    expected = torch.softmax(logits, -1) @ values.double().cpu()
+    assert out.dtype == lse.dtype == torch.float32 and lse.shape == (1, kv_heads, rows)
+    torch.testing.assert_close(out.double().cpu(), expected, atol=0.01, rtol=0.01)
+    torch.testing.assert_close(lse.double().cpu(), torch.logsumexp(logits, -1), atol=0.02, rtol=0)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "flash"])
+@pytest.mark.parametrize("groups", [1, 4])
+def test_cuda_filling_kernels_match_float64_and_replay_from_a_graph_as_the_rows_grow(kernel, groups):
+    """A filling step's 4,096 window rows, 700 then 1,500 in use, through a CUDA graph recorded at the first count;
+    ``flash`` must not read a row past them (NaN there)."""
+    kv_heads, rows, dim = 32 // groups, 4096, 128
+    generator = torch.Generator().manual_seed(groups)
+    query = torch.randn(1, kv_heads * groups, 1, dim, generator=generator).to("cuda", torch.bfloat16)
+    ring_k, ring_v = (torch.randn(1, kv_heads, 10 + rows, dim, generator=generator).to("cuda", torch.bfloat16)
+                      for _ in range(2))
+    keys, values = ring_k[..., 10:, :], ring_v[..., 10:, :]
+    filled = FilledRows.allocate(rows, "cuda")
+
+    def expected(used):
+        k, v = (t[..., :used, :].double().cpu().repeat_interleave(groups, dim=1) for t in (keys, values))
+        logits = query.double().cpu() @ k.transpose(-1, -2) * dim**-0.5
+        return torch.softmax(logits, -1) @ v
+
+    filled.fill(700)
+    if kernel == "flash":
+        keys[..., 1500:, :] = float("nan")
+        values[..., 1500:, :] = float("nan")
+    FILLING_KERNELS[kernel](query, keys, values, filled, dim**-0.5)  # warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = FILLING_KERNELS[kernel](query, keys, values, filled, dim**-0.5)
+    for used in (700, 1500):
+        filled.fill(used)
+        graph.replay()
+        torch.testing.assert_close(out.double().cpu(), expected(used), atol=0.01, rtol=0.01)
+
+
 def test_auto_picks_the_fused_cuda_kernels():
     device = torch.device("cuda", torch.cuda.current_device())
     for dtype in (torch.bfloat16, torch.float16):
-        assert kernels_for("auto", device, dtype, 128) == ("flash", "efficient")
-    assert kernels_for("auto", device, torch.float32, 128) == ("efficient", "efficient")
+        assert kernels_for("auto", device, dtype, 128) == ("flash", "flash", "flash")
+        assert kernels_for("efficient", device, dtype, 128) == ("efficient", "efficient", "flash")
+    assert kernels_for("auto", device, torch.float32, 128) == ("efficient", "efficient", "sdpa")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lminfinite
-from lminfinite import fused, kernel_choice, window
+from lminfinite import filling, fused, kernel_choice, window
 from lminfinite.flex_window import block_lists
 from lminfinite.reference import ReferenceModel
 from lminfinite_models import WINDOW, feed_in_chunks, random_ids, tiny_model
@@ -52,10 +52,11 @@ def test_flex_block_lists_are_exactly_the_blocks_the_band_touches_and_fills(quer
 
 def test_auto_picks_the_fused_cpu_kernel_where_it_exists_and_float32_elsewhere():
     cpu = torch.device("cpu")
-    assert kernel_choice.kernels_for("auto", cpu, torch.float32, 64) == ("cpu-flash", "cpu-flash")
-    assert kernel_choice.kernels_for("auto", cpu, torch.bfloat16, 64) == ("cpu-flash", "cpu-flash")
-    assert kernel_choice.kernels_for("auto", cpu, torch.float16, 64) == ("float32", "float32")
-    assert kernel_choice.kernels_for("flex", cpu, torch.float32, 64) == ("flex", "cpu-flash")
+    assert kernel_choice.kernels_for("auto", cpu, torch.float32, 64) == ("cpu-flash", "cpu-flash", "sdpa")
+    assert kernel_choice.kernels_for("auto", cpu, torch.bfloat16, 64) == ("cpu-flash", "cpu-flash", "sdpa")
+    assert kernel_choice.kernels_for("auto", cpu, torch.float16, 64) == ("float32", "float32", "sdpa")
+    assert kernel_choice.kernels_for("flex", cpu, torch.float32, 64) == ("flex", "cpu-flash", "sdpa")
+    assert kernel_choice.kernels_for("float32", cpu, torch.float32, 64) == ("float32", "float32", "sdpa")
 
 
 def test_auto_skips_a_kernel_that_disagrees_with_float64(monkeypatch):
@@ -92,7 +93,7 @@ def test_auto_checks_a_whole_span_kernel_on_a_clipped_grouped_window_and_prefers
         assert kernel_choice.agrees_with_float64("flex", cpu, torch.float32, 64)
     monkeypatch.setattr(kernel_choice, "AUTO_WINDOW", {"cpu": ("flex", "cpu-flash", "float32")})
     forget_choices()
-    assert kernel_choice.kernels_for("auto", cpu, torch.float32, 64) == ("flex", "cpu-flash")
+    assert kernel_choice.kernels_for("auto", cpu, torch.float32, 64) == ("flex", "cpu-flash", "sdpa")
 
     def shifted_by_one_key(query, keys, values, window_size, scale):  # a window one key too far back
         return window.flex_window_span(query, keys[..., :-1, :], values[..., :-1, :], window_size, scale)
@@ -100,7 +101,7 @@ def test_auto_checks_a_whole_span_kernel_on_a_clipped_grouped_window_and_prefers
     monkeypatch.setitem(window.WHOLE_SPAN_KERNELS, "flex", shifted_by_one_key)
     forget_choices()
     with pytest.warns(UserWarning, match="'flex' window kernel is off by"):
-        assert kernel_choice.kernels_for("auto", cpu, torch.float32, 64) == ("cpu-flash", "cpu-flash")
+        assert kernel_choice.kernels_for("auto", cpu, torch.float32, 64) == ("cpu-flash", "cpu-flash", "sdpa")
     forget_choices()
 
 
@@ -110,6 +111,47 @@ def test_the_flash_window_call_binds_this_pytorch_builds_operator_and_returns_fl
     keys = torch.empty(1, 8, 150, 128, device="meta", dtype=torch.bfloat16)
     out, lse = window.flash_window_span(query, keys, keys, 60, 0.1)
     assert (out.shape, out.dtype, lse.shape, lse.dtype) == (query.shape, torch.float32, (1, 32, 100), torch.float32)
+
+
+def test_the_flash_decode_span_binds_this_pytorch_builds_operator_and_refuses_a_mask():
+    """A decode step's rows (four grouped heads per key head) over a whole ring; the CUDA tests check its values."""
+    rows = torch.empty(1, 8, 4, 128, device="meta", dtype=torch.bfloat16)
+    keys = torch.empty(1, 8, 4106, 128, device="meta", dtype=torch.bfloat16)
+    out, lse = fused.attend_with_lse(rows, keys, keys, None, 0.1, "flash")
+    assert (out.shape, out.dtype, lse.shape, lse.dtype) == (rows.shape, torch.float32, (1, 8, 4), torch.float32)
+    with pytest.raises(ValueError, match="takes no mask"):
+        fused.attend_with_lse(rows, keys, keys, torch.zeros(4, 4106, device="meta"), 0.1, "flash")
+
+
+def test_the_flash_filling_call_binds_this_pytorch_builds_operator_over_the_rings_window_rows():
+    """One query over a ring's window rows (a view past its start rows), with one and with four heads per key head;
+    the CUDA tests check its values and that it reads only the rows in use."""
+    for heads, kv_heads in ((32, 32), (8, 2)):
+        query = torch.empty(1, heads, 1, 128, device="meta", dtype=torch.bfloat16)
+        ring = torch.empty(1, kv_heads, 10 + 4096, 128, device="meta", dtype=torch.bfloat16)
+        filled = filling.FilledRows.allocate(4096, "meta")
+        out = filling.flash_filling(query, ring[..., 10:, :], ring[..., 10:, :], filled, 0.1)
+        assert (out.shape, out.dtype) == (query.shape, torch.bfloat16)
+
+
+def test_filling_rows_are_a_prefix_and_auto_checks_a_filling_kernel_against_float64(monkeypatch):
+    filled = filling.FilledRows.allocate(8, "cpu")
+    filled.fill(3)
+    assert filled.valid.tolist() == [[True] * 3 + [False] * 5] and filled.used.tolist() == [3]
+    assert filled.key_bounds.tolist() == [0, 8] and filled.query_bounds.tolist() == [0, 1]
+    cpu = torch.device("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernel_choice.filling_agrees_with_float64("sdpa", cpu, torch.float32, 64)
+
+    def one_row_too_many(query, keys, values, rows, scale):
+        wider = filling.FilledRows.allocate(keys.shape[-2], keys.device)
+        wider.fill(int(rows.used) + 1)
+        return filling.masked_filling(query, keys, values, wider, scale)
+
+    monkeypatch.setitem(filling.FILLING_KERNELS, "sdpa", one_row_too_many)
+    with pytest.warns(UserWarning, match="'sdpa' filling kernel is off by"):
+        assert not kernel_choice.filling_agrees_with_float64("sdpa", cpu, torch.float32, 64)
 
 
 def test_a_kernel_this_device_lacks_or_an_unknown_one_is_refused_by_name():
