@@ -56,8 +56,8 @@ class InfiniteCache(Cache):
     ``recall_fixed_shapes`` (default None: on a GPU) makes a steady decode step scan each middle store's whole
     buffer with its spare rows masked, so a CUDA graph can stand for a step that recalls (MiddleStore.fixed_view).
     ``window_fixed_shapes`` (default None: on a GPU) makes a decode step before the window is full attend over the
-    whole ring with the slots not yet filled masked, so a CUDA graph stands for those steps too (an answer read
-    in a short context decodes through one from its first token; decode_step.py).
+    ring's window rows in use, a prefix counted on the device, so a CUDA graph stands for those steps too (an
+    answer read in a short context decodes through one from its first token; decode_step.py, filling.py).
     """
 
     def __init__(self, model, keep_middle: bool | None = None, offload_middle: bool | None = None,

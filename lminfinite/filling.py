@@ -4,8 +4,8 @@ Before the window is full, a decode step's keys are a prefix of the ring: the st
 then every token since, one row more at each step. The buffers keep their shape and the prefix's length lives on
 the device, so a CUDA graph recorded at one step replays the next. Two kernels:
 
-  sdpa   scaled_dot_product_attention over the whole ring (n_starting + window rows), the rows past the prefix
-         masked. On CUDA a mask sends it to the memory-efficient kernel, one program per head reading every row.
+  sdpa   scaled_dot_product_attention over the ring's window rows, those past the prefix masked. On CUDA a mask
+         sends it to the memory-efficient kernel, one program per head reading every row.
   flash  FlashAttention-2's variable-length call told the prefix's length by a count on the device (``seqused_k``):
          it reads the prefix alone. CUDA, half precision, one sequence (batch 1; another batch takes ``sdpa``).
 

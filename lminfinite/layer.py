@@ -16,8 +16,8 @@ R(j - frame)·k_j. ``update`` receives keys rotated into the frame by the model'
 which bounds every rotation offset and with it the model's rotation tables (rotary.lookup_rows). Steady
 decoding writes one row and reads the buffer as it is: no per-token rotation or copy of the window; what
 depends on its position comes in a DecodeStep (decode_step.py), so every step runs the same kernels; where asked
-(``fixed_window``, on a GPU by default), a one-token call before the window is full does too, over the whole ring
-with the slots not yet filled masked (``StepKind.FILLING``), so a CUDA graph can stand for it. Layers
+(``fixed_window``, on a GPU by default), a one-token call before the window is full does too, over the ring's
+rows in use, a prefix counted on the device (``StepKind.FILLING``, filling.py), so a CUDA graph can stand for it. Layers
 that do top-k recall also keep every evicted token once, unrotated, in a MiddleStore. Everything kept across
 calls is allocated outside inference mode, so a cache filled under ``torch.inference_mode`` goes on under
 ``no_grad`` (``generate``) and back.
@@ -66,7 +66,7 @@ class InfiniteLayer(CacheLayerMixin):
                  fixed_window: bool | None = None):
         super().__init__()
         self.config, self.rope = config, rope
-        self.fixed_window = fixed_window  # filling steps over the whole ring, masked (None: on a GPU)
+        self.fixed_window = fixed_window  # filling steps over fixed-shape buffers (None: on a GPU)
         self.middle = (MiddleStore(offload, device_budget, config.recall_scan_copy, fixed_shapes) if keep_middle
                        else None)
         self.start_k = self.start_v = None  # unrotated, positions [0, min(seen, n_starting))
