@@ -192,6 +192,24 @@ def test_rollback_restores_exactly(model):
     torch.testing.assert_close(feed_in_chunks(model, continuation, 7, cache), first, atol=0, rtol=0)
 
 
+def test_filling_steps_after_a_rollback_go_on_exactly(model):
+    """Steps before the window is full over fixed shapes write the start keys into the ring's own slots and read a
+    prefix of it (decode_step.py): a branch of them abandoned by a rollback leaves the ring as the snapshot held it
+    (copy on write), and steps on from there, then past a full window, give the logits they gave first."""
+    cache = lminfinite.InfiniteCache(model, window_fixed_shapes=True)
+    feed_in_chunks(model, random_ids(N_STARTING + 2), 3, cache)
+    snap = cache.snapshot()
+    continuation = random_ids(2 * WINDOW, seed=2)
+    first = feed_in_chunks(model, continuation, 1, cache)
+    cache.rollback(snap)
+    feed_in_chunks(model, random_ids(2 * WINDOW, seed=3), 1, cache)  # an abandoned branch, past a full window
+    cache.rollback(snap)
+    torch.testing.assert_close(feed_in_chunks(model, continuation, 1, cache), first, atol=0, rtol=0)
+    plain = lminfinite.InfiniteCache(model)  # one-token prefills until the window is full
+    feed_in_chunks(model, random_ids(N_STARTING + 2), 3, plain)
+    torch.testing.assert_close(feed_in_chunks(model, continuation, 1, plain), first, atol=1e-5, rtol=0)
+
+
 def test_snapshot_of_an_abandoned_branch_is_refused(model):
     cache = lminfinite.InfiniteCache(model)
     feed_in_chunks(model, random_ids(2 * WINDOW), 8, cache)
