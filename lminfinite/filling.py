@@ -62,8 +62,8 @@ def flash_filling(query, keys, values, rows: FilledRows, scale: float) -> torch.
         raise ValueError("flash_filling takes one sequence")
     # The variable-length layout is (tokens, heads, D) with only the last dimension contiguous: transposes are views.
     q, k, v = (t[0].transpose(0, 1) for t in (query, keys, values))
-    out = FLASH_FORWARD(q, k, v, rows.query_bounds, rows.key_bounds, 1, k.shape[0], 0.0, False, False, scale=scale,
-                 seqused_k=rows.used)[0]
+    out = FLASH_FORWARD(q, k, v, rows.query_bounds, rows.key_bounds, 1, k.shape[0], 0.0, False, False,
+                        scale=scale, seqused_k=rows.used)[0]
     return out.transpose(0, 1)[None]
 
 

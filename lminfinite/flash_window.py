@@ -32,7 +32,7 @@ def flash_window_span(query, keys, values, window: int, scale: float):
     q, k, v = (t.transpose(1, 2) if t.stride(-1) == 1 else t.transpose(1, 2).contiguous()
                for t in (query, keys, values))
     out, lse = FLASH_FORWARD(q, k, v, None, None, c, m, 0.0, False, False, scale=scale,
-                      window_size_left=window - 1, window_size_right=0)[:2]
+                             window_size_left=window - 1, window_size_right=0)[:2]
     return out.transpose(1, 2).float(), lse.float()
 
 
