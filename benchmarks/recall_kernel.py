@@ -10,28 +10,27 @@ the middle keys in use once: what a scan must read at least. Both ways must reca
 near-ties: the table says how many picks differ and by how much their logits do. ``triton-span8`` and
 ``triton-span32`` scan the keys 8 and 32 blocks a program with a running k best (recall_triton._scan_spans) where
 ``triton`` selects each block's k best in k passes (the library's, SPAN = 1), so one GPU run says which pays. The
-keys are random normal numbers, not a model's.
+keys are random normal numbers, not a model's. A second table times the same step's window through each kernel
+that can attend it, and a step's before the window is full (decode_span.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
-import time
 
 import torch
 
-from benchmarks.measure import _sync
+from benchmarks import decode_span
+from benchmarks.call_timing import timed, timed_graph
 from benchmarks.report import add_publish_arguments, publish
 from ingest.tables import markdown_table
 from lminfinite import recall_kernel
-from lminfinite.graphed import CudaGraph
 from lminfinite.kernel import _merge_into
 from lminfinite.key_context import KeyContext
 from lminfinite.recall import recall_topk
 
-N_STARTING = 10
+N_STARTING = decode_span.N_STARTING
 # Blocks of 128 keys per program of the keys' scan (recall_kernel.SPAN; "triton": the library's, 1)
 SPANS = {"triton-span8": 8, "triton-span32": 32}
 
@@ -79,7 +78,7 @@ def main(argv=None) -> None:
             if kernel != "torch":
                 results[-1].update(agreement(picked["torch"], picked[kernel]))
             print(results[-1], flush=True)
-    write_results(args, device, results)
+    write_results(args, device, results, decode_span.measure(args, device, dtype))
 
 
 def decode_step(args, middle: int, device, dtype) -> tuple:
@@ -104,33 +103,6 @@ def decode_step(args, middle: int, device, dtype) -> tuple:
         k=args.k, n_starting=N_STARTING, window=args.window, scale=args.head_dim ** -0.5)
 
 
-def timed(run, device, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        _sync(device.type)
-        start = time.perf_counter()
-        run()
-        _sync(device.type)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def timed_graph(run, repeats: int) -> float:
-    """Median time of one replay of ``run`` recorded into a CUDA graph (ten replays timed at once, so the launch
-    of one does not count)."""
-    graph = CudaGraph()  # the library's own recording (graphed.py): captured on a side stream
-    graph.record(run)
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(10):
-            graph.replay()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / 10)
-    return statistics.median(times)
-
-
 def agreement(torch_way, triton_way) -> dict:
     """Picks the two ways differ in (as sets per query head), and the largest gap between their logits."""
     a, b = torch_way.positions.sort(-1).values, triton_way.positions.sort(-1).values
@@ -138,7 +110,7 @@ def agreement(torch_way, triton_way) -> dict:
                 logit_gap=float((torch_way.logits - triton_way.logits).abs().max()))
 
 
-def write_results(args, device, results: list[dict]) -> None:
+def write_results(args, device, results: list[dict], window_spans: list[dict]) -> None:
     name = "recall_kernel_gpu" if device.type == "cuda" else "recall_kernel_cpu"
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     on_cuda = device.type == "cuda"
@@ -159,8 +131,12 @@ def write_results(args, device, results: list[dict]) -> None:
     heading = (f"{datetime.date.today()}, {where}, torch {torch.__version__}: one layer's recall in a steady decode "
                f"step, {args.heads} heads of {args.head_dim}, {args.dtype}, k = {args.k}, a fixed-shape store; "
                f"median of {args.repeats}.")
+    spans = (f"The same step's window in one layer, {N_STARTING} + {args.window:,} keys, through each "
+             "kernel that can attend it (benchmarks/decode_span.py), and a step's before the window is full:")
     publish(name, dict(device=where, heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, k=args.k,
-                       results=results), heading + "\n\n" + table, readme=args.readme, out=args.out)
+                       results=results, window_spans=window_spans),
+            "\n\n".join((heading, table, spans, decode_span.table(window_spans, on_cuda))), readme=args.readme,
+            out=args.out)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@
 #   speed    the whole ladder, 4K to 128K, with truncation too (two calls' worth)
 #   recall   one layer's recall in a decode step at Llama-2-7B's heads, 4K to 128K middle tokens, through PyTorch's
 #            operators and through Triton's kernels (a block a program, and 8 or 32 blocks a program with a running
-#            k best), eager and from a CUDA graph -> docs/benchmarks.md's recall_kernel_gpu table (about a minute)
+#            k best), eager and from a CUDA graph, then the step's window through each kernel (and a step's before
+#            the window is full) -> docs/benchmarks.md's recall_kernel_gpu tables (about a minute)
 #   profile  a 4K prefill, vanilla against LM-Infinite, side by side, operators per layer counted, and operator
 #            by operator -> profile_prefill.log (under a minute once the model is made)
 # Logs and results go to $OUT (they come back to this machine): gpu.txt (with each step's time), the logs (the

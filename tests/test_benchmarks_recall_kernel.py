@@ -29,3 +29,9 @@ def test_the_four_ways_recall_the_same_tokens_and_the_table_lists_them(tmp_path,
     assert all(row["eager_s"] > 0 and row["graph_s"] is None for row in saved["results"])
     table = (tmp_path / "recall_kernel_cpu.md").read_text()
     assert "| 300 | triton |" in table and "| 300 | triton-span32 |" in table and "0/2 heads" in table
+    spans = [(r["step"], r["rows"], r["kernel"]) for r in saved["window_spans"]]  # the window's kernels beside it
+    assert spans == [("steady, with top-k", 26, "cpu-flash"), ("steady, with top-k", 26, "float32"),
+                     ("steady, without top-k", 26, "sdpa")] + [
+                        (f"filling, {used} rows in use", 16, "sdpa") for used in (2, 8, 15)]
+    assert all(r["error"] < 0.02 and r["eager_s"] > 0 for r in saved["window_spans"])  # bfloat16 outputs
+    assert "| filling, 8 rows in use | 16 | sdpa |" in table
