@@ -33,12 +33,19 @@ def measure(args, device, dtype) -> list[dict]:
     results = []
 
     def add(step: str, rows: int, kernel: str, run, seen: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """``seen``: the keys and values the step attends to, which float64 attends to as well."""
-        expected = float64_attention(query, *seen, scale)
-        error = float((run().double().cpu().reshape(expected.shape) - expected).abs().max())
-        results.append(dict(step=step, rows=rows, kernel=kernel, eager_s=timed(run, device, args.repeats),
-                            graph_s=timed_graph(run, args.repeats) if device.type == "cuda" else None, error=error))
-        print(results[-1], flush=True)
+        """``seen``: the keys and values the step attends to, which float64 attends to as well. A kernel that fails
+        (a PyTorch build without it, a call a graph cannot record) is a row saying so: the recall table beside
+        this one is still written."""
+        row = dict(step=step, rows=rows, kernel=kernel, eager_s=None, graph_s=None, error=None, failed=None)
+        try:
+            expected = float64_attention(query, *seen, scale)
+            row["error"] = float((run().double().cpu().reshape(expected.shape) - expected).abs().max())
+            row["eager_s"] = timed(run, device, args.repeats)
+            row["graph_s"] = timed_graph(run, args.repeats) if device.type == "cuda" else None
+        except RuntimeError as exc:
+            row["failed"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        results.append(row)
+        print(row, flush=True)
 
     everything = keys.shape[-2]
     for kernel in (name for name in WITH_TOPK if name == "float32" or supports(name, device, dtype)):
@@ -63,9 +70,13 @@ def float64_attention(query, keys, values, scale: float) -> torch.Tensor:
 
 
 def table(results: list[dict], on_cuda: bool) -> str:
+    def ms(seconds):
+        return "" if seconds is None else f"{seconds * 1e3:,.3f}"
+
     def row(r):
-        return ([r["step"], f"{r['rows']:,}", r["kernel"], f"{r['eager_s'] * 1e3:,.3f}"]
-                + ([f"{r['graph_s'] * 1e3:,.3f}"] if on_cuda else []) + [f"{r['error']:.1e}"])
+        error = f"failed ({r['failed']})" if r["failed"] else f"{r['error']:.1e}"
+        return ([r["step"], f"{r['rows']:,}", r["kernel"], ms(r["eager_s"])]
+                + ([ms(r["graph_s"])] if on_cuda else []) + [error])
 
     return markdown_table(["decode step", "rows read", "kernel", "eager ms"] + (["graph ms"] if on_cuda else [])
                           + ["max |out − float64|"], [row(r) for r in results])

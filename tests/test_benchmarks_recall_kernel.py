@@ -35,3 +35,20 @@ def test_the_four_ways_recall_the_same_tokens_and_the_table_lists_them(tmp_path,
                         (f"filling, {used} rows in use", 16, "sdpa") for used in (2, 8, 15)]
     assert all(r["error"] < 0.02 and r["eager_s"] > 0 for r in saved["window_spans"])  # bfloat16 outputs
     assert "| filling, 8 rows in use | 16 | sdpa |" in table
+
+
+def test_a_window_kernel_that_fails_is_a_row_saying_so_and_the_tables_are_still_written(tmp_path, monkeypatch):
+    from lminfinite import filling
+
+    def fails(*args):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setitem(filling.FILLING_KERNELS, "sdpa", fails)
+    benchmark.main(["--device", "cpu", "--middle", "200", "--heads", "2", "--head-dim", "32", "--window", "16",
+                    "--repeats", "1", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "recall_kernel_cpu.json").read_text())
+    failed = [r for r in saved["window_spans"] if r["failed"]]
+    assert [r["step"] for r in failed] == [f"filling, {used} rows in use" for used in (2, 8, 15)]
+    assert all("no kernel image" in r["failed"] and r["eager_s"] is None for r in failed)
+    assert all(r["error"] < 0.02 for r in saved["window_spans"] if not r["failed"]) and saved["results"]
+    assert "| failed (RuntimeError: no kernel image" in (tmp_path / "recall_kernel_cpu.md").read_text()
