@@ -48,7 +48,7 @@ def measure(args, device, dtype) -> list[dict]:
         print(row, flush=True)
 
     everything = keys.shape[-2]
-    for kernel in (name for name in WITH_TOPK if name == "float32" or supports(name, device, dtype)):
+    for kernel in (name for name in WITH_TOPK if supports(name, device, dtype)):
         add("steady, with top-k", everything, kernel,
             lambda kernel=kernel: attend_with_lse(query, keys, values, None, scale, kernel)[0], (keys, values))
     add("steady, without top-k", everything, "sdpa",

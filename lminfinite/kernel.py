@@ -53,13 +53,13 @@ def lm_infinite_attention(
     groups = heads // kv_heads
     # HF's rotary scale multiplies cos and sin for both q and k, hence appears squared in the logit.
     scale = scaling * rope.attention_scaling**2
-    kernels = kernels_for(config.window_kernel, query.device, query.dtype, dim)
-    if ctx.decode_filled is not None:  # a filling step: nothing beyond its window to recall (filling.py)
-        return filling_attention(query, ctx.decode_keys, ctx.decode_values, ctx.decode_filled, scale, kernels.filling)
-    if ctx.decode_keys is not None and not config.uses_topk(layer_idx):
+    if ctx.decode_keys is not None and ctx.decode_filled is None and not config.uses_topk(layer_idx):
         # A steady decode step without recall: every cached key is visible, so one fused call does it all.
         return F.scaled_dot_product_attention(query, ctx.decode_keys, ctx.decode_values, scale=scale,
                                               enable_gqa=groups > 1)
+    kernels = kernels_for(config.window_kernel, query.device, query.dtype, dim)
+    if ctx.decode_filled is not None:  # a filling step: nothing beyond its window to recall (filling.py)
+        return filling_attention(query, ctx.decode_keys, ctx.decode_values, ctx.decode_filled, scale, kernels.filling)
 
     first_pos = ctx.end - c
     if ctx.decode_keys is None and ctx.recent_start == 0 and ctx.end <= config.window_ and kernels.window != "float32":

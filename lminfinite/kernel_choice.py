@@ -61,10 +61,8 @@ def _auto(order: dict, device: torch.device, dtype: torch.dtype, head_dim: int) 
 
 def _auto_filling(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
     for name in AUTO_FILLING.get(device.type, ()):
-        if name == "sdpa":
-            break
-        if filling.supports(name, device, dtype) and _filling_checked(name, device.type, device.index, dtype,
-                                                                      head_dim):
+        if name == "sdpa" or (filling.supports(name, device, dtype)
+                              and _filling_checked(name, device.type, device.index, dtype, head_dim)):
             return name
     return "sdpa"
 

@@ -90,6 +90,8 @@ def test_auto_checks_a_whole_span_kernel_on_a_clipped_grouped_window_and_prefers
     cpu = torch.device("cpu")
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
+        # flex_attention's own notice, raised the first time a process calls it (the mark above covers it outside)
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
         assert kernel_choice.agrees_with_float64("flex", cpu, torch.float32, 64)
     monkeypatch.setattr(kernel_choice, "AUTO_WINDOW", {"cpu": ("flex", "cpu-flash", "float32")})
     forget_choices()
