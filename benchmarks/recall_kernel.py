@@ -9,7 +9,9 @@ use on the device), the query one token's 32 heads of 128 in bfloat16, k = 5 (th
 the middle keys in use once: what a scan must read at least. Both ways must recall the same tokens, up to
 near-ties: the table says how many picks differ and by how much their logits do. ``triton-span8`` and
 ``triton-span32`` scan the keys 8 and 32 blocks a program with a running k best (recall_triton._scan_spans) where
-``triton`` selects each block's k best in k passes (the library's, SPAN = 1), so one GPU run says which pays. The
+``triton`` selects each block's k best in k passes (the library's, SPAN = 1); ``products`` scores every key in one
+batched product (cuBLAS, float32 out) and selects each 1,024's k best in Triton (recall_kernel.SCORES), so one GPU
+run says which pays. A way that fails is a row saying so. The
 keys are random normal numbers, not a model's. A second table times the same step's window through each kernel
 that can attend it, and a step's before the window is full (decode_span.py).
 """
@@ -17,6 +19,7 @@ that can attend it, and a step's before the window is full (decode_span.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 
 import torch
@@ -31,8 +34,10 @@ from lminfinite.key_context import KeyContext
 from lminfinite.recall import recall_topk
 
 N_STARTING = decode_span.N_STARTING
-# Blocks of 128 keys per program of the keys' scan (recall_kernel.SPAN; "triton": the library's, 1)
-SPANS = {"triton-span8": 8, "triton-span32": 32}
+# The ways beside PyTorch's operators ("torch"), each with the recall_kernel settings it runs with: "triton" the
+# library's; 8 and 32 blocks of 128 keys a program of the scan (SPAN); a batched product and a selection (SCORES)
+WAYS = {"triton": {}, "triton-span8": dict(SPAN=8), "triton-span32": dict(SPAN=32),
+        "products": dict(SCORES="products")}
 
 
 def parse_args(argv=None):
@@ -53,7 +58,7 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    kernels = ["torch"] + (["triton", *SPANS] if recall_kernel.runs_on(device) else [])
+    kernels = ["torch"] + (list(WAYS) if recall_kernel.runs_on(device) else [])
     results = []
     for middle in (int(n) for n in args.middle.split(",")):
         step_args, step_kwargs = decode_step(args, middle, device, dtype)
@@ -61,24 +66,37 @@ def main(argv=None) -> None:
         lse = torch.zeros(1, args.heads, 1, device=device)
         picked = {}
         for kernel in kernels:
-            def run(fused=kernel != "torch", call=step_args, span=SPANS.get(kernel, recall_kernel.SPAN)):
-                recall_kernel.SPAN, library_span = span, recall_kernel.SPAN  # read as the step is recorded
-                try:
+            def run(fused=kernel != "torch", call=step_args, settings=WAYS.get(kernel, {})):
+                with library_settings(settings):  # read as the step is recorded
                     recalled = recall_topk(*call, **step_kwargs, fused=fused)
-                finally:
-                    recall_kernel.SPAN = library_span
                 _merge_into(out, lse, [recalled.logits], [], recalled, 0, step_args[1], None, 1)
                 return recalled
 
-            picked[kernel] = run()
-            eager = timed(run, device, args.repeats)
-            graphed = timed_graph(run, args.repeats) if device.type == "cuda" else None
-            results.append(dict(middle=middle, kernel=kernel, eager_s=eager, graph_s=graphed,
-                                key_bytes=middle * args.heads * args.head_dim * dtype.itemsize))
-            if kernel != "torch":
-                results[-1].update(agreement(picked["torch"], picked[kernel]))
-            print(results[-1], flush=True)
+            row = dict(middle=middle, kernel=kernel, key_bytes=middle * args.heads * args.head_dim * dtype.itemsize)
+            try:
+                picked[kernel] = run()
+                row.update(eager_s=timed(run, device, args.repeats),
+                           graph_s=timed_graph(run, args.repeats) if device.type == "cuda" else None)
+            except RuntimeError as exc:  # a way this build cannot run or a graph cannot record: a row says so
+                row["failed"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            if kernel != "torch" and kernel in picked:
+                row.update(agreement(picked["torch"], picked[kernel]))
+            results.append(row)
+            print(row, flush=True)
     write_results(args, device, results, decode_span.measure(args, device, dtype))
+
+
+@contextlib.contextmanager
+def library_settings(settings: dict):
+    """recall_kernel's module settings (SPAN, SCORES) set to ``settings`` inside, as they were after."""
+    before = {name: getattr(recall_kernel, name) for name in settings}
+    for name, value in settings.items():
+        setattr(recall_kernel, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(recall_kernel, name, value)
 
 
 def decode_step(args, middle: int, device, dtype) -> tuple:
@@ -116,6 +134,8 @@ def write_results(args, device, results: list[dict], window_spans: list[dict]) -
     on_cuda = device.type == "cuda"
 
     def row(r):
+        if r.get("failed"):
+            return [f"{r['middle']:,}", r["kernel"], f"failed ({r['failed']})"] + [""] * (4 if on_cuda else 3)
         best = r["graph_s"] or r["eager_s"]
         same = (f"{r['differing_heads']}/{r['heads']} heads, logits ≤ {r['logit_gap']:.1e}"
                 if "heads" in r else "")

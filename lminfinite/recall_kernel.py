@@ -7,7 +7,9 @@ a product, a mask, a top-k, then a dozen small operators to pick and gather valu
 (docs/benchmarks.md, GPU round 2). Here:
   0. ``recall_rotate``: the decode step's query turned to the distance recall scores at (rotary.apply_rotation);
   1. ``recall_scan``: each program scores one block of keys against every query row of its key head, in float32,
-     and keeps the block's k best (logit and position): the keys are read once, in their own dtype;
+     and keeps the block's k best (logit and position): the keys are read once, in their own dtype (or, where
+     SCORES says so, one batched product scores every row in float32 and ``recall_select`` keeps each block's k
+     best of its numbers);
   2. torch.topk picks the k best of the blocks' candidates (a few thousand per row, not the whole store);
   3. ``recall_merge_`` folds them into the window's output in place, as one softmax, reading their values from the
      store (none where the store held fewer than k rows); where something else must see them first (start keys
@@ -40,6 +42,14 @@ FEW_ROWS = 2
 # running k best over that many blocks, recall_triton._scan_spans). 1 until a GPU times the other
 # (benchmarks/recall_kernel.py's ``triton-span`` way).
 SPAN = 1
+# How a decode step's scan scores the store: "kernel", recall_scan's programs multiply the keys and select in one
+# pass; "products", a batched product (cuBLAS on a GPU, written in float32) scores every row of the buffer and
+# recall_select's programs pick each SELECT_BLOCK rows' k best from those numbers. From a graph on an H200 PyTorch's
+# product and full top-k read 128K keys at 2.3 TB/s, the scan at 1.45 (docs/benchmarks.md); the selection
+# reads 4 bytes a row where the product read 256. "kernel" until a GPU times the other (benchmarks/
+# recall_kernel.py's ``products`` way).
+SCORES = "kernel"
+SELECT_BLOCK = 1024
 MAX_ROWS = 64  # query rows per key head (a decode step: the group's heads); more is a prefill, recall.py's scan
 MAX_K = 64  # the per-block top-k is unrolled k times
 MAX_DIM = 256
@@ -124,9 +134,42 @@ def store_topk(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | Non
 
     query: (B, Hkv, R, D); keys: (B, Hkv, n, D); live: the rows in use (a 0-d count on the keys' device), None for
     all n."""
-    cand_logits, cand_positions = torch.ops.lminfinite.recall_scan(query, keys, live, k, scale, first_row, SPAN)
+    if SCORES == "products":
+        cand_logits, cand_positions = torch.ops.lminfinite.recall_select(products(query, keys), live, k, scale,
+                                                                          first_row)
+    else:
+        cand_logits, cand_positions = torch.ops.lminfinite.recall_scan(query, keys, live, k, scale, first_row, SPAN)
     logits, pick = cand_logits.topk(k, dim=-1)
     return logits, cand_positions.gather(-1, pick)
+
+
+def products(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """float32 (B, Hkv, R, n): ``query`` (B, Hkv, R, D) times every row of ``keys`` (B, Hkv, n, D), summed in
+    float32, as recall_scan sums them. On a GPU one batched product written in float32 (bmm's out_dtype: CUDA only),
+    which reads the keys in their own dtype; elsewhere through float32 copies."""
+    batch, kv_heads, rows, dim = query.shape
+    flat_q, flat_k = query.reshape(batch * kv_heads, rows, dim), keys.reshape(batch * kv_heads, -1, dim)
+    if query.device.type == "cuda" and query.dtype != torch.float32:
+        out = torch.bmm(flat_q, flat_k.transpose(1, 2), out_dtype=torch.float32)
+    else:
+        out = torch.bmm(flat_q.float(), flat_k.float().transpose(1, 2))
+    return out.view(batch, kv_heads, rows, -1)
+
+
+@torch.library.custom_op("lminfinite::recall_select", mutates_args=())
+def recall_select(products: torch.Tensor, live: torch.Tensor | None, k: int, scale: float,
+                  first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query row, the ``k`` best of each SELECT_BLOCK of ``products`` (float32, B, Hkv, R, n), scaled, and their
+    positions: (B, Hkv, R, blocks·k) each, -inf where a block holds fewer rows in use, as recall_scan gives them."""
+    from . import recall_triton
+
+    return recall_triton.select(products, live, k, scale, first_row, SELECT_BLOCK)
+
+
+@recall_select.register_fake
+def _(products, live, k, scale, first_row):
+    shape = (*products.shape[:3], -(-products.shape[-1] // SELECT_BLOCK) * k)
+    return products.new_empty(shape), products.new_empty(shape, dtype=torch.long)
 
 
 @torch.library.custom_op("lminfinite::recall_scan", mutates_args=())

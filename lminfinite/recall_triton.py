@@ -25,11 +25,10 @@ def scan_warps(rows: int, dtype: torch.dtype) -> int:
     return max(4, padded_rows(rows) // 4) if dtype == torch.float32 and rows > FEW_ROWS else 4
 
 
-def candidates(query: torch.Tensor, keys: torch.Tensor, block: int,
-               per_block: int) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """A scan's blocks of ``block`` keys and its outputs, ``per_block`` candidates per block and query row: float32
-    logits and int64 positions, (B, Hkv, R, blocks·per_block) each, filled by the kernel."""
-    blocks = triton.cdiv(keys.shape[-2], block)
+def candidates(query: torch.Tensor, n: int, block: int, per_block: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """A scan's blocks of ``block`` of a store's ``n`` rows and its outputs, ``per_block`` candidates per block and
+    query row: float32 logits and int64 positions, (B, Hkv, R, blocks·per_block) each, filled by the kernel."""
+    blocks = triton.cdiv(n, block)
     shape = (*query.shape[:3], blocks * per_block)
     return (blocks, torch.empty(shape, dtype=torch.float32, device=query.device),
             torch.empty(shape, dtype=torch.long, device=query.device))
@@ -44,7 +43,7 @@ def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: 
     query = query.contiguous()
     if span > 1:
         return _scan_in_spans(query, keys, live, k, scale, first_row, block, span)
-    blocks, cand_logits, cand_positions = candidates(query, keys, block, k)
+    blocks, cand_logits, cand_positions = candidates(query, n, block, k)
     _scan_blocks[(batch * kv_heads, blocks)](
         query, keys, query if live is None else live, cand_logits, cand_positions,
         kv_heads, rows, n, dim, float(scale), first_row, *keys.stride(),
@@ -58,12 +57,26 @@ def scan(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | None, k: 
 def _scan_in_spans(query, keys, live, k, scale, first_row, block, span):
     batch, kv_heads, rows, dim = query.shape
     blocks = triton.cdiv(keys.shape[-2], block)
-    programs, cand_logits, cand_positions = candidates(query, keys, block * span, k)
+    programs, cand_logits, cand_positions = candidates(query, keys.shape[-2], block * span, k)
     _scan_spans[(batch * kv_heads, programs)](
         query, keys, query if live is None else live, cand_logits, cand_positions,
         kv_heads, rows, keys.shape[-2], blocks, span, dim, float(scale), first_row, *keys.stride(),
         HAS_LIVE=live is not None, ROWS=padded_rows(rows), DIM=max(16, triton.next_power_of_2(dim)), BLOCK=block,
         K=k, SLOTS=max(2, triton.next_power_of_2(k)),
+    )
+    return cand_logits, cand_positions
+
+
+def select(products: torch.Tensor, live: torch.Tensor | None, k: int, scale: float, first_row: int,
+           block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """k candidates per query row from each block of ``block`` float32 products (B, Hkv, R, n), scaled, and their
+    positions, as ``scan`` gives them."""
+    batch, kv_heads, rows, n = products.shape
+    products = products.contiguous()
+    blocks, cand_logits, cand_positions = candidates(products, n, block, k)
+    _select_blocks[(batch * kv_heads * rows, blocks)](
+        products, products if live is None else live, cand_logits, cand_positions, n, float(scale), first_row,
+        HAS_LIVE=live is not None, BLOCK=block, K=k,
     )
     return cand_logits, cand_positions
 
@@ -190,6 +203,30 @@ def _scan_spans(q_ptr, k_ptr, live_ptr, out_logits, out_positions, kv_heads, row
     written = (r[:, None] < rows) & (s[None, :] < K)
     tl.store(out_logits + out, kept, mask=written)
     tl.store(out_positions + out, kept_at, mask=written)
+
+
+@triton.jit
+def _select_blocks(p_ptr, live_ptr, out_logits, out_positions, n, scale, first_row, HAS_LIVE: tl.constexpr,
+                   BLOCK: tl.constexpr, K: tl.constexpr):
+    """One program: one query row's products with one block of a store's rows (float32, a row of n per query row);
+    the block's K best, scaled (logit, and position: first_row + the row), -inf past the rows in use, whose
+    products (spare rows of a buffer: any number, NaN too) are not read."""
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    blocks = tl.num_programs(1)
+    c = tl.arange(0, BLOCK)
+    store_rows = block.to(tl.int64) * BLOCK + c
+    if HAS_LIVE:
+        in_use = tl.minimum(tl.load(live_ptr), n)
+    else:
+        in_use = n
+    scores = tl.load(p_ptr + row.to(tl.int64) * n + store_rows, mask=store_rows < in_use, other=float("-inf"))
+    out = row * (blocks * K) + block * K
+    for j in tl.static_range(K):
+        best, at = tl.max(scores, axis=0, return_indices=True)
+        tl.store(out_logits + out + j, best * scale)
+        tl.store(out_positions + out + j, (block * BLOCK + at + first_row).to(tl.int64))
+        scores = tl.where(c == at, float("-inf"), scores)
 
 
 @triton.jit

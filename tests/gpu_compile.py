@@ -42,6 +42,8 @@ def kernels(dtype: str) -> list[tuple]:
            [dtype, dtype, "*i64", "*fp32", "*i64"] + [I32] * 6 + [F32, I32] + [I64] * 4,
            dict(scan, ROWS=recall_triton.padded_rows(rows), K=5, SLOTS=8))
           for rows in (1, recall_kernel.FEW_ROWS)),
+        *([(recall_triton._select_blocks, ["*fp32", "*i64", "*fp32", "*i64", I32, F32, I32],
+            dict(HAS_LIVE=True, BLOCK=recall_kernel.SELECT_BLOCK, K=5))] if not half else []),  # float32 products
         (recall_triton._gather_rows, ["*i64", "*fp32", dtype, dtype, I32, I32, I32, I32, I32] + [I64] * 4,
          dict(K=8, DIM=128)),
         (recall_triton._merge_rows, ["*fp32", "*fp32", "*fp32", "*i64", dtype, I32, I32, I32, I32, I32] + [I64] * 8,

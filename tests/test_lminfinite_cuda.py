@@ -170,6 +170,24 @@ def test_cuda_graph_decoding_before_the_window_is_full(dtype, config_name):
         worst, recordings)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_recall_through_a_batched_product_agrees_with_float64_and_replays_bit_for_bit(dtype, monkeypatch):
+    """recall_kernel.SCORES = "products": a batched product written in float32 (bmm's out_dtype), then
+    recall_select. It passes the check ``auto`` runs before it recalls through the kernels, in each dtype and head
+    size, and steps through it replay from a CUDA graph with the model's own logits bit for bit."""
+    monkeypatch.setattr(recall_kernel, "SCORES", "products")
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert all(recall_kernel.agrees_with_float64(device, dtype, head_dim) for head_dim in (64, 128))
+    config = dataclasses.replace(CONFIGS["topk"], recall_kernel="triton")
+    model = lminfinite.enable(tiny_model("llama-gqa", dtype=dtype).cuda(), config)
+    from lminfinite import recall_triton
+
+    selections, select = [], recall_triton.select
+    monkeypatch.setattr(recall_triton, "select", lambda *args: selections.append(args[-1]) or select(*args))
+    worst, _, decoder = _graphed_against_plain(model, random_ids(3 * WINDOW + 5).cuda(), 2 * WINDOW, 7)
+    assert worst == 0 and decoder.recordings >= 1 and selections, (worst, decoder.recordings, len(selections))
+
+
 def test_cuda_graph_decoding_with_recall_through_the_operators_from_a_large_store(monkeypatch):
     """From recall_kernel.GRAPHED_OPERATORS_FROM rows (here every store) a recorded step scans through PyTorch's
     operators, where the eager step scans through Triton's kernels: the same tokens recalled except between

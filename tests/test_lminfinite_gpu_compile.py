@@ -21,10 +21,11 @@ def test_every_recall_kernel_compiles_for_sm90_in_each_dtype(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    kernels = {"_scan_blocks", "_scan_spans", "_gather_rows", "_merge_rows", "_rotate_rows"}
+    kernels = {"_scan_blocks", "_scan_spans", "_select_blocks", "_gather_rows", "_merge_rows", "_rotate_rows"}
     # The scan for 1 and 4 query rows and for the most it takes (a question read with recall); the scan over spans of
-    # blocks for 1 and 2 rows (FEW_ROWS: it takes no more).
-    assert {line.split()[0] for line in lines} == kernels and len(lines) == 3 * 8  # 8 in each dtype
+    # blocks for 1 and 2 rows (FEW_ROWS: it takes no more); the selection once, over float32 products.
+    assert {line.split()[0] for line in lines} == kernels and len(lines) == 3 * 8 + 1  # 8 in each dtype
+    assert [line.split()[1] for line in lines if line.startswith("_select_blocks")] == ["fp32:"]
     assert any(line.startswith("_scan_blocks bf16 rows=64:") for line in lines)
     assert {line.split()[1].rstrip(":") for line in lines} == {"bf16", "fp16", "fp32"}
     spilled = [line for line in lines if not line.endswith(" 0 bytes spilled")]

@@ -52,15 +52,20 @@ class CountOps(TorchDispatchMode):
         return counted
 
 
-@pytest.mark.parametrize("span", [1, 3])
+# How the store is scored: a scan of a block of 128 keys a program, of three blocks a program
+# (recall_triton._scan_spans), or a batched product whose every 256 rows' k best recall_select picks
+WAYS = {"block": dict(SPAN=1), "span3": dict(SPAN=3), "products": dict(SCORES="products", SELECT_BLOCK=256)}
+
+
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows, n, live, k", [(1, 1000, 777, 5), (3, 300, None, 1), (8, 129, 40, 7), (2, 200, 3, 5)])
-def test_the_kernels_pick_float64s_top_k_among_the_rows_in_use(dtype, rows, n, live, k, span, monkeypatch):
-    """Blocks of 128 keys with a partial last one, scanned a block a program or three (recall_triton._scan_spans);
-    a count that leaves spare rows (holding huge numbers, which must not win); fewer rows in use than k (-inf
-    logits, zero values). The logits are float32 sums of the same numbers float64 sums; the rows are float64's top
-    k up to a near-tie."""
-    monkeypatch.setattr(recall_kernel, "SPAN", span)
+def test_the_kernels_pick_float64s_top_k_among_the_rows_in_use(dtype, rows, n, live, k, way, monkeypatch):
+    """Blocks with a partial last one, scanned or selected each way (WAYS); a count that leaves spare rows (holding
+    huge numbers, which must not win); fewer rows in use than k (-inf logits, zero values). The logits are float32
+    sums of the same numbers float64 sums; the rows are float64's top k up to a near-tie."""
+    for name, value in WAYS[way].items():
+        monkeypatch.setattr(recall_kernel, name, value)
     generator = torch.Generator().manual_seed(rows * n + k)
     query = torch.randn(2, 3, rows, 64, generator=generator).to(dtype)
     keys = torch.randn(2, 3, n, 64, generator=generator).to(dtype)
@@ -160,14 +165,18 @@ def decoded_against_the_reference(config, family: str, prompt_windows: int, step
     return cache, counted.calls, model.config.num_hidden_layers - config.topk_from_layer
 
 
-@pytest.mark.parametrize("family", ["llama-gqa", "qwen2-gqa"])
-def test_decoding_through_the_kernels_equals_the_reference(family):
+@pytest.mark.parametrize("family, scores", [("llama-gqa", "kernel"), ("qwen2-gqa", "kernel"),
+                                            ("llama-gqa", "products")])
+def test_decoding_through_the_kernels_equals_the_reference(family, scores, monkeypatch):
     """A prompt beyond ten windows, then greedy decoding: every step recalls through the kernels alone (the store
-    holds every middle token: scan, then merge), and every logit is the float64 reference's."""
+    holds every middle token: scan, or product and selection, then merge), and every logit is the float64
+    reference's."""
+    monkeypatch.setattr(recall_kernel, "SCORES", scores)
     steps = 12
     _, calls, recall_layers = decoded_against_the_reference(CONFIG, family, 10, steps)
-    assert calls["lminfinite::recall_scan"] == calls["lminfinite::recall_merge_"] >= steps * recall_layers
-    assert calls["lminfinite::recall_gather"] == 0
+    scored, unused = ("recall_select", "recall_scan") if scores == "products" else ("recall_scan", "recall_select")
+    assert calls[f"lminfinite::{scored}"] == calls["lminfinite::recall_merge_"] >= steps * recall_layers
+    assert calls[f"lminfinite::{unused}"] == calls["lminfinite::recall_gather"] == 0
 
 
 def test_an_observer_sees_what_the_kernels_recall_and_the_logits_stay_the_same():
