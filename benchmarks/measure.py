@@ -45,13 +45,28 @@ class Measurement:
 def run(job: dict) -> dict:
     """Entry point for the worker process (``job`` is a plain dict so it pickles trivially)."""
     torch.set_num_threads(job["threads"])
+    set_recall(job.get("recall_settings") or {})
     try:
-        return asdict(_measure(**{k: v for k, v in job.items() if k != "threads"}))
+        return asdict(_measure(**{k: v for k, v in job.items() if k not in ("threads", "recall_settings")}))
     except torch.OutOfMemoryError:
         pass  # freed below, once the exception (and the frames holding the cell's tensors) is gone
     gc.collect()
     torch.cuda.empty_cache()
     return asdict(Measurement(job["method"], job["context"], 0, 0, 0, 0, 0, error="OOM"))
+
+
+# lminfinite.recall_kernel's module settings a cell may run with (speed.py's --recall-settings)
+RECALL_SETTINGS = ("SPAN", "SCORES", "GRAPHED_OPERATORS_FROM")
+
+
+def set_recall(settings: dict) -> None:
+    """Set recall_kernel's module settings in this worker, for the cells it runs from now on."""
+    from lminfinite import recall_kernel
+
+    for name, value in settings.items():
+        if name not in RECALL_SETTINGS:
+            raise ValueError(f"recall setting {name!r} is not one of {', '.join(RECALL_SETTINGS)}")
+        setattr(recall_kernel, name, value)
 
 
 _loaded: dict[tuple, torch.nn.Module] = {}  # the worker's model, kept across cells (one spec per worker)

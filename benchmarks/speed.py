@@ -45,6 +45,9 @@ def parse_args(argv=None):
     p.add_argument("--recall-prefill", choices=("on", "off"), default=None,
                    help="lminfinite-topk recalls while reading the context too (default: on for CPU; off for CUDA, "
                         "where the app reads documents without recall)")
+    p.add_argument("--recall-settings", type=recall_settings, default={},
+                   help="lminfinite.recall_kernel's settings the cells run with, as JSON, e.g. '{\"SPAN\": 8}' "
+                        "(benchmarks/recall_choice.py prints them from the recall benchmark's table)")
     p.add_argument("--vanilla-budget-s", type=float, default=240.0,
                    help="skip vanilla/truncation once a prefill is predicted to take longer than this")
     p.add_argument("--deadline-s", type=float, default=None,
@@ -62,6 +65,15 @@ def parse_args(argv=None):
     p.add_argument("--tag", default=None, help="results file stem (default speed_<device>)")
     p.add_argument("--readme", action="store_true", help="write the summary table into docs/benchmarks.md")
     return p.parse_args(argv)
+
+
+def recall_settings(text: str) -> dict:
+    """``--recall-settings``: a JSON object of recall_kernel's module settings that a cell may set."""
+    settings = json.loads(text)
+    unknown = set(settings) - set(measure.RECALL_SETTINGS) if isinstance(settings, dict) else {text}
+    if unknown:
+        raise argparse.ArgumentTypeError(f"not one of {', '.join(measure.RECALL_SETTINGS)}: {', '.join(unknown)}")
+    return settings
 
 
 def main(argv=None) -> None:
@@ -133,7 +145,7 @@ def speed_job(args, dtype: str, method: str, context: int) -> dict:
                 decode_tokens=args.decode_tokens, prefill_chunk=args.prefill_chunk or 4 * args.window,
                 n_starting=args.n_starting, topk=args.topk, threads=args.threads,
                 recall_prefill=recall_prefill(args),
-                repeat_budget_s=args.repeat_budget_s)
+                repeat_budget_s=args.repeat_budget_s, recall_settings=args.recall_settings)
 
 
 def recall_prefill(args) -> bool:
@@ -202,7 +214,8 @@ def write_results(args, results, dtype, n_rounds: int) -> None:
     header = (f"Measured {datetime.date.today()} on {hardware}; model `{args.model}` (L = {args.window}, {dtype}"
               f"{', 4-bit NF4' if args.load_in_4bit else ''}), n_starting = {args.n_starting}, top-k = {args.topk}. "
               f"Top-k recall {'while reading and ' if recall_prefill(args) else 'only '}while decoding"
-              f"{' (middle store on the GPU up to 80 % of its free memory, then pinned CPU pages)' if args.device.startswith('cuda') else ''}. "
+              f"{' (middle store on the GPU up to 80 % of its free memory, then pinned CPU pages)' if args.device.startswith('cuda') else ''}"
+              f"{f'; recall_kernel set to {json.dumps(args.recall_settings)} for these cells' if args.recall_settings else ''}. "
               f"{n_rounds} round(s), each cell's best. Decode: median of {args.decode_tokens} tokens; vanilla@L is the median decode of vanilla at L and of "
               f"every truncation run (transformers with the last L tokens cached)"
               f"{'; CUDA graph: the same decode through lminfinite.GraphedDecoder, after the step that records it' if args.device.startswith('cuda') else ''}. Peak: "

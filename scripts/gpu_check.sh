@@ -9,7 +9,7 @@
 #   cells    the speed table's cells that matter: the Llama-2-7B shape in 4-bit at 4K, 32K and 128K tokens,
 #            vanilla, LM-Infinite and LM-Infinite + recall, then at 2K (a quoted answer's reader: decoding before
 #            the window is full, through a CUDA graph too; first cut if time runs short) -> docs/benchmarks.md's
-#            speed_gpu table (about 3 minutes)
+#            speed_gpu table (about 3 minutes); after a recall step, with the recall way that step found fastest
 #   tests    the CUDA tests (tests/test_lminfinite_cuda.py, tests/test_app_cuda.py: the library, and the app in
 #            4-bit, its engine and `python app.py --load-in-4bit` over HTTP) -> cuda_tests.log (about 3 minutes)
 #   kernels  the window-span kernels side by side at Llama-2-7B's shape, c = 4·L -> docs/benchmarks.md's
@@ -120,10 +120,15 @@ for i in "${!STEPS[@]}"; do
         fi
       fi ;;
     cells)
+      # after a recall step in this call, with the recall way it found fastest (benchmarks/recall_choice.py says how)
+      recall_settings='{}'
+      [[ ${recall_timed:-} ]] && recall_settings=$(python3 -m benchmarks.recall_choice \
+        benchmarks/results/recall_kernel_gpu.json) || recall_settings='{}'
+      echo "cells: recall_kernel settings $recall_settings" | tee -a "$OUT/gpu.txt"
       timeout "$seconds" python3 -m benchmarks.speed --model random-7b --device cuda --load-in-4bit --window 4096 \
         --contexts 4096,32768,131072,2048 --methods lminfinite,lminfinite-topk,vanilla --decode-tokens 8 \
-        --repeat-budget-s 8 --deadline-s "$(deadline "$seconds" 50)" --tag speed_gpu --readme 2>&1 \
-        | tee "$OUT/speed_gpu.log"
+        --repeat-budget-s 8 --deadline-s "$(deadline "$seconds" 50)" --recall-settings "$recall_settings" \
+        --tag speed_gpu --readme 2>&1 | tee "$OUT/speed_gpu.log"
       rc=${PIPESTATUS[0]}; results+=(benchmarks/results/speed_gpu.{json,md,png}) ;;
     kernels)
       timeout "$seconds" python3 -m benchmarks.window_span --device cuda --window 4096 --heads 32 --head-dim 128 \
@@ -136,7 +141,7 @@ for i in "${!STEPS[@]}"; do
       rc=${PIPESTATUS[0]}; results+=(benchmarks/results/speed_gpu.{json,md,png}) ;;
     recall)
       timeout "$seconds" python3 -m benchmarks.recall_kernel --readme 2>&1 | tee "$OUT/recall_kernel_gpu.log"
-      rc=${PIPESTATUS[0]}; results+=(benchmarks/results/recall_kernel_gpu.{json,md}) ;;
+      rc=${PIPESTATUS[0]}; results+=(benchmarks/results/recall_kernel_gpu.{json,md}); ((rc)) || recall_timed=1 ;;
     profile)
       timeout "$seconds" python3 -m benchmarks.profile_prefill --model random-7b --device cuda --load-in-4bit \
         --window 4096 --context 4096 2>&1 | tee "$OUT/profile_prefill.log"; rc=${PIPESTATUS[0]} ;;
