@@ -10,8 +10,9 @@ import sys
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the app sends no usage analytics unless asked
 # OpenMP's threads wait asleep, not spinning (read when torch loads OpenMP, so before it is imported): beside
 # another process on the same cores (a second replica, a PDF being read) spinning threads take the cores it needs.
-# The 0.5B's prefill and decode, 2 threads: alone the same wall time (0.99×, 5 runs in turn) with a quarter less
-# CPU; two such processes side by side ran in 40-47 s each where spinning took 85-91.
+# The 0.5B on 2 threads, 2 cores: two processes side by side decoded in 24-25 s each where spinning took 49-51
+# (prefill-heavy: 40-47 against 85-91). Alone it costs up to a tenth: prefill-heavy the same wall time (0.99×),
+# decode-heavy 22.3 against 20.1 s (medians of 5 in turn, on a machine whose runs vary by a tenth).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
