@@ -50,6 +50,10 @@ SPAN = 1
 # recall_kernel.py's ``products`` way).
 SCORES = "kernel"
 SELECT_BLOCK = 1024
+# Query rows per key head up to which SCORES applies (a decode step of up to 8 query heads per key head): the
+# products are held whole, 4 bytes a row a query row (16 MiB a layer at 128K middle tokens for Llama-2's step); a
+# question read with recall, up to MAX_ROWS rows, is scanned.
+PRODUCT_ROWS = 8
 MAX_ROWS = 64  # query rows per key head (a decode step: the group's heads); more is a prefill, recall.py's scan
 MAX_K = 64  # the per-block top-k is unrolled k times
 MAX_DIM = 256
@@ -134,7 +138,7 @@ def store_topk(query: torch.Tensor, keys: torch.Tensor, live: torch.Tensor | Non
 
     query: (B, Hkv, R, D); keys: (B, Hkv, n, D); live: the rows in use (a 0-d count on the keys' device), None for
     all n."""
-    if SCORES == "products":
+    if SCORES == "products" and query.shape[-2] <= PRODUCT_ROWS:
         cand_logits, cand_positions = torch.ops.lminfinite.recall_select(products(query, keys), live, k, scale,
                                                                           first_row)
     else:

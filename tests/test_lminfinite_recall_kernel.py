@@ -88,6 +88,26 @@ def test_the_kernels_pick_float64s_top_k_among_the_rows_in_use(dtype, rows, n, l
     assert (gathered[..., found:, :] == 0).all()
 
 
+def test_more_query_rows_than_a_decode_step_has_are_scanned_not_multiplied_whole(monkeypatch):
+    """SCORES = "products" holds every product: for a question read with recall (more rows than
+    recall_kernel.PRODUCT_ROWS) that would be rows times more, so those are scanned, with the same picks."""
+    from lminfinite import recall_triton
+
+    monkeypatch.setattr(recall_kernel, "SCORES", "products")
+    called, select, scan = [], recall_triton.select, recall_triton.scan
+    monkeypatch.setattr(recall_triton, "select", lambda *args: called.append("select") or select(*args))
+    monkeypatch.setattr(recall_triton, "scan", lambda *args: called.append("scan") or scan(*args))
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.randn(1, 2, 300, 32, generator=generator)
+    for rows in (recall_kernel.PRODUCT_ROWS, recall_kernel.PRODUCT_ROWS + 1):
+        query = torch.randn(1, 2, rows, 32, generator=generator)
+        logits, positions = recall_kernel.store_topk(query, keys, None, k=3, scale=1.0, first_row=0)
+        best, rows_picked = (query.double() @ keys.double().transpose(-1, -2)).topk(3, dim=-1)
+        torch.testing.assert_close(logits.double(), best, atol=1e-5, rtol=1e-5)
+        assert torch.equal(positions, rows_picked)
+    assert called == ["select", "scan"]
+
+
 @pytest.mark.parametrize("rows", [1, 2])  # recall_kernel.FEW_ROWS: more rows are scanned a block a program
 @pytest.mark.parametrize("rising", [True, False])
 def test_a_program_over_several_blocks_keeps_their_k_best_as_each_block_displaces_earlier_picks(rows, rising,
