@@ -90,17 +90,15 @@ def test_best_of_rounds_keeps_each_cells_fastest_times_and_any_error():
 
 
 def test_a_deadline_leaves_later_cells_out_and_a_later_round_fills_them(monkeypatch):
-    from types import SimpleNamespace
-
     from benchmarks import speed
 
     ran = []
     monkeypatch.setattr(speed, "measure_in_fresh_process", lambda spawn, job: ran.append(job["context"]) or dict(
         method=job["method"], context=job["context"], prefill_s=1.0, prefill_tok_s=job["context"], decode_ms=5.0,
         peak_bytes=1, kv_bytes=1, error="", half_prefill_s=0.5))
-    args = SimpleNamespace(device="cpu", model="random", window=WINDOW, load_in_4bit=False, decode_tokens=DECODE,
-                           prefill_chunk=None, n_starting=N_STARTING, topk=2, threads=1, recall_prefill=None,
-                           vanilla_budget_s=1e9, repeat_budget_s=60.0)
+    args = speed.parse_args(["--device", "cpu", "--window", str(WINDOW), "--decode-tokens", str(DECODE),
+                             "--n-starting", str(N_STARTING), "--topk", "2", "--threads", "1",
+                             "--vanilla-budget-s", "1e9"])  # every flag the cells take, as a command line gives them
     past = speed.run_round(args, "float32", [WINDOW, 2 * WINDOW], ["lminfinite"], {}, None, deadline=0.0)
     assert ran == [] and [r["error"] for r in past] == [speed.NO_TIME] * 2
     stop_at = speed.stops_in([past], 1e9)
