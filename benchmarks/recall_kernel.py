@@ -26,6 +26,7 @@ import torch
 
 from benchmarks import decode_span
 from benchmarks.call_timing import timed, timed_graph
+from benchmarks.measure import set_recall
 from benchmarks.report import add_publish_arguments, publish
 from ingest.tables import markdown_table
 from lminfinite import recall_kernel
@@ -90,13 +91,11 @@ def main(argv=None) -> None:
 def library_settings(settings: dict):
     """recall_kernel's module settings (SPAN, SCORES) set to ``settings`` inside, as they were after."""
     before = {name: getattr(recall_kernel, name) for name in settings}
-    for name, value in settings.items():
-        setattr(recall_kernel, name, value)
+    set_recall(settings)
     try:
         yield
     finally:
-        for name, value in before.items():
-            setattr(recall_kernel, name, value)
+        set_recall(before)
 
 
 def decode_step(args, middle: int, device, dtype) -> tuple:
