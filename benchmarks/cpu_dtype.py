@@ -1,5 +1,5 @@
 """bfloat16 against float32 on this CPU, side by side in one process: the same model loaded in each dtype as
-``--dtype`` loads it (bfloat16 with the integer decode copies where the model has them, app/engine/decode_weights.py),
+``--dtype`` loads it (each with the integer decode copies where the model has them, app/engine/decode_weights.py),
 the two taking turns round by round, so the load of a noisy machine falls on both.
 
     python -m benchmarks.cpu_dtype --model qwen2.5-coder-1.5b --rounds 3
@@ -26,7 +26,7 @@ def parse_args(argv=None):
 
 
 def integer_copies(model) -> str:
-    """What the bfloat16 model decodes through: its integer copies by kind (app/engine/decode_weights.py), or not."""
+    """What a model decodes through: its integer copies by kind (app/engine/decode_weights.py), or not."""
     from app.engine.decode_weights import CopyKind, DecodeLinear
 
     swapped = [m for m in model.modules() if isinstance(m, DecodeLinear)]
@@ -51,9 +51,9 @@ def main(argv=None) -> str:
     ways = {dtype: (lambda runtime=runtime: runtime) for dtype, runtime in runtimes.items()}
     turns = take_turns(ways, ids[:args.context], args.rounds, args.decode)
     auto, why = default_cpu_dtype()
-    copies = integer_copies(runtimes["bfloat16"].model)
+    copies = {dtype: integer_copies(runtime.model) for dtype, runtime in runtimes.items()}
     text = (f"{time.strftime('%Y-%m-%d')}, this CPU, {args.threads} threads; {runtimes['bfloat16'].name}, bfloat16 "
-            f"decoding through {copies}; a {args.context:,}-token prefill then {args.decode} greedy tokens, each "
+            f"decoding through {copies['bfloat16']}, float32 through {copies['float32']}; a {args.context:,}-token prefill then {args.decode} greedy tokens, each "
             f"dtype in turn. bfloat16 reads {turns.prefill_ratio():.2f}× and decodes {turns.decode_ratio():.2f}× as "
             f"fast (median ratios); the greedy tokens agree {turns.greedy_agree()} of {args.decode}. "
             f"`--dtype auto` here: {str(auto).removeprefix('torch.')} ({why}).\n\n{turns.table()}")

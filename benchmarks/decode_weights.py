@@ -1,5 +1,6 @@
-"""Decoding through integer copies of the weights against the model's own bfloat16 weights, side by side in one
-process (app/engine/decode_weights.py): the same loaded model, its linear layers swapped in and out each round.
+"""Decoding through integer copies of the weights against the model's own weights (bfloat16, or float32 on a CPU
+without bfloat16 units), side by side in one process (app/engine/decode_weights.py): the same loaded model, its
+linear layers swapped in and out each round.
 
     python -m benchmarks.decode_weights --model qwen2.5-coder-1.5b --rounds 3
 
@@ -113,17 +114,20 @@ def main(argv=None) -> None:
             return runtime
         return ready
 
-    ways = {"bfloat16": swapped_to({name: module.dense for name, module in swapped.items()}),
+    dtype = str(model.dtype).removeprefix("torch.")
+    ways = {dtype: swapped_to({name: module.dense for name, module in swapped.items()}),
             "integer": swapped_to(swapped)}
     ids = runtime.tokenizer.encode(TEXT * (args.context // 20 + 1), add_special_tokens=False)[:args.context]
     turns = take_turns(ways, ids, args.rounds, args.decode)
     kinds = {kind: sum(m.kind == kind for m in swapped.values()) for kind in ("int4", "int8")}
     table, median, same = turns.table(), turns.decode_ratio(), turns.greedy_agree()
-    text = (f"{time.strftime('%Y-%m-%d')}, this CPU, {args.threads} threads; {runtime.name}: {kinds['int4']} layers "
+    text = (f"{time.strftime('%Y-%m-%d')}, this CPU, {args.threads} threads; {runtime.name} in {dtype}: "
+            f"{kinds['int4']} layers "
             f"in 4 bits, {kinds['int8']} in 8; a {args.context:,}-token prefill then {args.decode} greedy tokens, "
             f"each way in turn on the same loaded model. Decode {median:.2f}× as fast (median ratio); the greedy "
             f"tokens agree {same} of {args.decode}.\n\n{table}")
-    write_result(args.out / f"decode_weights_{args.model}.md", text)
+    suffix = "" if model.dtype == torch.bfloat16 else f"_{dtype}"  # the bfloat16 file was the first one written
+    write_result(args.out / f"decode_weights_{args.model}{suffix}.md", text)
 
 
 def write_result(path: Path, text: str) -> None:

@@ -7,8 +7,11 @@ on a 4-bit grid: Q4_K stores each group of 32 weights as ``offset + step * q`` w
 finds that grid again in the dequantized weights (to bfloat16 rounding) and keeps the codes: the same weights, a
 quarter of the bytes. A weight that lies on no such grid (Q6_K, Q8_0, float) is kept as int8 with one scale per
 output row, the closest PyTorch's CPU kernels come. Prefill (many rows at once) keeps the bfloat16 weights: there
-the matrix unit is compute-bound and the integer kernels are several times slower. Only a bfloat16 model gets
-copies: fed float32 rows, the kernels ran slower than float32's own product (model_loading.use_decode_weights).
+the matrix unit is compute-bound and the integer kernels are several times slower. The kernels are fed bfloat16
+rows, in a float32 model too (a CPU without bfloat16 units runs the model in float32, cpu_dtype.py): on such a CPU
+(AMD EPYC, AVX2 only, 1 thread) a 1536 x 8960 product of one row took 1.8-3.8 ms through the 4-bit copy fed
+bfloat16, 29-37 ms fed float32, and 5.8-7.9 ms through float32's own weights. The row is rounded to bfloat16 going
+in, as a bfloat16 model's is, and the product comes back in the model's dtype.
 
 The copies are made once per converted model and cached beside it (``decode-weights.safetensors``).
 """
@@ -31,6 +34,7 @@ from lminfinite.tensor_file import TensorFile
 log = logging.getLogger(__name__)
 
 GROUP = 32  # weights per 4-bit group: Q4_K's sub-block, and a group size PyTorch's int4 CPU kernel takes
+ROWS_DTYPE = torch.bfloat16  # what the integer kernels are fed, whatever the model's dtype (module docstring)
 DECODE_ROWS = 1  # a forward of one token uses the integer copy (an answer: one token at a time); the int8 kernel
 # crashed the process on a 4-row forward inside Qwen2.5-Coder-1.5B (torch 2.13), so more rows go to the dense layer
 ON_GRID = 0.1  # a weight is on its group's grid when it lies within this fraction of a step of a grid point
@@ -141,7 +145,7 @@ class DecodeLinear(nn.Module):
     """A linear layer that multiplies a few rows by an integer copy of its weight, and more rows by the layer
     itself (``dense``, unchanged and still the model's parameter)."""
 
-    def __init__(self, dense: nn.Linear, copy: Int4Grid | Int8Rows, dtype: torch.dtype):
+    def __init__(self, dense: nn.Linear, copy: Int4Grid | Int8Rows):
         super().__init__()
         self.dense = dense
         self.kind = CopyKind.INT4 if isinstance(copy, Int4Grid) else CopyKind.INT8
@@ -152,10 +156,10 @@ class DecodeLinear(nn.Module):
             # the kernel's weight is (code - 8) * scale + zero, per group; [in / GROUP, out, 2]
             zeros = copy.offsets + 8 * copy.steps
             self.register_buffer("scales_zeros", torch.stack([copy.steps, zeros], -1).transpose(0, 1).contiguous()
-                                 .to(dtype), persistent=False)
+                                 .to(ROWS_DTYPE), persistent=False)
         else:
             self.register_buffer("values", copy.values, persistent=False)
-            self.register_buffer("scales", copy.scales.to(dtype), persistent=False)
+            self.register_buffer("scales", copy.scales.to(ROWS_DTYPE), persistent=False)
 
     @property
     def weight(self) -> torch.Tensor:  # what code reading ``layer.weight`` (its dtype, its device) expects
@@ -165,11 +169,12 @@ class DecodeLinear(nn.Module):
         rows = x.numel() // x.shape[-1]
         if rows > DECODE_ROWS or x.dtype != self.dense.weight.dtype:
             return self.dense(x)
-        flat = x.reshape(rows, x.shape[-1]).contiguous()  # the kernels read it as one block
+        flat = x.reshape(rows, x.shape[-1]).to(ROWS_DTYPE).contiguous()  # the kernels read it as one block
         if self.kind is CopyKind.INT4:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
         else:
             out = torch.ops.aten._weight_int8pack_mm(flat, self.values, self.scales)
+        out = out.to(x.dtype)
         if self.dense.bias is not None:
             out = out + self.dense.bias
         return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -249,14 +254,13 @@ def write(sidecar: Path, tensors: dict[str, torch.Tensor]) -> bool:
 def use_for_decoding(model: nn.Module, folder: Path | None = None) -> dict[str, int]:
     """Swap each linear layer for a DecodeLinear over it (nn.Module.set_submodule); returns how many layers took
     each kind. Tied weights stay tied: the dense layer is the same module."""
-    dtype = next(model.parameters()).dtype
     kinds = dict.fromkeys(CopyKind, 0)
     with cached_copies(model, folder) as tensors:
         for name, layer in linear_layers(model):
             copy = copies_from(tensors, name)
             if copy is None:
                 continue
-            swapped = DecodeLinear(layer, copy, dtype)
+            swapped = DecodeLinear(layer, copy)
             model.set_submodule(name, swapped)
             kinds[swapped.kind] += 1
     return kinds
