@@ -53,9 +53,10 @@ def main(argv=None) -> str:
     auto, why = default_cpu_dtype()
     copies = {dtype: integer_copies(runtime.model) for dtype, runtime in runtimes.items()}
     text = (f"{time.strftime('%Y-%m-%d')}, this CPU, {args.threads} threads; {runtimes['bfloat16'].name}, bfloat16 "
-            f"decoding through {copies['bfloat16']}, float32 through {copies['float32']}; a {args.context:,}-token prefill then {args.decode} greedy tokens, each "
-            f"dtype in turn. bfloat16 reads {turns.prefill_ratio():.2f}× and decodes {turns.decode_ratio():.2f}× as "
-            f"fast (median ratios); the greedy tokens agree {turns.greedy_agree()} of {args.decode}. "
+            f"decoding through {copies['bfloat16']}, float32 through {copies['float32']}; a {args.context:,}-token "
+            f"prefill then {args.decode} greedy tokens, each dtype in turn. bfloat16 reads "
+            f"{turns.prefill_ratio():.2f}× and decodes {turns.decode_ratio():.2f}× as fast (median ratios); the "
+            f"greedy tokens agree {turns.greedy_agree()} of {args.decode}. "
             f"`--dtype auto` here: {str(auto).removeprefix('torch.')} ({why}).\n\n{turns.table()}")
     write_result(args.out / f"cpu_dtype_{Path(args.model).name}.md", text)
     return text

@@ -122,10 +122,9 @@ def main(argv=None) -> None:
     kinds = {kind: sum(m.kind == kind for m in swapped.values()) for kind in ("int4", "int8")}
     table, median, same = turns.table(), turns.decode_ratio(), turns.greedy_agree()
     text = (f"{time.strftime('%Y-%m-%d')}, this CPU, {args.threads} threads; {runtime.name} in {dtype}: "
-            f"{kinds['int4']} layers "
-            f"in 4 bits, {kinds['int8']} in 8; a {args.context:,}-token prefill then {args.decode} greedy tokens, "
-            f"each way in turn on the same loaded model. Decode {median:.2f}× as fast (median ratio); the greedy "
-            f"tokens agree {same} of {args.decode}.\n\n{table}")
+            f"{kinds['int4']} layers in 4 bits, {kinds['int8']} in 8; a {args.context:,}-token prefill then "
+            f"{args.decode} greedy tokens, each way in turn on the same loaded model. Decode {median:.2f}× as fast "
+            f"(median ratio); the greedy tokens agree {same} of {args.decode}.\n\n{table}")
     suffix = "" if model.dtype == torch.bfloat16 else f"_{dtype}"  # the bfloat16 file was the first one written
     write_result(args.out / f"decode_weights_{args.model}{suffix}.md", text)
 
