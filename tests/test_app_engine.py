@@ -20,7 +20,8 @@ from app.session.source_files import SourceFiles
 from app.web import views
 from app.cli import AppConfig
 from app.engine.context import ContextEngine
-from app.engine.context_records import AnswerDelta, AnswerResult, ContextFull, ContextOutOfMemory, EngineError, Stopped
+from app.engine.context_records import (AnswerDelta, AnswerProgress, AnswerResult, AnswerStage, ContextFull,
+                                        ContextOutOfMemory, EngineError, Stopped)
 from app.engine.citations import CARRIED_TOKENS, NEUTRAL_QUESTION, lead_with_answer_source
 from app.engine.generation import GenerationSettings
 from app.engine.history import Exchange
@@ -548,6 +549,32 @@ def test_a_quoted_answer_comes_from_the_quote_and_leaves_only_its_question_and_a
     # and question), the sampled tokens fed back there (all but the last), then the question and the answer.
     sampled_fed = result.tokens - (result.finish != "eos")
     assert forwarded == read[NEUTRAL_QUESTION] + read[question] + reader + sampled_fed + engine.length - before
+
+
+def test_before_its_first_token_an_answer_says_what_it_reads_and_how_far(runtime):
+    """First the question, read into the context; then the passages quoted for the answer with the question, in the
+    reader, chunk by chunk up to its whole opening (prefill_chunk is 64 here). Drawn again, the answer reads the
+    same passages again."""
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like(pages=10)))
+    length = engine.length
+    items = list(engine.ask("What is the pass key?", QUOTING))
+    result = items[-1]
+    assert isinstance(result, AnswerResult) and result.quoted
+    first_token = next(i for i, item in enumerate(items) if isinstance(item, AnswerDelta))
+    progress = [(i, item) for i, item in enumerate(items) if isinstance(item, AnswerProgress)]
+    assert all(i < first_token for i, _ in progress)
+    question, quotes = progress[0][1], [item for _, item in progress[1:]]
+    assert question == AnswerProgress(AnswerStage.QUESTION, 0, result.question_tokens, 0.0, context_tokens=length)
+    reader = len(AnswerReader.opening(engine.format, SYSTEM, engine.turns[-1].quoted))
+    assert reader > 128  # several chunks
+    assert [q.stage for q in quotes] == [AnswerStage.QUOTES] * len(quotes)
+    assert [q.done for q in quotes] == [0, *range(64, reader, 64), reader] and {q.total for q in quotes} == {reader}
+    assert all(q.sources == result.citations.quote_sources for q in quotes) and result.citations.quote_sources
+    assert quotes[0].seconds == 0 < quotes[1].seconds <= quotes[-1].seconds
+    again = [item for item in engine.regenerate(GREEDY) if isinstance(item, AnswerProgress)]
+    assert [(q.stage, q.done, q.total, q.sources) for q in again] == [(q.stage, q.done, q.total, q.sources)
+                                                                       for q in quotes]
 
 
 def _check_the_quotes_are_the_best_chunks(runtime, engine, result):

@@ -11,6 +11,8 @@ import gradio as gr
 import pytest
 import torch
 
+from app.engine.context_records import AnswerStage
+from app.session.workspace_file import session_record
 from app_fixtures import make_long_text, make_pdf, make_repo_zip
 from fake_clock import FakeClock
 from handler_fixtures import SETTINGS, drain, make_handlers, request
@@ -312,3 +314,26 @@ def json_export(handlers, req):
                 (isinstance(p, dict) and p["path"].endswith(".json")))
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def test_a_pending_answer_shows_what_it_reads_then_only_the_answer(runtime, tmp_path, monkeypatch):
+    """The answer's place says what is read before its first token (each stage shown as it begins), the first
+    token replaces it, and the answer kept (and saved) holds nothing of it."""
+    import app.session.model_work as model_work
+
+    monkeypatch.setattr(model_work, "UI_INTERVAL_S", 3600.0)  # only a stage that begins is shown at once
+    handlers = make_handlers(runtime)
+    req = request("progress")
+    handlers.submit({"text": "What is the pass key?", "files": [str(make_pdf(tmp_path / "r.pdf"))]}, req)
+    drain(handlers.read(req))
+    session = handlers.registry.peek("progress")
+    shown = []
+    for _ in handlers.run(*SETTINGS, req):
+        answer = session.chat[-1]
+        if answer.kind == "answer" and answer.pending and answer.progress is not None:
+            shown.append((answer.progress.stage, answer.progress.done, answer.text))
+    assert [stage for stage, _, _ in shown] == [AnswerStage.QUESTION, AnswerStage.QUOTES]
+    assert shown[1][1] == 0 and not any(text for _, _, text in shown)
+    answer = session.chat[-1]
+    assert answer.text and not answer.pending and answer.progress is None and answer.stats["quoted"]
+    assert "progress" not in session_record(session)["chat"][-1]

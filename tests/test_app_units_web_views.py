@@ -8,8 +8,9 @@ import re
 import pytest
 
 from app.engine.citations import Citation
+from app.engine.context_records import AnswerProgress, AnswerStage
 from app.engine.metrics import DeviceMemory, Feeding, LiveStats, RateMeter, SessionSeries, device_memory
-from app.session.state import ChatItem
+from app.session.state import ChatItem, ItemKind
 from app.web import views
 from ingest import Provenance
 
@@ -117,3 +118,22 @@ def test_regenerated_answer_says_it_was_sampled():
                            "sampling": "regenerated with sampling, temperature 0.7"})
     assert ("first token 400 ms · 50 tok/s · 3 tokens · regenerated with sampling, temperature 0.7</sub>"
             in views.answer_markdown(item))
+
+
+def test_a_pending_answer_says_what_it_reads_until_its_first_token():
+    page, lines = Provenance("report_v2.pdf", 5, "v"), Provenance("src/x_y.py", None, None, 3, 40)
+    item = ChatItem("assistant", ItemKind.ANSWER, pending=True)
+    assert views.answer_markdown(item) == "…"
+    item.progress = AnswerProgress(AnswerStage.QUESTION, 0, 30, 0.0, context_tokens=94210)
+    assert views.answer_markdown(item) == "*Reading the question into the context of 94,210 tokens…*"
+    # Two chunks of one page are one passage; labels are escaped as citations are.
+    quoted = "*Reading the 2 passages quoted for the answer (report\\_v2.pdf p. 5 \\(v\\), src/x\\_y.py:3\\-40): "
+    item.progress = AnswerProgress(AnswerStage.QUOTES, 0, 1536, 0.0, sources=(page, page, lines))
+    assert views.answer_markdown(item) == quoted + "1,536 tokens…*"
+    item.progress = AnswerProgress(AnswerStage.QUOTES, 512, 1536, 16.0, sources=(page, lines))
+    assert views.answer_markdown(item) == quoted + "512 of 1,536 tokens · 32 tok/s · about 32.0 s left…*"
+    item.progress = AnswerProgress(AnswerStage.QUOTES, 1536, 1536, 48.0)  # nothing quoted: the question alone
+    assert views.answer_markdown(item) == ("*Reading the question in the answer's own context: 1,536 of 1,536 tokens "
+                                           "· 32 tok/s…*")
+    item.text = "The pass key is 71432."  # the first token replaces it
+    assert views.answer_markdown(item) == "The pass key is 71432."

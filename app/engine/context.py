@@ -19,12 +19,13 @@ from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Generator, Iterator, Sequence
 
+from ingest import Provenance
 from ingest.documents import without_page_markers
 
 from .chat_format import Carry, ChatFormat, TurnState
 from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, Ranking, cite, lead_with_answer_source
-from .context_records import (AnswerDelta, AnswerResult, ContextFull, ContextOutOfMemory, DocumentChunk,
-                              DocumentPlan, EngineError, Piece, Saved, Stopped, Turn)
+from .context_records import (AnswerDelta, AnswerProgress, AnswerResult, AnswerStage, ContextFull, ContextOutOfMemory,
+                              DocumentChunk, DocumentPlan, EngineError, Piece, Saved, Stopped, Turn)
 from .document_choice import covers
 from .generation import Decoded, Finish, GenerationSettings, LoopGuard, next_token, whole_sentences
 from .history import DocumentsFed, Exchange
@@ -381,6 +382,7 @@ class ContextEngine:
         self._check_budget(planned + 2, "This question")
         baseline = self._neutral_pieces(settings, planned)
         earlier = self.last_exchange
+        yield AnswerProgress(AnswerStage.QUESTION, 0, planned, 0.0, context_tokens=self.length)
         with self._answering(), self._operation() as before:
             citations, seconds = yield from self._read_question(question, pieces, baseline, settings.answer_topk,
                                                                 cancel, before, self._quote_budget(settings),
@@ -390,7 +392,7 @@ class ContextEngine:
             if citations.quote_spans or (switched_off and settings.quote):
                 quoted = self._quoted_turn(question, citations)
                 self._restore(before)  # the question is read again after the answer, with it (_keep)
-                reader = yield from self._read_in_reader(quoted, cancel, earlier)
+                reader = yield from self._read_in_reader(quoted, cancel, earlier, citations.quote_sources)
             after_question = self._save(self._logits) if reader is None else None
             turn = Turn(before, after_question, citations, planned, quoted=quoted, earlier=earlier if quoted else None)
             result = yield from self._answer(turn, question, settings, cancel, started, prefill_tps, reader)
@@ -463,18 +465,22 @@ class ContextEngine:
             excerpts.append((where.label(), without_page_markers(text)))
         return quoted_question(excerpts, question)
 
-    def _read_in_reader(self, text: str, cancel, earlier: Exchange | None = None
-                        ) -> Generator[LiveStats, None, "AnswerReader"]:
+    def _read_in_reader(self, text: str, cancel, earlier: Exchange | None = None,
+                        sources: tuple[Provenance, ...] = ()) -> Generator[AnswerProgress, None, "AnswerReader"]:
         """A context of its own holding the system prompt, the ``earlier`` exchange and ``text`` (AnswerReader),
-        read without recall."""
+        read without recall; how far it has read is yielded before the first chunk and after each (``sources``:
+        the passages quoted in ``text``)."""
         reader = AnswerReader(self.runtime, self.cache, self.stats)
         ids = reader.opening(self.format, self.system_prompt, text, earlier)
         step = self.runtime.prefill_chunk
+        started = time.perf_counter()
+        yield AnswerProgress(AnswerStage.QUOTES, 0, len(ids), 0.0, sources=sources)
         for lo in range(0, len(ids), step):
             if cancel is not None and cancel.is_set():
                 raise Stopped(Feeding.QUESTION)
             reader.feed(ids[lo : lo + step])
-            yield self.stats
+            yield AnswerProgress(AnswerStage.QUOTES, min(lo + step, len(ids)), len(ids),
+                                 time.perf_counter() - started, sources=sources)
         return reader
 
     def _question_pieces(self, question: str) -> list[Piece]:
@@ -519,7 +525,8 @@ class ContextEngine:
             reader = None
             if turn.quoted:  # drawn in a reader of its own: read the quoted turn there again
                 self._restore(turn.before)
-                reader = yield from self._read_in_reader(turn.quoted, cancel, turn.earlier)
+                reader = yield from self._read_in_reader(turn.quoted, cancel, turn.earlier,
+                                                         turn.citations.quote_sources)
             else:
                 self._restore(turn.after_question)
             result = yield from self._answer(turn, question, settings, cancel, started, 0.0, reader)

@@ -4,6 +4,7 @@ turns, and the events of an answer. Kept apart so the engine's file holds the en
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 from ingest import Provenance
@@ -105,6 +106,27 @@ class Turn:
     quoted: str = ""  # the user turn the answer was drawn from when it quoted sources (quoting.py), read in a
     # context of its own (AnswerReader): regenerate reads it there again
     earlier: Exchange | None = None  # the exchange the reader held before that turn (reader.py)
+
+
+class AnswerStage(StrEnum):
+    """What an answer reads before its first token: the question, into the session's context (its recall ranks the
+    sources), then the quoted passages with the question, in the answer's own reader (reader.py). On a CPU without
+    bfloat16 units the second took about a minute for the 1.5B: the user is shown which passages, and how far."""
+
+    QUESTION = "question"
+    QUOTES = "quotes"
+
+
+@dataclass(frozen=True)
+class AnswerProgress:
+    """How far an answer's reading before its first token has come (``stage``)."""
+
+    stage: AnswerStage
+    done: int  # tokens of this stage read so far
+    total: int  # tokens this stage reads
+    seconds: float  # since this stage began
+    context_tokens: int = 0  # QUESTION: the context the question is read into
+    sources: tuple[Provenance, ...] = ()  # QUOTES: the passages quoted, best first (none: the question alone)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from ingest.units import human_bytes
 
 from ..engine.budget import Budget
 from ..engine.context import ContextEngine
-from ..engine.context_records import AnswerDelta, AnswerResult, EngineError, Stopped
+from ..engine.context_records import AnswerDelta, AnswerProgress, AnswerResult, EngineError, Stopped
 from ..engine.replay import DOCUMENTS_ONLY, before_exchange, replay, replay_cost, without_source
 from ..engine.generation import GenerationSettings
 from ..engine.metrics import LiveStats, Phase, human_seconds
@@ -221,8 +221,13 @@ class ModelWork:
         finished = False
         try:
             for event in events:
-                if isinstance(event, AnswerDelta):
-                    item.text = event.text
+                if isinstance(event, AnswerProgress):  # shown in the answer's place until its first token
+                    stage_changed = item.progress is None or item.progress.stage is not event.stage
+                    item.progress = event
+                    if throttle() or stage_changed:
+                        yield
+                elif isinstance(event, AnswerDelta):
+                    item.text, item.progress = event.text, None
                     if throttle():
                         yield
                 elif isinstance(event, AnswerResult):
@@ -241,6 +246,8 @@ class ModelWork:
             item.text = (item.text + "\n\n" if item.text else "") + f"⚠ {said.message}"
             if question_item is not None:
                 question_item.in_context = False
+        finally:
+            item.progress = None  # answered, stopped or failed: nothing is being read for it now
 
     @staticmethod
     def _mark_stopped(item: ChatItem, question_item: ChatItem | None) -> None:

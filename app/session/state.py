@@ -20,6 +20,7 @@ from ..cli import AppConfig
 from ..engine.budget import Budget
 from ..engine.citations import Citation
 from ..engine.context import ContextEngine
+from ..engine.context_records import AnswerProgress
 from ..engine.document_choice import covers
 from ..engine.metrics import LiveStats, SessionSeries
 from ..engine.runtime import ModelRuntime, release_memory
@@ -70,6 +71,7 @@ class ChatItem:
     stats: dict = field(default_factory=dict)
     stopped: bool = False
     in_context: bool = True
+    progress: AnswerProgress | None = None  # a pending answer's reading before its first token; never saved
 
 
 @dataclass

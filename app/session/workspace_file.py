@@ -73,6 +73,7 @@ def conversation_summary(session: Session) -> tuple[int, str]:
 
 def _chat_item(item: ChatItem) -> dict:
     data = asdict(item)
+    del data["progress"]  # what a pending answer was reading: a saved answer is never pending
     data["citations"] = [{"where": asdict(c.where), "share": c.share, "snippet": c.snippet} for c in item.citations]
     return data
 

@@ -15,6 +15,7 @@ from ingest.results import Provenance
 from ingest.units import human_bytes
 
 from ..engine.budget import Budget
+from ..engine.context_records import AnswerProgress, AnswerStage
 from ..engine.generation import Finish
 from ..engine.metrics import DeviceMemory, LiveStats, Phase, Sample, human_seconds
 from ..session.uploads import STATUS_LABELS, DocumentRow, plural
@@ -57,9 +58,27 @@ def cited(where: Provenance, opens: Opens | None) -> str:
     return f"[{markdown_text(where.label())}]({url})" if url else f"`{where.label()}`"
 
 
+def progress_markdown(progress: AnswerProgress) -> str:
+    """What a pending answer is reading before its first token: the question, then the passages quoted for it, how
+    far, and (once a chunk is read) how fast and how long is left."""
+    if progress.stage is AnswerStage.QUESTION:
+        return f"*Reading the question into the context of {progress.context_tokens:,} tokens…*"
+    labels = list(dict.fromkeys(markdown_text(where.label()) for where in progress.sources))
+    what = (f"the {plural(len(labels), 'passage')} quoted for the answer ({', '.join(labels)})" if labels
+            else "the question in the answer's own context")
+    if not progress.done or progress.seconds <= 0:
+        return f"*Reading {what}: {progress.total:,} tokens…*"
+    rate = progress.done / progress.seconds
+    left = (progress.total - progress.done) / rate
+    return (f"*Reading {what}: {progress.done:,} of {progress.total:,} tokens · {_fmt_rate(rate)}"
+            + (f" · about {fmt_seconds(left)} left…*" if left >= 1 else "…*"))
+
+
 def answer_markdown(item: ChatItem, opens: Opens | None = None) -> str:
-    """An answer, its sources (each a link where ``opens`` gives one: source_files.py) and its numbers."""
-    parts = [item.text or ("…" if item.pending else "(empty answer)")]
+    """An answer, its sources (each a link where ``opens`` gives one: source_files.py) and its numbers; while it is
+    pending, before its first token, what it is reading."""
+    waiting = progress_markdown(item.progress) if item.progress is not None else "…"
+    parts = [item.text or (waiting if item.pending else "(empty answer)")]
     if item.citations:
         lines = [f"- {cited(c.where, opens)} · {c.share:.0%}" + (f" · “{c.snippet}”" if c.snippet else "")
                  for c in item.citations]
