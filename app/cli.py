@@ -105,7 +105,7 @@ class AppConfig:
                                        "in the paper, 1 for the demo model)", group=LM_INFINITE, type=int, at_least=0)
     offload_middle: bool = flag(False, "keep the evicted middle tokens in CPU memory (GPU memory stays bounded)",
                                 group=LM_INFINITE, action="store_true")
-    prefill_chunk: int = flag(512, "tokens per prefill forward; Stop acts between chunks (default: 512)",
+    prefill_chunk: int = flag(512, "tokens per prefill forward; another session's question waits for at most one (default: 512)",
                               group=LM_INFINITE, type=int, at_least=1)
     # tokens; None: sized from memory (1M on CPU)
     context_budget: int | None = flag(None, "most tokens one session's context may hold; documents that would not "

@@ -25,6 +25,7 @@ from app.engine.context_records import (AnswerDelta, AnswerProgress, AnswerResul
 from app.engine.citations import CARRIED_TOKENS, NEUTRAL_QUESTION, lead_with_answer_source
 from app.engine.generation import GenerationSettings
 from app.engine.history import Exchange
+from app.engine.layer_stop import decoder_layers
 from app.engine.reader import AnswerReader
 from app.engine.quoting import QUOTED_CHUNKS, quoted_question
 from ingest.documents import without_page_markers
@@ -190,6 +191,74 @@ def test_stop_mid_answer_removes_the_turn(runtime):
     run(fresh.feed_documents(pdf_like()))
     assert answer(engine, "What is the pass key?").text == answer(fresh, "What is the pass key?").text
     assert list(engine.token_ids) == list(fresh.token_ids)
+
+
+class StopAtLayer:
+    """Sets a cancel flag as decoder layer ``at`` ends a forward of several tokens once ``armed`` (Stop pressed
+    then), and counts the layers that start after it. Its hooks come after the runtime's (layer_stop.py), so a layer
+    the runtime stops is not counted."""
+
+    def __init__(self, runtime, at: int = 1, armed: bool = True):
+        self.event, self.armed, self.after = threading.Event(), armed, 0
+        layers = decoder_layers(runtime.model)
+        assert len(layers) > at + 1
+        self.handles = [layer.register_forward_pre_hook(self._count) for layer in layers]
+        self.handles.append(layers[at].register_forward_hook(self._set))
+
+    def _count(self, module, args):
+        self.after += self.event.is_set()
+
+    def _set(self, module, args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        if self.armed and hidden.shape[-2] > 1:
+            self.event.set()
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+def test_stop_ends_a_prefill_forward_between_two_layers_and_rolls_back_exactly(runtime):
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like()))
+    answer(engine, "What is the pass key?")
+    kept = (engine.length, list(engine.token_ids), engine.cache.get_seq_length(), engine.state)
+    calls, stop = runtime.forward_calls, StopAtLayer(runtime)
+    try:
+        with pytest.raises(Stopped):
+            run(engine.feed_documents(code_file() * 3, stop.event))
+    finally:
+        stop.remove()
+    assert stop.after == 0 and runtime.forward_calls == calls  # no layer ran after Stop; no forward finished
+    assert (engine.length, list(engine.token_ids), engine.cache.get_seq_length(), engine.state) == kept
+
+    fresh = new_engine(runtime)
+    run(fresh.feed_documents(pdf_like()))
+    answer(fresh, "What is the pass key?")
+    question = "Say the pass key again."
+    assert answer(engine, question).answer_ids == answer(fresh, question).answer_ids
+    assert list(engine.token_ids) == list(fresh.token_ids)
+
+
+def test_stop_while_the_quotes_are_read_ends_within_a_layer_and_leaves_the_context_as_it_was(runtime):
+    engine, fresh = new_engine(runtime), new_engine(runtime)
+    for each in (engine, fresh):
+        run(each.feed_documents(pdf_like(pages=10)))
+    kept = (engine.length, list(engine.token_ids), engine.cache.get_seq_length(), engine.state)
+    stop = StopAtLayer(runtime, armed=False)
+    calls = None
+    try:
+        with pytest.raises(Stopped):
+            for event in engine.ask("What is the pass key?", QUOTING, stop.event):
+                if isinstance(event, AnswerProgress) and event.stage is AnswerStage.QUOTES:
+                    stop.armed, calls = True, runtime.forward_calls  # the reader's first forward comes next
+    finally:
+        stop.remove()
+    assert calls is not None and stop.after == 0 and runtime.forward_calls == calls
+    assert (engine.length, list(engine.token_ids), engine.cache.get_seq_length(), engine.state) == kept
+    assert not engine.turns
+    question = "What is the pass key?"
+    assert answer(engine, question, QUOTING).answer_ids == answer(fresh, question, QUOTING).answer_ids
 
 
 def test_out_of_memory_rolls_back_and_keeps_serving(runtime, monkeypatch):

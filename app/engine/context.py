@@ -29,6 +29,7 @@ from .context_records import (AnswerDelta, AnswerProgress, AnswerResult, AnswerS
 from .document_choice import covers
 from .generation import Decoded, Finish, GenerationSettings, LoopGuard, next_token, whole_sentences
 from .history import DocumentsFed, Exchange
+from .layer_stop import StoppedMidForward
 from .lexical import ChunkIndex, token_matches
 from .metrics import Feeding, LiveStats, RateMeter
 from .native_memory import trim_heap
@@ -156,8 +157,9 @@ class ContextEngine:
         return self.runtime.gate.turn(self.cache, answer=True, stats=self.stats)
 
     # -- low level: one forward ----------------------------------------------------------------
-    def _forward(self, ids: list[int], *, topk: int):
-        logits = self.runtime.forward(ids, self.cache, topk=topk, stats=self.stats, decoder=self._decoder)
+    def _forward(self, ids: list[int], *, topk: int, cancel=None):
+        logits = self.runtime.forward(ids, self.cache, topk=topk, stats=self.stats, decoder=self._decoder,
+                                      cancel=cancel)
         self.token_ids.extend(ids)
         self.tokens_fed += len(ids)
         self.stats.context_tokens = self.length
@@ -200,7 +202,10 @@ class ContextEngine:
             if cancel is not None and cancel.is_set():
                 raise Stopped(what)
             ids = stream[lo : lo + step]
-            self._logits = self._forward(ids, topk=topk)
+            try:
+                self._logits = self._forward(ids, topk=topk, cancel=cancel)
+            except StoppedMidForward:  # within one layer of Stop; the operation rolls the cache back
+                raise Stopped(what) from None
             meter.add(len(ids))
             while finished < len(pieces) and ends[finished] <= lo + len(ids):
                 self._record(pieces[finished], start + ends[finished] - len(pieces[finished].ids))
@@ -478,7 +483,10 @@ class ContextEngine:
         for lo in range(0, len(ids), step):
             if cancel is not None and cancel.is_set():
                 raise Stopped(Feeding.QUESTION)
-            reader.feed(ids[lo : lo + step])
+            try:
+                reader.feed(ids[lo : lo + step], cancel)
+            except StoppedMidForward:
+                raise Stopped(Feeding.QUESTION) from None
             yield AnswerProgress(AnswerStage.QUOTES, min(lo + step, len(ids)), len(ids),
                                  time.perf_counter() - started, sources=sources)
         return reader

@@ -54,8 +54,9 @@ class AnswerReader:
         question, _ = format.question(user_turn, carry)
         return [*ids, *question]
 
-    def feed(self, ids: list[int]) -> torch.Tensor:
+    def feed(self, ids: list[int], cancel=None) -> torch.Tensor:
+        """Read ``ids``; once ``cancel`` is set, several tokens stop between layers (runtime.forward)."""
         self.logits = self.runtime.forward(ids, self.cache, topk=0, stats=self.stats, decoder=self.decoder,
-                                           owner=self.owner)
+                                           owner=self.owner, cancel=cancel)
         self.length += len(ids)
         return self.logits

@@ -19,6 +19,7 @@ import torch
 import lminfinite
 from lminfinite.graphed import CudaGraph
 
+from .layer_stop import LayerStop
 from .metrics import LiveStats
 from .model_gate import ModelGate
 from .native_memory import trim_heap
@@ -86,6 +87,7 @@ class ModelRuntime:
 
     def __post_init__(self) -> None:
         self.gate = ModelGate()
+        self.layer_stop = LayerStop(self.model)
         self.input_device = self.model.get_input_embeddings().weight.device
         text_config = self.model.config.get_text_config()
         self.num_layers = int(text_config.num_hidden_layers)
@@ -125,13 +127,15 @@ class ModelRuntime:
 
     @torch.inference_mode()
     def forward(self, ids: list[int], cache, *, topk: int, stats: LiveStats | None = None,
-                decoder: lminfinite.GraphedDecoder | None = None, owner: object = None) -> torch.Tensor:
+                decoder: lminfinite.GraphedDecoder | None = None, owner: object = None,
+                cancel: threading.Event | None = None) -> torch.Tensor:
         """Feed ``ids`` after what ``cache`` holds, recalling ``topk`` middle tokens (0: off); returns float32
         logits for the token after the last one. Waits its turn at the gate (``stats`` shows the wait), unless
         the cache's owner holds it already (an answer holds it throughout; ``owner``: whose turn this is, default
         ``cache``: a session's answer reader feeds its own cache in the session's turn). One token without recall
         goes through ``decoder`` when given (decoder_for), which replays a recorded step where it can (with recall
-        too, on a GPU: GraphedDecoder says when)."""
+        too, on a GPU: GraphedDecoder says when). Once ``cancel`` is set, a forward of several tokens ends before its
+        next decoder layer, raising StoppedMidForward (layer_stop.py): the caller rolls the cache back."""
         with self.gate.turn(cache if owner is None else owner, answer=False, stats=stats):
             cache.topk = topk
             input_ids = torch.tensor([ids], dtype=torch.long, device=self.input_device)
@@ -139,8 +143,9 @@ class ModelRuntime:
                 if decoder is not None and len(ids) == 1:
                     logits = decoder(input_ids)
                 else:
-                    logits = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
-                                        logits_to_keep=1).logits
+                    with self.layer_stop.watching(cancel if len(ids) > 1 else None):
+                        logits = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
+                                            logits_to_keep=1).logits
             except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError too
                 if not is_out_of_memory(exc):
                     raise
