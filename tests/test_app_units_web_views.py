@@ -130,9 +130,9 @@ def test_a_pending_answer_says_what_it_reads_until_its_first_token():
     quoted = "*Reading the 2 passages quoted for the answer (report\\_v2.pdf p. 5 \\(v\\), src/x\\_y.py:3\\-40): "
     item.progress = AnswerProgress(AnswerStage.QUOTES, 0, 1536, 0.0, sources=(page, page, lines))
     assert views.answer_markdown(item) == quoted + "1,536 tokens…*"
-    item.progress = AnswerProgress(AnswerStage.QUOTES, 512, 1536, 16.0, sources=(page, lines))
+    item.progress = AnswerProgress(AnswerStage.QUOTES, 512, 1536, 16.0, sources=(page, lines), rate=32.0, eta_s=32.0)
     assert views.answer_markdown(item) == quoted + "512 of 1,536 tokens · 32 tok/s · about 32.0 s left…*"
-    item.progress = AnswerProgress(AnswerStage.QUOTES, 1536, 1536, 48.0)  # nothing quoted: the question alone
+    item.progress = AnswerProgress(AnswerStage.QUOTES, 1536, 1536, 48.0, rate=32.0, eta_s=0.0)  # the question alone
     assert views.answer_markdown(item) == ("*Reading the question in the answer's own context: 1,536 of 1,536 tokens "
                                            "· 32 tok/s…*")
     item.text = "The pass key is 71432."  # the first token replaces it

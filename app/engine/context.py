@@ -478,7 +478,7 @@ class ContextEngine:
         reader = AnswerReader(self.runtime, self.cache, self.stats)
         ids = reader.opening(self.format, self.system_prompt, text, earlier)
         step = self.runtime.prefill_chunk
-        started = time.perf_counter()
+        meter = RateMeter()
         yield AnswerProgress(AnswerStage.QUOTES, 0, len(ids), 0.0, sources=sources)
         for lo in range(0, len(ids), step):
             if cancel is not None and cancel.is_set():
@@ -487,8 +487,9 @@ class ContextEngine:
                 reader.feed(ids[lo : lo + step], cancel)
             except StoppedMidForward:
                 raise Stopped(Feeding.QUESTION) from None
-            yield AnswerProgress(AnswerStage.QUOTES, min(lo + step, len(ids)), len(ids),
-                                 time.perf_counter() - started, sources=sources)
+            meter.add(len(ids[lo : lo + step]))
+            yield AnswerProgress(AnswerStage.QUOTES, meter.tokens, len(ids), meter.elapsed, sources=sources,
+                                 rate=meter.rate, eta_s=meter.eta(len(ids) - meter.tokens))
         return reader
 
     def _question_pieces(self, question: str) -> list[Piece]:

@@ -126,6 +126,8 @@ class AnswerProgress:
     total: int  # tokens this stage reads
     seconds: float  # since this stage began
     context_tokens: int = 0  # QUESTION: the context the question is read into
+    rate: float = 0.0  # tokens/s so far, once it means something (metrics.RateMeter); 0: not yet
+    eta_s: float | None = None  # seconds left at that rate
     sources: tuple[Provenance, ...] = ()  # QUOTES: the passages quoted, best first (none: the question alone)
 
 

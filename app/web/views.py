@@ -60,18 +60,17 @@ def cited(where: Provenance, opens: Opens | None) -> str:
 
 def progress_markdown(progress: AnswerProgress) -> str:
     """What a pending answer is reading before its first token: the question, then the passages quoted for it, how
-    far, and (once a chunk is read) how fast and how long is left."""
+    far, and (once a chunk is read) how fast and how long is left, as the engine's RateMeter measured them."""
     if progress.stage is AnswerStage.QUESTION:
         return f"*Reading the question into the context of {progress.context_tokens:,} tokens…*"
     labels = list(dict.fromkeys(markdown_text(where.label()) for where in progress.sources))
     what = (f"the {plural(len(labels), 'passage')} quoted for the answer ({', '.join(labels)})" if labels
             else "the question in the answer's own context")
-    if not progress.done or progress.seconds <= 0:
+    if not progress.done:
         return f"*Reading {what}: {progress.total:,} tokens…*"
-    rate = progress.done / progress.seconds
-    left = (progress.total - progress.done) / rate
-    return (f"*Reading {what}: {progress.done:,} of {progress.total:,} tokens · {_fmt_rate(rate)}"
-            + (f" · about {fmt_seconds(left)} left…*" if left >= 1 else "…*"))
+    rate = f" · {_fmt_rate(progress.rate)}" if progress.rate > 0 else ""
+    left = f" · about {fmt_seconds(progress.eta_s)} left" if progress.eta_s and progress.eta_s >= 1 else ""
+    return f"*Reading {what}: {progress.done:,} of {progress.total:,} tokens{rate}{left}…*"
 
 
 def answer_markdown(item: ChatItem, opens: Opens | None = None) -> str:
