@@ -36,7 +36,7 @@ import torch
 from benchmarks import devset
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("app", "retrieval", "retrieval-chat", "truncate")
+METHODS = ("app", "app-feeding", "retrieval", "retrieval-chat", "truncate")
 RETRIEVED = 4  # chunks the retrieval baseline pastes (a typical RAG default)
 MAX_NEW_TOKENS = 128  # Qwen restates the question first: 64 cut some answers before their point
 SYSTEM_PROMPT = "You are a helpful assistant. Answer questions about the document."  # the app's default
@@ -203,15 +203,46 @@ def answer_with_app(runtime, document, path: Path, args):
         for result in engine.ask(question.question, settings):
             pass
         assert isinstance(result, AnswerResult)
-        sources = [c.where for c in result.citations.citations]
-        yield Row("app", document.name, devset.split(document.name), index, question.question, result.text,
-                  question.is_right(result.text), bool(sources) and question.holds(sources[0]),
-                  question.paraphrased, result.ttft_s, feed_tps if index == 0 else result.prefill_tps,
-                  result.decode_tps, [w.as_dict() for w in sources],
-                  [w.as_dict() for w in result.citations.attention_ranking],
-                  [w.as_dict() for w in result.citations.lexical_ranking],
-                  list(result.citations.attention_scores), list(result.citations.lexical_scores),
-                  followup=question.followup)
+        yield _app_row("app", document, index, question, result, feed_tps if index == 0 else result.prefill_tps)
+
+
+def answer_while_feeding(runtime, document, path: Path, args):
+    """The app asked while the document is still fed (model_work answers a question between two chunks of a long
+    feed: ContextEngine.ask_while_feeding): every question in turn after the feed's first forward, each read with
+    the exchange before it, as model_work gives it. The feed goes no further: what these answers read is the same."""
+    from app.engine.context import ContextEngine
+    from app.engine.context_records import AnswerResult
+    from app.engine.generation import GenerationSettings
+    from app.engine.history import Exchange
+    from ingest import ingest
+
+    corpus = ingest(path, tokenizer=runtime.ingest_tokenizer)
+    engine = ContextEngine(runtime, system_prompt=SYSTEM_PROMPT)
+    feeding = engine.feed_documents(corpus.chunks)
+    next(feeding)
+    settings = GenerationSettings(max_new_tokens=MAX_NEW_TOKENS)
+    earlier = None
+    try:
+        for index, question in enumerate(document.questions):
+            result = None
+            for result in engine.ask_while_feeding(question.question, settings, earlier=earlier):
+                pass
+            assert isinstance(result, AnswerResult)
+            earlier = Exchange(question.question, result.answer_ids)
+            yield _app_row("app-feeding", document, index, question, result, result.prefill_tps)
+    finally:
+        feeding.close()
+
+
+def _app_row(method: str, document, index: int, question, result, prefill_tps: float) -> Row:
+    sources = [c.where for c in result.citations.citations]
+    return Row(method, document.name, devset.split(document.name), index, question.question, result.text,
+               question.is_right(result.text), bool(sources) and question.holds(sources[0]),
+               question.paraphrased, result.ttft_s, prefill_tps, result.decode_tps, [w.as_dict() for w in sources],
+               [w.as_dict() for w in result.citations.attention_ranking],
+               [w.as_dict() for w in result.citations.lexical_ranking],
+               list(result.citations.attention_scores), list(result.citations.lexical_scores),
+               followup=question.followup)
 
 
 # -- retrieval with the same model, no LM-Infinite ----------------------------------------------------------
@@ -292,8 +323,8 @@ def _plain_answer(runtime, user_turn: str, earlier: tuple[str, str] | None = Non
             len(answer) / decode_s if answer and decode_s > 0 else 0.0)
 
 
-ANSWERERS = {"app": answer_with_app, "retrieval": answer_with_retrieval, "retrieval-chat": answer_with_retrieval_chat,
-             "truncate": answer_with_truncation}
+ANSWERERS = {"app": answer_with_app, "app-feeding": answer_while_feeding, "retrieval": answer_with_retrieval,
+             "retrieval-chat": answer_with_retrieval_chat, "truncate": answer_with_truncation}
 
 
 # -- sources: each ranking, and fusions of the two, from the rankings the app recorded -------------------------

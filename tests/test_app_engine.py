@@ -751,7 +751,7 @@ def test_a_snippet_leaves_out_the_page_markers_the_model_reads(runtime):
     assert len(documents) == 3
     for span in documents[1:]:  # each begins at its page's marker (the first one at the file's header)
         assert "--- page" in runtime.tokenizer.decode(engine.token_ids[span.start:span.end])
-        snippet = engine._snippet(span.start + 2, span)
+        snippet = engine.text.snippet(span.start + 2, span)
         assert "--- page" not in snippet and FILLER.split()[0] in snippet
 
 
@@ -849,3 +849,84 @@ def test_the_quoted_page_the_answer_is_read_from_is_cited_first(runtime):
     for said, page in (("It was changed to zanzibar.", 7), ("The pass key is 71432.", 3)):
         assert engine._answer_sources(asked, said).citations[0].where.page == page
     assert {c.where for c in engine._answer_sources(asked, "zanzibar").citations} == {c.where for c in asked.citations}
+
+
+# Recall off: the question's ranking is its words alone, as it is for a question answered while a document is fed.
+WORDS_ONLY = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=False, quote=True)
+
+
+def _feed_until(engine, chunks, fed_chunks: int, cancel=None):
+    """Start feeding ``chunks`` and stop between two forwards once ``fed_chunks`` of them went; the feed goes on
+    when the returned generator is driven again."""
+    feeding = engine.feed_documents(chunks, cancel)
+    for _ in range(fed_chunks):
+        next(feeding)
+    return feeding
+
+
+def test_a_question_asked_while_a_document_is_fed_is_answered_from_what_is_not_fed_yet_and_read_in_after_it(runtime):
+    """The quotes come from every chunk planned, fed or not (the pass key's page is not fed yet); the answer is the
+    one a context fed whole gives the same question ranked by its words; the context is not touched until the feed
+    ends, then it reads the question and the answer as that context holds them, and the answer can be drawn again."""
+    question = "What is the pass key?"
+    chunks = pdf_like(pages=10, secret_page=9)
+    engine, whole = new_engine(runtime), new_engine(runtime)
+    feeding = _feed_until(engine, chunks, 2)
+    assert engine.feeding and engine.stats.feeding == "documents"
+    fed = list(engine.token_ids), len(engine.spans), list(engine.history), engine.stats.done
+    assert 9 not in {s.where.page for s in engine.spans.documents()}  # the pass key's page is still to come
+    items = list(engine.ask_while_feeding(question, QUOTING))
+    result = items[-1]
+    assert isinstance(result, AnswerResult) and result.quoted and result.while_feeding is not None
+    assert result.citations.quote_sources[0].page == 9 and not result.citations.recall_on
+    assert any(isinstance(item, AnswerProgress) for item in items)
+    # Nothing of the context changed, and the feed's figures are back.
+    assert (list(engine.token_ids), len(engine.spans), list(engine.history), engine.stats.done) == fed
+    assert engine.stats.feeding == "documents" and engine.stats.phase == "prefill"
+    run(feeding)
+    assert not engine.feeding
+    # The same question, asked once the whole document is in a context, ranked by its words: the same quotes, the
+    # same quoted turn, the same answer.
+    run(whole.feed_documents(chunks))
+    assert list(whole.token_ids) == list(engine.token_ids)
+    reference = answer(whole, question, WORDS_ONLY)
+    assert result.while_feeding.quoted == whole.turns[-1].quoted
+    assert result.citations.quote_spans == reference.citations.quote_spans
+    assert result.answer_ids == reference.answer_ids and result.citations == reference.citations
+    run(engine.read_answered(question, result))
+    assert list(engine.token_ids) == list(whole.token_ids) and torch.equal(engine._logits, whole._logits)
+    assert engine.history[-1] == Exchange(question, result.answer_ids)
+    assert engine.can_regenerate and run(engine.regenerate(GREEDY)).answer_ids == result.answer_ids
+    assert list(engine.token_ids) == list(whole.token_ids)
+
+
+def test_a_question_answered_while_a_feed_that_was_then_stopped_is_read_in_but_cannot_be_drawn_again(runtime):
+    """Its quotes are not in the context (the feed rolled back): the exchange is kept as conversation, as a context
+    built again from its history holds it, and it is not drawn again from quotes that are not there."""
+    engine, replayed = new_engine(runtime), new_engine(runtime)
+    stop = threading.Event()
+    feeding = _feed_until(engine, pdf_like(pages=10, secret_page=9), 2, stop)
+    result = run(engine.ask_while_feeding("What is the pass key?", QUOTING))
+    stop.set()
+    with pytest.raises(Stopped):
+        run(feeding)
+    assert engine.length == 0 and not engine.feeding
+    run(engine.read_answered("What is the pass key?", result))
+    run(replayed.append_exchange(Exchange("What is the pass key?", result.answer_ids)))
+    assert list(engine.token_ids) == list(replayed.token_ids) and not engine.can_regenerate
+    with pytest.raises(EngineError):
+        run(engine.ask_while_feeding("What is the pass key?", QUOTING))  # no feed is under way now
+
+
+def test_a_question_answered_while_feeding_after_another_reads_that_exchange_first(runtime):
+    """A follow-up asked during the same feed: the reader holds the exchange before it, waiting to be read too."""
+    engine, alone = new_engine(runtime), new_engine(runtime)
+    feeding = _feed_until(engine, pdf_like(pages=10, secret_page=9), 2)
+    first = run(engine.ask_while_feeding("What is the pass key?", QUOTING))
+    earlier = Exchange("What is the pass key?", first.answer_ids)
+    follow_up = run(engine.ask_while_feeding("And on which page?", QUOTING, earlier=earlier))
+    assert follow_up.while_feeding.earlier == earlier
+    run(alone.append_exchange(earlier))
+    plain = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=False, quote=False)
+    assert answer(alone, follow_up.while_feeding.quoted, plain).answer_ids == follow_up.answer_ids
+    run(feeding)

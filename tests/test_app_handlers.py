@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from app.engine.context_records import AnswerStage
-from app.session.workspace_file import session_record
+from app.session.state import Session
+from app.session.workspace_file import read_workspace, session_record
+from app.web import views
 from app_fixtures import make_long_text, make_pdf, make_repo_zip
 from fake_clock import FakeClock
 from handler_fixtures import SETTINGS, drain, make_handlers, request
@@ -337,3 +339,71 @@ def test_a_pending_answer_shows_what_it_reads_then_only_the_answer(runtime, tmp_
     answer = session.chat[-1]
     assert answer.text and not answer.pending and answer.progress is None and answer.stats["quoted"]
     assert "progress" not in session_record(session)["chat"][-1]
+
+
+def _feeding_with_a_question(runtime, tmp_path, monkeypatch, name):
+    """A PDF dropped alone into the chat box, its feed started, then a question asked in the box: the handlers, the
+    session, the model step's generator (paused in the feed) and the question's chat item."""
+    monkeypatch.setattr(runtime, "prefill_chunk", 64)  # a feed of many forwards
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    handlers.model_work.answer_while_feeding_s = 0  # every question asked during a feed, however soon it ends
+    req = request(name)
+    box = handlers.submit({"text": "", "files": [str(make_pdf(tmp_path / "r.pdf", pages=8, secret_page=7))]}, req)
+    assert box[0].interactive  # files alone leave the box open for a question
+    drain(handlers.read(req))
+    session = handlers.registry.peek(name)
+    steps = handlers.run(*SETTINGS, req)
+    while session.engine is None or not session.engine.feeding:
+        next(steps)
+    box = handlers.submit({"text": "What is the pass key?", "files": []}, req)
+    assert not box[0].interactive  # a question locks it until its answer is done
+    question = next(c for c in session.chat if c.kind == "question" and c.text)
+    return handlers, session, steps, question
+
+
+def test_a_question_asked_while_a_document_is_fed_is_answered_before_the_feed_ends(runtime, tmp_path, monkeypatch):
+    """Answered between two chunks of the feed, from the page not fed yet, saying so; the request that asked it
+    stops following once it is answered (its chat box opens); the context reads it once the feed is over."""
+    handlers, session, steps, question = _feeding_with_a_question(runtime, tmp_path, monkeypatch, "aside")
+    follower = handlers.run(*SETTINGS, request("aside"))  # the question's own request: another runs its work
+    next(follower)
+    answered_while_feeding = False
+    for _ in steps:
+        answer = session.answer_to(question)
+        if answer is not None and not answer.pending and session.engine.feeding:
+            answered_while_feeding = True
+            break
+    assert answered_while_feeding and answer.text and answer.citations[0].where.page == 7
+    assert "while the documents were still being fed" in answer.recall_note and answer.stats["while_feeding"]
+    assert answer.recall_note in views.answer_markdown(answer) and answer.stats["quoted"]
+    for polls, _ in enumerate(follower):  # it has its answer: it ends while the feed goes on (its last view)
+        assert polls < 2, "the question's request still follows the feed"
+    assert session.engine.feeding
+    drain(steps)
+    engine = session.engine
+    # The upload's message (its files, no words), its status, then the question and its answer.
+    assert [c.kind for c in session.chat] == ["question", "status", "question", "answer"]
+    assert session.chat[1].title.startswith("Added 1 file") and question.in_context and answer.in_context
+    assert engine.history[-1].question == "What is the pass key?" and not session.pending
+    assert [s.kind for s in engine.spans][-2:] == ["question", "answer"] and engine.can_regenerate
+    # Saved and reopened, it is the same chat and context (the answer's record says how it was drawn).
+    handlers.registry.save_now(session)
+    saved = Session("saved", runtime, handlers.config, handlers.budget)
+    read_workspace(handlers.registry.store.path(None, session.workspace_id), saved)
+    assert saved.chat[-1].stats["while_feeding"] and saved.chat[-1].recall_note == answer.recall_note
+    assert list(saved.engine.token_ids) == list(engine.token_ids)
+
+
+def test_stop_after_a_question_answered_while_feeding_keeps_the_answer_shown_but_not_in_the_context(
+        runtime, tmp_path, monkeypatch):
+    handlers, session, steps, question = _feeding_with_a_question(runtime, tmp_path, monkeypatch, "aside-stop")
+    for _ in steps:
+        answer = session.answer_to(question)
+        if answer is not None and not answer.pending:
+            break
+    text = answer.text
+    session.stop()
+    drain(steps)
+    assert [c.kind for c in session.chat] == ["question", "status", "question", "answer"] and answer.text == text
+    assert not question.in_context and not answer.in_context and not answer.stopped
+    assert session.engine.length == 0 and not session.pending  # the feed rolled back; nothing was read in

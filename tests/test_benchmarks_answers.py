@@ -117,3 +117,18 @@ def test_a_report_takes_one_way_of_answering_from_a_run_when_asked():
     assert only[0]["methods"]["retrieval"] == both[0]["methods"]["retrieval"]
     assert only[0]["methods"]["app"]["right"] == answers.methods_of(
         answers.read_rows(results / "c_q15_parts.jsonl"))["app"]["right"]
+
+
+def test_asked_while_feeding_each_question_is_answered_from_chunks_ranked_by_its_words(runtime, tmp_path):
+    """The benchmark's ``app-feeding`` way, on the tiny test model: a row per question, each cited by its words
+    (no recall ranking: the document is barely fed), the page BM25 ranks first among its sources."""
+    document = devset.load(("fontconfig",))[0]
+    try:
+        path = devset.document_path(document, tmp_path)
+    except SystemExit as missing:
+        pytest.skip(str(missing))
+    rows = list(answers.answer_while_feeding(runtime, document, path, None))
+    assert [r.index for r in rows] == list(range(len(document.questions))) and {r.method for r in rows} == {
+        "app-feeding"}
+    assert all(r.sources and not r.attention_ranking for r in rows)
+    assert all(r.lexical_ranking[0] in r.sources for r in rows)

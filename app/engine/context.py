@@ -11,7 +11,6 @@ one chunk), decode feeds one sampled token per forward (Stop halts within one to
 
 from __future__ import annotations
 
-import re
 import time
 from array import array
 from contextlib import contextmanager
@@ -20,41 +19,27 @@ from itertools import accumulate
 from typing import Generator, Iterator, Sequence
 
 from ingest import Provenance
-from ingest.documents import without_page_markers
 
 from .chat_format import Carry, ChatFormat, TurnState
 from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, Ranking, cite, lead_with_answer_source
 from .context_records import (AnswerDelta, AnswerProgress, AnswerResult, AnswerStage, ContextFull, ContextOutOfMemory,
                               DocumentChunk, DocumentPlan, EngineError, Piece, Saved, Stopped, Turn)
+from .context_text import ContextText
 from .document_choice import covers
+from .feed_under_way import FeedUnderWay, planned_text
 from .generation import Decoded, Finish, GenerationSettings, LoopGuard, next_token, whole_sentences
 from .history import DocumentsFed, Exchange
 from .layer_stop import StoppedMidForward
-from .lexical import ChunkIndex, token_matches
+from .lexical import ChunkIndex
 from .metrics import Feeding, LiveStats, RateMeter
 from .native_memory import trim_heap
-from .quoting import QUOTED_CHUNKS, quote_budget, quoted_question
+from .quoting import QUOTED_CHUNKS, quote_budget
 from .reader import AnswerReader
 from .runtime import ModelRuntime, is_out_of_memory
 from .spans import Span, SpanIndex, SpanKind
 
 # Shorter prefills (a question) measure latency, not throughput: they do not overwrite the panel's rate.
 MEASURED_PREFILL = 128
-FILE_HEADER = re.compile(r"(?:\A|\n)### [^\n]*\n")  # ingest's "### name" before a file's first chunk
-HEADER_TOKENS = 128  # tokens from a span's start within which its file's header ends
-CARRY_CHARS = 120  # at most this much text before a header: what the chat format carried (a "### " further on is
-# the document's own Markdown)
-
-
-def words_after_header(text: str) -> str:
-    """A span's text from its document's own words. A file's first chunk starts with its header ("### name"), and
-    the first chunk fed in a turn with the chat format's last tokens too (the carry: "document.\nuser\n" after a
-    Qwen system prompt), both the context's, not the document's: a snippet showed "document. user ### spec.pdf"."""
-    match = FILE_HEADER.search(text)
-    return text[match.end():] if match and match.start() <= CARRY_CHARS else text
-
-
-SNIPPET_BEFORE, SNIPPET_AFTER = 16, 24  # tokens of context shown around a cited passage's most relevant token
 
 
 @dataclass
@@ -80,6 +65,7 @@ class ContextEngine:
         self.ranking = Ranking.HYBRID
         self._open: tuple[object, Saved] | None = None
         self._logits = None
+        self._feeding: FeedUnderWay | None = None  # a document feed under way (ask_while_feeding reads it)
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -214,7 +200,8 @@ class ContextEngine:
             if total >= MEASURED_PREFILL:
                 self.stats.prefill_tps = meter.rate
             self.stats.eta_s = meter.eta(total - meter.tokens)
-            yield self.stats  # progress is the live figures themselves: one home, read by the panel and the chat
+            with meter.paused():  # what the consumer does meanwhile (a question answered) is not the feed's time
+                yield self.stats  # progress is the live figures themselves: one home, read by the panel and the chat
         for piece in pieces[finished:]:  # empty pieces at the end
             self._record(piece, self.length)
         if total >= MEASURED_PREFILL and meter.final_rate:  # a feed shorter than the live rate's minimum
@@ -249,7 +236,11 @@ class ContextEngine:
             plan = self.plan_documents(documents.chunks if plan is not None else documents)
         self._check_budget(plan.tokens, "These documents")
         with self._operation():
-            yield from self._prefill(list(plan.pieces), cancel, topk=0, what=Feeding.DOCUMENTS)
+            self._feeding = FeedUnderWay(self.length, len(self.spans), plan.pieces)
+            try:
+                yield from self._prefill(list(plan.pieces), cancel, topk=0, what=Feeding.DOCUMENTS)
+            finally:
+                self._feeding = None
             if plan.chunks:
                 self.history.append(DocumentsFed(tuple(plan.chunks)))
 
@@ -342,6 +333,7 @@ class ContextEngine:
 
     def _answer_sources(self, citations: CitationReport, answer: str) -> CitationReport:
         """The sources with the page of the quoted chunk the answer's words come from first (citations.py)."""
+        self.chunk_index.refresh(self.spans, self.text.span_text)  # documents fed since the question was read
         scores = self.chunk_index.scores(answer)
         support = [scores.get(self.spans.at(lo), 0.0) for lo, _ in citations.quote_spans]
         return lead_with_answer_source(citations, support)
@@ -349,27 +341,10 @@ class ContextEngine:
     def _is_content(self, position: int) -> bool:
         return self.token_ids[position] in self.runtime.content_ids
 
-    def _snippet(self, position: int, span: Span) -> str:
-        """The passage's text around ``position``, as the model read it (decoded from the context's tokens), from
-        its document's own words on (words_start)."""
-        first = self._words_start(span)
-        lo = max(first, position - SNIPPET_BEFORE)
-        hi = min(span.end, max(position, first) + SNIPPET_AFTER)
-        text = self.format.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True)
-        text = " ".join(without_page_markers(text).split())  # the citation's label names the page
-        return ("…" if lo > first else "") + text + ("…" if hi < span.end else "")
-
-    def _words_start(self, span: Span) -> int:
-        """The first token of ``span`` after its file's header and what the chat format carried before it
-        (words_after_header), or its start where it has neither."""
-        decode = self.format.tokenizer.decode
-        reach = min(span.end, span.start + HEADER_TOKENS)
-        head = decode(self.token_ids[span.start:reach], skip_special_tokens=True)
-        header_end = len(head) - len(words_after_header(head))
-        if not header_end:
-            return span.start
-        return next((t for t in range(span.start + 1, reach)
-                     if len(decode(self.token_ids[span.start:t], skip_special_tokens=True)) >= header_end), reach)
+    @property
+    def text(self) -> ContextText:
+        """The context's tokens read as text: passages, snippets, the question's words, quotes."""
+        return ContextText(self.format.tokenizer, self.token_ids, self.spans)
 
     def ask(self, question: str, settings: GenerationSettings, cancel=None,
             started: float | None = None, switched_off: frozenset[str] = frozenset()) -> Iterator[object]:
@@ -395,7 +370,7 @@ class ContextEngine:
             prefill_tps = planned / max(seconds, 1e-9)
             quoted, reader = "", None
             if citations.quote_spans or (switched_off and settings.quote):
-                quoted = self._quoted_turn(question, citations)
+                quoted = self.text.quoted_turn(question, citations)
                 self._restore(before)  # the question is read again after the answer, with it (_keep)
                 reader = yield from self._read_in_reader(quoted, cancel, earlier, citations.quote_sources)
             after_question = self._save(self._logits) if reader is None else None
@@ -403,6 +378,79 @@ class ContextEngine:
             result = yield from self._answer(turn, question, settings, cancel, started, prefill_tps, reader)
             reader = None  # its cache is freed before the operation ends and trims the heap
         yield result  # after the commit: a consumer that stops here cannot roll the answer back
+
+    @property
+    def feeding(self) -> bool:
+        """Whether a document feed is under way (paused between two chunks when anything else runs)."""
+        return self._feeding is not None
+
+    def ask_while_feeding(self, question: str, settings: GenerationSettings, cancel=None,
+                          started: float | None = None, switched_off: frozenset[str] = frozenset(),
+                          earlier: Exchange | None = None) -> Iterator[object]:
+        """Answer ``question`` between two chunks of the feed under way, without waiting for its end; the last item
+        is an AnswerResult. The context is not changed: the caller reads the exchange into it (``read_answered``)
+        once the feed is over, where the question was asked.
+
+        The quotes are the best chunks of the documents as they will be once the feed ends (feed_under_way.py),
+        fed or not, ranked by the question's words alone (recall has not read them) and read in the reader.
+        ``earlier``: the conversation's last exchange, which may itself be waiting to be read."""
+        feed = self._feeding
+        if feed is None:
+            raise EngineError("No document is being fed: ask the question in the context.")
+        started = time.perf_counter() if started is None else started
+        question_tokens = len(self.format.question(question, self.carry)[0])
+        room = self.budget - self.length - feed.left(self.length) - question_tokens - 2
+        view = planned_text(self.text, feed)
+        index = ChunkIndex()
+        index.refresh(view.spans, view.span_text)
+        report = cite(RecallTally(), view.spans, snippet=view.snippet, quote_budget=self._quote_budget(settings),
+                      quotes=QUOTED_CHUNKS, lexical=index.scores(question, earlier.question if earlier else ""),
+                      lexical_hits=lambda start, end: view.question_words_in(start, end, question),
+                      ranking=Ranking.LEXICAL,
+                      may_cite=lambda where: not any(covers(off, where.source) for off in switched_off))
+        report = replace(report, recall_on=False)
+        quoted = view.quoted_turn(question, report)
+        with self._answering(), self.stats.aside():
+            reader = yield from self._read_in_reader(quoted, cancel, earlier, report.quote_sources)
+            decoded = yield from self._decode(reader.logits, reader.feed, settings,
+                                              min(settings.max_new_tokens, room), cancel, started)
+            reader = None  # its cache is freed now
+            trim_heap()
+        answer = decoded.tokens
+        if decoded.repeat_from is not None:
+            answer = answer[: whole_sentences(answer[: decoded.repeat_from], self.format.decode_answer)]
+        text = self.format.decode_answer(answer)
+        self.stats.decode_tps = decoded.decode_tps
+        support = index.scores(text)
+        citations = lead_with_answer_source(report, [support.get(view.spans.at(lo), 0.0)
+                                                     for lo, _ in report.quote_spans])
+        yield AnswerResult(text=text, tokens=len(answer), finish=decoded.finish, citations=citations,
+                           ttft_s=decoded.ttft_s, prefill_tps=0.0, decode_tps=decoded.decode_tps,
+                           question_tokens=question_tokens, answer_ids=tuple(answer), quoted=True,
+                           while_feeding=Turn(None, None, report, question_tokens, quoted=quoted, earlier=earlier))
+
+    def read_answered(self, question: str, result: AnswerResult, cancel=None) -> Iterator[LiveStats]:
+        """Read a question answered while documents were fed (``ask_while_feeding``), and its answer, into the
+        context, after what was fed before it; as ``append_exchange``, and once its quotes are where they were
+        planned (the feed ended as planned), it can be drawn again (``regenerate``) from them, as any quoted
+        answer."""
+        self._settle()
+        pieces = self._exchange_pieces(question, result.answer_ids)
+        self._check_budget(sum(len(p.ids) for p in pieces), "This question and its answer")
+        with self._operation() as before:
+            yield from self._prefill(pieces, cancel, topk=0, what=Feeding.CONVERSATION)
+            self.history.append(Exchange(question, result.answer_ids))
+            turn = result.while_feeding
+            if turn is not None and self._quotes_in_place(turn.citations):
+                asked = sum(len(p.ids) for p in pieces[:-1])
+                self.turns.append(replace(turn, before=before, question_tokens=asked, end=self.length))
+                self._keep_undo_points()
+
+    def _quotes_in_place(self, citations: CitationReport) -> bool:
+        """Whether every quote's tokens are in the context, in the chunk they were quoted from."""
+        spans = [self.spans.at(lo) for lo, _ in citations.quote_spans]
+        return all(span is not None and span.kind == SpanKind.DOCUMENT and span.where == where
+                   for span, where in zip(spans, citations.quote_sources))
 
     @property
     def last_exchange(self) -> Exchange | None:
@@ -437,38 +485,21 @@ class ContextEngine:
         else:
             yield from self._prefill(pieces, cancel, topk=0, what=Feeding.QUESTION)
         seconds = time.perf_counter() - started
-        self.chunk_index.refresh(self.spans, self._span_text)
+        text = self.text
+        self.chunk_index.refresh(self.spans, text.span_text)
         lexical = self.chunk_index.scores(question, earlier.question if earlier else "")
         if not topk and not lexical:
             return CitationReport.recall_off(), seconds
-        report = cite(recalled, self.spans, baseline=neutral, snippet=self._snippet, counts=self._is_content,
+        report = cite(recalled, self.spans, baseline=neutral, snippet=text.snippet, counts=self._is_content,
                       quote_budget=quote_budget, quotes=QUOTED_CHUNKS, lexical=lexical,
-                      lexical_hits=lambda start, end: self._question_words_in(start, end, question),
+                      lexical_hits=lambda start, end: text.question_words_in(start, end, question),
                       ranking=self.ranking,
                       may_cite=lambda where: not any(covers(off, where.source) for off in switched_off))
         return (report if topk else replace(report, recall_on=False)), seconds
 
-    def _span_text(self, span: Span) -> str:
-        return self.format.tokenizer.decode(self.token_ids[span.start:span.end], skip_special_tokens=True)
-
-    def _question_words_in(self, start: int, end: int, question: str) -> dict[int, float]:
-        """Context positions in ``[start, end)`` whose word is one of the question's (lexical.token_matches)."""
-        pieces = [self.format.tokenizer.decode([t]) for t in self.token_ids[start:end]]
-        return {start + i: 1.0 for i, hit in enumerate(token_matches(pieces, question)) if hit}
-
     def _quote_budget(self, settings: GenerationSettings) -> int:
         """How many tokens of the best chunks to quote in all: none unless asked."""
         return quote_budget(self.runtime.window) if settings.quote else 0
-
-    def _quoted_turn(self, question: str, citations: CitationReport) -> str:
-        """The user turn the answer is drawn from: the best chunks' quoted parts, then the question. Without the
-        page markers the context holds: each quote is labelled with its page, and a marker quoted was answered
-        back ("--- page 34 (30) ---" in an answer about counting dashes)."""
-        excerpts = []
-        for (lo, hi), where in zip(citations.quote_spans, citations.quote_sources):
-            text = self.format.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True)
-            excerpts.append((where.label(), without_page_markers(text)))
-        return quoted_question(excerpts, question)
 
     def _read_in_reader(self, text: str, cancel, earlier: Exchange | None = None,
                         sources: tuple[Provenance, ...] = ()) -> Generator[AnswerProgress, None, "AnswerReader"]:

@@ -150,3 +150,6 @@ class AnswerResult:
     question_tokens: int
     answer_ids: tuple[int, ...] = ()  # as sampled, without the end of turn (history.Exchange)
     quoted: bool = False  # drawn with the first source quoted before the question, recall off (quoting.py)
+    # Asked while documents were fed (ContextEngine.ask_while_feeding): the turn to keep once the context reads the
+    # question and the answer after them (read_answered), whose quotes draw it again. None for any other answer.
+    while_feeding: "Turn | None" = None

@@ -11,6 +11,7 @@ import resource
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
@@ -104,6 +105,16 @@ class LiveStats:
         """A prefill of ``total`` tokens starts."""
         self.phase, self.detail, self.feeding, self.done, self.total = Phase.PREFILL, what.value, what, 0, total
 
+    @contextmanager
+    def aside(self):
+        """Work done between two chunks of a feed (a question answered meanwhile): the feed's phase and progress
+        come back once it ends, however it ends."""
+        kept = self.phase, self.detail, self.feeding, self.done, self.total, self.eta_s, self.prefill_tps
+        try:
+            yield
+        finally:
+            self.phase, self.detail, self.feeding, self.done, self.total, self.eta_s, self.prefill_tps = kept
+
     def decoding(self, total: int) -> None:
         """An answer of at most ``total`` tokens starts."""
         self.phase, self.detail, self.feeding = Phase.DECODE, "answer", None
@@ -154,6 +165,16 @@ class RateMeter:
     @property
     def elapsed(self) -> float:
         return self.clock() - self.started
+
+    @contextmanager
+    def paused(self):
+        """Time spent inside is not the phase's: a feed waits between two forwards while a question asked meanwhile
+        is answered, and its rate and ETA are the feed's own."""
+        began = self.clock()
+        try:
+            yield
+        finally:
+            self.started += self.clock() - began
 
     @property
     def rate(self) -> float:

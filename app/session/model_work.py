@@ -19,6 +19,7 @@ from ..engine.context import ContextEngine
 from ..engine.context_records import AnswerDelta, AnswerProgress, AnswerResult, EngineError, Stopped
 from ..engine.replay import DOCUMENTS_ONLY, before_exchange, replay, replay_cost, without_source
 from ..engine.generation import GenerationSettings
+from ..engine.history import Exchange
 from ..engine.metrics import LiveStats, Phase, human_seconds
 from ..engine.runtime import ModelRuntime, is_out_of_memory
 from .uploads import RowStatus, fit_budget, plural, rows_summary, set_rows
@@ -28,6 +29,11 @@ from .workspace_quota import QuotaExceeded
 
 log = logging.getLogger(__name__)
 
+# A question asked while documents are fed is answered at once, between two chunks of the feed, when the feed has
+# at least this long left (its measured ETA); otherwise it waits the few seconds for its turn, and its sources rank
+# the whole context with recall too. The 1.5B reads about 30 tokens/s on a CPU without bfloat16 units: a 100-page
+# manual is half an hour of feeding, which a question waited through before.
+ANSWER_WHILE_FEEDING_S = 30.0
 UI_INTERVAL_S = 0.1  # streamed updates per second are capped at 10: the browser, not the model, is the limit
 FEED_INTERVAL_S = 0.5  # feeding progress (a line of text) needs fewer: each costs a post-processed chat
 # Regenerate at temperature 0 would decode the same tokens again: it samples that one answer instead.
@@ -81,7 +87,9 @@ def feeding_line(stats: LiveStats) -> str:
 
 
 class ModelWork:
-    def __init__(self, runtime: ModelRuntime, budget: Budget, cache_bytes, save):
+    def __init__(self, runtime: ModelRuntime, budget: Budget, cache_bytes, save,
+                 answer_while_feeding_s: float = ANSWER_WHILE_FEEDING_S):
+        self.answer_while_feeding_s = answer_while_feeding_s
         self.runtime = runtime
         self.budget = budget
         self.cache_bytes = cache_bytes  # () -> bytes all sessions' caches hold (the memory budget's measure)
@@ -111,11 +119,14 @@ class ModelWork:
                 yield from self._edit(session, work, settings)
             return
         engine = session.ensure_engine(system_prompt)
+        if work.answer_item is not None:  # answered while the documents before it were fed: the context reads it
+            yield from self._read_answered(session, work, engine)
+            return
         if work.kind == WorkKind.REGENERATE:
             yield from self._regenerate(session, work, engine, settings)
             return
         if work.corpus is not None:
-            fed = yield from self._feed(session, work, engine)
+            fed = yield from self._feed(session, work, engine, settings)
             if not fed:
                 if work.question_item is not None and work.question_item.text:
                     work.question_item.in_context = False
@@ -149,7 +160,10 @@ class ModelWork:
             work.status_item.title, work.status_item.pending = "■ Stopped before it started: nothing was added", False
         if work.question_item is not None and work.question_item.text:
             work.question_item.in_context = False
-            session.show(ChatItem("assistant", ItemKind.ANSWER, "", stopped=True, in_context=False), work)
+            if work.answer_item is not None:  # answered while documents were fed: shown, but never read in
+                work.answer_item.in_context = False
+            else:
+                session.show(ChatItem("assistant", ItemKind.ANSWER, "", stopped=True, in_context=False), work)
         undone = {WorkKind.FORGET: "the chat was not cleared", WorkKind.RESET: "the context was not replaced",
                   WorkKind.REMOVE: f"{work.removing} was not removed"}.get(work.kind)
         if undone:
@@ -157,7 +171,7 @@ class ModelWork:
         elif work.kind == WorkKind.SAVE:
             session.stop_note = "■ Stopped before saving; the previous save is intact."
 
-    def _feed(self, session: Session, work: Work, engine: ContextEngine):
+    def _feed(self, session: Session, work: Work, engine: ContextEngine, settings: GenerationSettings):
         """Prefill the read documents that fit the budget; returns False when nothing could be committed."""
         plan = engine.plan_documents(work.corpus.chunks)
         fitted = fit_budget(work.corpus, session.free_tokens, plan.tokens_by_source(), session.fed_digests)
@@ -178,7 +192,7 @@ class ModelWork:
         whole = len(fitted.chunks) == len(plan.chunks)  # nothing refused: feed the plan as counted
         feeding = engine.feed_documents(plan if whole else fitted.chunks, work.cancel)
         try:
-            yield from self._show_feeding(session, item, feeding)
+            yield from self._show_feeding(session, work, engine, item, feeding, settings)
         except GeneratorExit:  # the request ended (API cancel, closed tab): exactly what Stop leaves
             work.cancel.set()
             feeding.close()  # the engine rolls back now, not whenever the generator is collected
@@ -202,12 +216,72 @@ class ModelWork:
         item.pending, item.text = False, rows_summary(fitted.rows)
         return True
 
-    def _show_feeding(self, session: Session, item: ChatItem, feeding):
+    def _show_feeding(self, session: Session, work: Work, engine: ContextEngine, item: ChatItem, feeding,
+                      settings: GenerationSettings):
+        """Show the feed's progress; between two of its chunks, answer the questions asked meanwhile when the feed
+        has long to go (``answer_while_feeding_s``)."""
         throttle = Throttle(FEED_INTERVAL_S)
         for stats in feeding:
             item.text = "Feeding " + feeding_line(stats)
+            if self._answers_while_feeding(stats, settings):
+                for question in session.questions_behind(work):
+                    yield from self._answer_while_feeding(session, question, engine, settings)
             if throttle():
                 yield
+
+    def _answers_while_feeding(self, stats: LiveStats, settings: GenerationSettings) -> bool:
+        """Whether a question asked now is answered before the feed ends: it quotes its sources (the reader
+        needs no recall over what is not read yet), and the feed has long to go."""
+        if not settings.quote:
+            return False
+        after = self.answer_while_feeding_s  # 0 or less: every question asked during a feed
+        return after <= 0 or (stats.eta_s is not None and stats.eta_s >= after)
+
+    def _answer_while_feeding(self, session: Session, work: Work, engine: ContextEngine,
+                              settings: GenerationSettings):
+        """Answer ``work``'s question between two chunks of the feed before it, from every chunk planned, fed or not
+        (ContextEngine.ask_while_feeding); the context reads the exchange at the question's turn (_read_answered)."""
+        if self._question_memory_refusal(engine, work.question, settings) is not None:
+            return  # it waits for its turn, and is refused then, saying why
+        item = work.answer_item = ChatItem("assistant", ItemKind.ANSWER, pending=True)
+        session.show(item, work)
+        try:
+            yield
+        except GeneratorExit:  # ended before the question reached the model
+            self._mark_stopped(item, work.question_item)
+            raise
+        with session.lock:  # the last question answered while this feed runs, waiting to be read too
+            answered = [w for w in session.pending if w.id < work.id and w.answered is not None]
+        earlier = (Exchange(answered[-1].question, answered[-1].answered.answer_ids) if answered
+                   else engine.last_exchange)
+        events = engine.ask_while_feeding(work.question, settings, work.cancel, started=work.created,
+                                          switched_off=session.answering_off(), earlier=earlier)
+        work.answered = yield from self._stream_answer(session, item, events, work.question_item)
+
+    def _read_answered(self, session: Session, work: Work, engine: ContextEngine):
+        """The context reads a question answered while documents were fed, and its answer, after them."""
+        if work.answered is None:  # stopped or failed: the chat says so already, nothing to read
+            return
+        question_item, answer_item = work.question_item, work.answer_item
+
+        def not_kept() -> None:
+            answer_item.in_context = False
+            if question_item is not None:
+                question_item.in_context = False
+
+        try:
+            for _ in engine.read_answered(work.question, work.answered, work.cancel):
+                yield
+        except GeneratorExit:  # the request ended (API cancel, closed tab): what Stop leaves
+            not_kept()
+            raise
+        except Stopped:
+            not_kept()
+        except Exception as exc:  # noqa: BLE001 - the engine rolled back; keep serving
+            not_kept()
+            said = failure(exc, "reading the answer into the context")
+            session.show(ChatItem("assistant", ItemKind.STATUS, title="⚠ This exchange was not kept in the context",
+                                  text=said.message), work)
 
     @staticmethod
     def _feed_stopped(queued: list, item: ChatItem) -> None:
@@ -232,7 +306,7 @@ class ModelWork:
                         yield
                 elif isinstance(event, AnswerResult):
                     self._finish_answer(item, event)
-                    finished = True
+                    finished = event
         except GeneratorExit:  # the request ended mid-answer (API cancel, closed tab): what Stop leaves
             if not finished:
                 events.close()  # the engine rolls the question and the partial answer back now
@@ -248,6 +322,7 @@ class ModelWork:
                 question_item.in_context = False
         finally:
             item.progress = None  # answered, stopped or failed: nothing is being read for it now
+        return finished or None  # the AnswerResult, or None when it was stopped or failed
 
     @staticmethod
     def _mark_stopped(item: ChatItem, question_item: ChatItem | None) -> None:
@@ -408,7 +483,13 @@ class ModelWork:
         item.citations = list(result.citations.citations)
         report = result.citations
         words = "ranked by the question's words (BM25)"
-        if not report.recall_on:  # how the question was read: an answer drawn again keeps its sources
+        if result.while_feeding is not None:
+            item.recall_note = ("Answered while the documents were still being fed, from every part of them, "
+                                f"{words}: recall had not read them yet. The question and its answer join the "
+                                "context after them." if item.citations else
+                                "Asked while the documents were still being fed, and no part of them has the "
+                                "question's words: no sources.")
+        elif not report.recall_on:  # how the question was read: an answer drawn again keeps its sources
             item.recall_note = (f"Sources {words}: top-k recall was off when the question was read." if item.citations
                                 else "Top-k recall was off when the question was read, and no passage has the "
                                      "question's words: no sources.")
@@ -426,3 +507,5 @@ class ModelWork:
                       "question_tokens": result.question_tokens, "quoted": result.quoted}
         if result.quoted:  # the first sources cited are those quoted to the model
             item.stats["quoted_sources"] = report.quoted_passages
+        if result.while_feeding is not None:  # its note shows under its sources (views.answer_markdown)
+            item.stats["while_feeding"] = True

@@ -20,7 +20,7 @@ from ..cli import AppConfig
 from ..engine.budget import Budget
 from ..engine.citations import Citation
 from ..engine.context import ContextEngine
-from ..engine.context_records import AnswerProgress
+from ..engine.context_records import AnswerProgress, AnswerResult
 from ..engine.document_choice import covers
 from ..engine.metrics import LiveStats, SessionSeries
 from ..engine.runtime import ModelRuntime, release_memory
@@ -92,11 +92,20 @@ class Work:
     edited: ChatItem | None = None  # EDIT: the question asked anew; the exchanges before it stay
     removing: str | None = None  # REMOVE: the file, or an archive's prefix ("repo.zip/": document_choice.covers)
     created: float = field(default_factory=time.perf_counter)  # when the user acted: time to first token starts here
+    # A question answered while the documents queued before it were fed (model_work.py): its answer, and the result
+    # the context reads after them when its turn comes (None once it was stopped or failed).
+    answer_item: ChatItem | None = None
+    answered: AnswerResult | None = None
 
     @property
     def items(self) -> list[ChatItem]:
-        """The chat items shown when it was queued (before it ran)."""
-        return [i for i in (self.question_item, self.status_item) if i is not None]
+        """The chat items shown when it was queued (before it ran), and an answer given while it waited."""
+        return [i for i in (self.question_item, self.status_item, self.answer_item) if i is not None]
+
+    @property
+    def plain_question(self) -> bool:
+        """A question with no files of its own (what may be answered while documents before it are fed)."""
+        return self.kind == WorkKind.TURN and bool(self.question) and not self.sources and self.corpus is None
 
 
 class Session:
@@ -255,6 +264,28 @@ class Session:
         with self.lock:
             later = self.queued_items(after=work)
             self.chat.insert(next((n for n, c in enumerate(self.chat) if id(c) in later), len(self.chat)), item)
+
+    def questions_behind(self, work: Work) -> list[Work]:
+        """The plain questions queued right after ``work`` and not answered yet, in order, up to the first other
+        action (an upload, Clear, an edit…): those must wait for it, and so must what follows them."""
+        with self.lock:
+            behind = [w for w in self.pending if w.id > work.id]
+        questions = []
+        for waiting in behind:
+            if not waiting.plain_question:
+                break
+            if waiting.answer_item is None and not waiting.cancel.is_set():
+                questions.append(waiting)
+        return questions
+
+    def only_feeding_left(self) -> bool:
+        """The work left is a document feed under way and questions answered beside it, which wait only to be read
+        into the context after it: a request that asked one of them has its answer."""
+        with self.lock:
+            later = list(self.pending)[1:]
+        engine = self.engine
+        return engine is not None and engine.feeding and all(
+            w.answer_item is not None and not w.answer_item.pending for w in later)
 
     @property
     def has_work(self) -> bool:

@@ -167,7 +167,8 @@ class Handlers(WorkspaceEvents):
 
     # -- fast steps ------------------------------------------------------------------------------
     def submit(self, message, request: gr.Request):
-        """Chat box: queue the attached files and the question; lock the box until the answer is done."""
+        """Chat box: queue the attached files and the question; lock the box until the answer is done (files alone
+        leave it open: a question asked while they are fed is answered meanwhile, model_work.py)."""
         session = self._session(request)
         message = message or {}
         text = clean_text(str(message.get("text") or "")).strip()
@@ -176,7 +177,7 @@ class Handlers(WorkspaceEvents):
             return (gr.MultimodalTextbox(value=None, interactive=True), *self.view(session, request.session_hash))
         self._check_question(text)
         self._queue_sources(session, text or None, files, uploads=True)
-        return (gr.MultimodalTextbox(value=None, interactive=False), *self.view(session, request.session_hash))
+        return (gr.MultimodalTextbox(value=None, interactive=not text), *self.view(session, request.session_hash))
 
     def add_files(self, files, request: gr.Request):
         """Documents panel: queue uploaded files (no question)."""
@@ -486,7 +487,7 @@ class Handlers(WorkspaceEvents):
         its actions, this one's included, follow it until they are done (False): this request's chat box and
         Stop then settle with the work, not before it."""
         while not session.claim_model_step():
-            if not session.has_work or session.closed:
+            if not session.has_work or session.closed or session.only_feeding_left():
                 return False
             time.sleep(FOLLOW_S)
             yield self.progress_view(session, request.session_hash)

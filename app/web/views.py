@@ -85,6 +85,8 @@ def answer_markdown(item: ChatItem, opens: Opens | None = None) -> str:
             for index in range(min(item.stats.get("quoted_sources", 1), len(lines))):
                 lines[index] += " · *quoted to the model*"
         parts.append(f"{SOURCES_HEADING}\n" + "\n".join(lines))
+        if item.stats.get("while_feeding") and item.recall_note:  # how these sources were found differs: say so
+            parts.append(f"*{item.recall_note}*")
     elif item.recall_note:
         parts.append(f"*{item.recall_note}*")
     if item.stats:

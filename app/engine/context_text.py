@@ -1,0 +1,82 @@
+"""The text of a context's tokens: a passage's words, the snippet a source shows, where the question's words are,
+and the quotes an answer is drawn from.
+
+One view over token ids and their spans, so the same code reads the context as it is and the context as it will
+be once a feed under way ends (``ContextEngine.planned_text``: a question answered while a document is fed).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from ingest.documents import without_page_markers
+
+from .citations import CitationReport
+from .lexical import token_matches
+from .quoting import quoted_question
+from .spans import Span, SpanIndex
+
+FILE_HEADER = re.compile(r"(?:\A|\n)### [^\n]*\n")  # ingest's "### name" before a file's first chunk
+HEADER_TOKENS = 128  # tokens from a span's start within which its file's header ends
+CARRY_CHARS = 120  # at most this much text before a header: what the chat format carried (a "### " further on is
+# the document's own Markdown)
+SNIPPET_BEFORE, SNIPPET_AFTER = 16, 24  # tokens of context shown around a cited passage's most relevant token
+
+
+def words_after_header(text: str) -> str:
+    """A span's text from its document's own words. A file's first chunk starts with its header ("### name"), and
+    the first chunk fed in a turn with the chat format's last tokens too (the carry: "document.\nuser\n" after a
+    Qwen system prompt), both the context's, not the document's: a snippet showed "document. user ### spec.pdf"."""
+    match = FILE_HEADER.search(text)
+    return text[match.end():] if match and match.start() <= CARRY_CHARS else text
+
+
+@dataclass(frozen=True)
+class ContextText:
+    """Token ids and the spans over them, read as text with ``tokenizer``."""
+
+    tokenizer: object
+    token_ids: Sequence[int]
+    spans: SpanIndex
+
+    def span_text(self, span: Span) -> str:
+        return self.tokenizer.decode(self.token_ids[span.start:span.end], skip_special_tokens=True)
+
+    def snippet(self, position: int, span: Span) -> str:
+        """The passage's text around ``position``, as the model read it (decoded from the tokens), from its
+        document's own words on (words_start)."""
+        first = self.words_start(span)
+        lo = max(first, position - SNIPPET_BEFORE)
+        hi = min(span.end, max(position, first) + SNIPPET_AFTER)
+        text = self.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True)
+        text = " ".join(without_page_markers(text).split())  # the citation's label names the page
+        return ("…" if lo > first else "") + text + ("…" if hi < span.end else "")
+
+    def words_start(self, span: Span) -> int:
+        """The first token of ``span`` after its file's header and what the chat format carried before it
+        (words_after_header), or its start where it has neither."""
+        decode = self.tokenizer.decode
+        reach = min(span.end, span.start + HEADER_TOKENS)
+        head = decode(self.token_ids[span.start:reach], skip_special_tokens=True)
+        header_end = len(head) - len(words_after_header(head))
+        if not header_end:
+            return span.start
+        return next((t for t in range(span.start + 1, reach)
+                     if len(decode(self.token_ids[span.start:t], skip_special_tokens=True)) >= header_end), reach)
+
+    def question_words_in(self, start: int, end: int, question: str) -> dict[int, float]:
+        """Positions in ``[start, end)`` whose word is one of the question's (lexical.token_matches)."""
+        pieces = [self.tokenizer.decode([t]) for t in self.token_ids[start:end]]
+        return {start + i: 1.0 for i, hit in enumerate(token_matches(pieces, question)) if hit}
+
+    def quoted_turn(self, question: str, citations: CitationReport) -> str:
+        """The user turn the answer is drawn from: the best chunks' quoted parts, then the question. Without the
+        page markers the context holds: each quote is labelled with its page, and a marker quoted was answered
+        back ("--- page 34 (30) ---" in an answer about counting dashes)."""
+        excerpts = []
+        for (lo, hi), where in zip(citations.quote_spans, citations.quote_sources):
+            text = self.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True)
+            excerpts.append((where.label(), without_page_markers(text)))
+        return quoted_question(excerpts, question)
