@@ -107,6 +107,10 @@ class AppConfig:
                                 group=LM_INFINITE, action="store_true")
     prefill_chunk: int = flag(512, "tokens per prefill forward; another session's question waits for at most one (default: 512)",
                               group=LM_INFINITE, type=int, at_least=1)
+    answer_while_feeding: float = flag(30.0, "a question asked while documents are fed is answered at once, between "
+                                       "two chunks, when the feed has at least this many seconds left; 0: always "
+                                       "(default: 30)", group=LM_INFINITE, type=float, at_least=0,
+                                       metavar="SECONDS")
     # tokens; None: sized from memory (1M on CPU)
     context_budget: int | None = flag(None, "most tokens one session's context may hold; documents that would not "
                                       "fit are refused (default: 1,000,000 on CPU; sized from free memory on CUDA)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import zipfile
 from collections import deque
@@ -345,8 +346,8 @@ def _feeding_with_a_question(runtime, tmp_path, monkeypatch, name):
     """A PDF dropped alone into the chat box, its feed started, then a question asked in the box: the handlers, the
     session, the model step's generator (paused in the feed) and the question's chat item."""
     monkeypatch.setattr(runtime, "prefill_chunk", 64)  # a feed of many forwards
-    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
-    handlers.model_work.answer_while_feeding_s = 0  # every question asked during a feed, however soon it ends
+    # --answer-while-feeding 0: every question asked during a feed, however soon it ends
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"), answer_while_feeding=0)
     req = request(name)
     box = handlers.submit({"text": "", "files": [str(make_pdf(tmp_path / "r.pdf", pages=8, secret_page=7))]}, req)
     assert box[0].interactive  # files alone leave the box open for a question
@@ -407,3 +408,29 @@ def test_stop_after_a_question_answered_while_feeding_keeps_the_answer_shown_but
     assert [c.kind for c in session.chat] == ["question", "status", "question", "answer"] and answer.text == text
     assert not question.in_context and not answer.in_context and not answer.stopped
     assert session.engine.length == 0 and not session.pending  # the feed rolled back; nothing was read in
+
+
+def test_a_question_asked_with_a_long_document_is_answered_while_it_is_fed_and_the_box_opens_then(
+        runtime, tmp_path, monkeypatch):
+    """Dropped with its question in one message: the answer comes between two chunks of the feed, the chat box opens
+    then (not when the feed is over), and the context reads the exchange after the document."""
+    monkeypatch.setattr(runtime, "prefill_chunk", 64)
+    handlers = make_handlers(runtime, answer_while_feeding=0)
+    req = request("drop-and-ask")
+    pdf = make_pdf(tmp_path / "r.pdf", pages=8, secret_page=7)
+    assert not handlers.submit({"text": "What is the pass key?", "files": [str(pdf)]}, req)[0].interactive
+    drain(handlers.read(req))
+    session = handlers.registry.peek("drop-and-ask")
+    with pytest.raises(asyncio.TimeoutError):  # the box stays locked while the question waits
+        asyncio.run(asyncio.wait_for(handlers.open_input_once_answered(req), 0.3))
+    question = next(c for c in session.chat if c.kind == "question")
+    steps = handlers.run(*SETTINGS, req)
+    for _ in steps:
+        answer = session.answer_to(question)
+        if answer is not None and not answer.pending:
+            break
+    assert session.engine.feeding and answer.stats["while_feeding"] and answer.citations[0].where.page == 7
+    assert asyncio.run(asyncio.wait_for(handlers.open_input_once_answered(req), 5)).interactive
+    drain(steps)
+    assert [c.kind for c in session.chat] == ["question", "status", "answer"] and answer.in_context
+    assert [type(h).__name__ for h in session.engine.history] == ["DocumentsFed", "Exchange"]

@@ -72,6 +72,27 @@ def test_rates_need_real_work_over_real_time():
     assert meter.rate == pytest.approx(100) and meter.eta(100) == pytest.approx(1.0)
 
 
+def test_a_feed_paused_for_a_question_keeps_its_own_rate_and_its_figures():
+    """A feed waits between two chunks while a question asked meanwhile is answered: a minute there is not the
+    feed's, and its phase and progress come back however the answer ends."""
+    now = [0.0]
+    meter = RateMeter(clock=lambda: now[0])
+    now[0] = 2.0
+    meter.add(60)
+    with meter.paused():
+        now[0] = 62.0
+    assert meter.rate == pytest.approx(30) and meter.eta(300) == pytest.approx(10)
+    stats = LiveStats()
+    stats.prefilling(Feeding.DOCUMENTS, 9000)
+    stats.done, stats.eta_s, stats.prefill_tps = 1024, 265.0, 30.0
+    with pytest.raises(RuntimeError), stats.aside():
+        stats.decoding(128)
+        stats.done, stats.prefill_tps = 7, 1.0
+        raise RuntimeError("the answer failed")
+    assert (stats.phase, stats.feeding, stats.done, stats.total, stats.eta_s, stats.prefill_tps) == (
+        "prefill", Feeding.DOCUMENTS, 1024, 9000, 265.0, 30.0)
+
+
 def test_charts_plot_only_the_running_phase_and_idle_ticks_add_nothing():
     series = SessionSeries()
     memory = DeviceMemory("cpu", 2**20, None, 2**20, 2**30, "CPU")

@@ -29,11 +29,6 @@ from .workspace_quota import QuotaExceeded
 
 log = logging.getLogger(__name__)
 
-# A question asked while documents are fed is answered at once, between two chunks of the feed, when the feed has
-# at least this long left (its measured ETA); otherwise it waits the few seconds for its turn, and its sources rank
-# the whole context with recall too. The 1.5B reads about 30 tokens/s on a CPU without bfloat16 units: a 100-page
-# manual is half an hour of feeding, which a question waited through before.
-ANSWER_WHILE_FEEDING_S = 30.0
 UI_INTERVAL_S = 0.1  # streamed updates per second are capped at 10: the browser, not the model, is the limit
 FEED_INTERVAL_S = 0.5  # feeding progress (a line of text) needs fewer: each costs a post-processed chat
 # Regenerate at temperature 0 would decode the same tokens again: it samples that one answer instead.
@@ -87,8 +82,11 @@ def feeding_line(stats: LiveStats) -> str:
 
 
 class ModelWork:
-    def __init__(self, runtime: ModelRuntime, budget: Budget, cache_bytes, save,
-                 answer_while_feeding_s: float = ANSWER_WHILE_FEEDING_S):
+    def __init__(self, runtime: ModelRuntime, budget: Budget, cache_bytes, save, answer_while_feeding_s: float = 30.0):
+        # A question asked while documents are fed is answered at once, between two chunks of the feed, when the feed
+        # has at least this long left (its measured ETA; --answer-while-feeding); otherwise it waits the few seconds
+        # for its turn, and recall ranks its sources too. The 1.5B reads about 30 tokens/s on a CPU without bfloat16
+        # units: a 100-page manual is half an hour of feeding, which a question waited through before.
         self.answer_while_feeding_s = answer_while_feeding_s
         self.runtime = runtime
         self.budget = budget
@@ -119,9 +117,6 @@ class ModelWork:
                 yield from self._edit(session, work, settings)
             return
         engine = session.ensure_engine(system_prompt)
-        if work.answer_item is not None:  # answered while the documents before it were fed: the context reads it
-            yield from self._read_answered(session, work, engine)
-            return
         if work.kind == WorkKind.REGENERATE:
             yield from self._regenerate(session, work, engine, settings)
             return
@@ -130,8 +125,12 @@ class ModelWork:
             if not fed:
                 if work.question_item is not None and work.question_item.text:
                     work.question_item.in_context = False
+                if work.answer_item is not None:  # answered while its documents were fed; they were not added
+                    work.answer_item.in_context = False
                 return
-        if work.question:
+        if work.answer_item is not None:  # answered while documents were fed, its own or those before it
+            yield from self._read_answered(session, work, engine)
+        elif work.question:
             yield from self._answer(session, work, engine, settings)
 
     def _save(self, session: Session):
@@ -218,13 +217,14 @@ class ModelWork:
 
     def _show_feeding(self, session: Session, work: Work, engine: ContextEngine, item: ChatItem, feeding,
                       settings: GenerationSettings):
-        """Show the feed's progress; between two of its chunks, answer the questions asked meanwhile when the feed
-        has long to go (``answer_while_feeding_s``)."""
+        """Show the feed's progress; between two of its chunks, answer the question asked with the documents and those
+        asked meanwhile, when the feed has long to go (``answer_while_feeding_s``)."""
         throttle = Throttle(FEED_INTERVAL_S)
         for stats in feeding:
             item.text = "Feeding " + feeding_line(stats)
             if self._answers_while_feeding(stats, settings):
-                for question in session.questions_behind(work):
+                own = [work] if work.question and work.answer_item is None and not work.cancel.is_set() else []
+                for question in own + session.questions_behind(work):
                     yield from self._answer_while_feeding(session, question, engine, settings)
             if throttle():
                 yield

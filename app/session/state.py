@@ -278,6 +278,12 @@ class Session:
                 questions.append(waiting)
         return questions
 
+    def awaits_an_answer(self) -> bool:
+        """A question of this session is queued or being answered (one answered while documents are still fed is
+        not: its answer is shown, and only the context has yet to read it)."""
+        with self.lock:
+            return any(w.question and (w.answer_item is None or w.answer_item.pending) for w in self.pending)
+
     def only_feeding_left(self) -> bool:
         """The work left is a document feed under way and questions answered beside it, which wait only to be read
         into the context after it: a request that asked one of them has its answer."""

@@ -44,6 +44,8 @@ def wire(demo, c: Components, h: Handlers) -> None:
     submitted = c.chat_input.submit(h.submit, c.chat_input, [c.chat_input, *view], api_name="submit", **FAST)
     read = submitted.then(h.read, None, view, api_name="read", **READ)
     then_model(read, "run")
+    # Beside the model step: the box opens once the question is answered, though documents may still be fed after it.
+    submitted.then(h.open_input_once_answered, None, c.chat_input, api_name=False, **FAST)
 
     # Documents panel.
     uploaded = c.upload.upload(h.add_files, c.upload, [c.upload, *view], api_name="add_files", **FAST)

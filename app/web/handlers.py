@@ -10,6 +10,7 @@ the generator then shows the final state itself.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from urllib.parse import unquote
@@ -61,7 +62,8 @@ class Handlers(WorkspaceEvents):
         # What an unpatched model's cache adds per token: the panel's "a full cache would hold" figure.
         self.vanilla_token_bytes = lminfinite.KVShape.from_config(runtime.model.config).token_bytes(runtime.dtype)
         self.reader = Reader(runtime, config)
-        self.model_work = ModelWork(runtime, budget, registry.cache_bytes, registry.save_now)
+        self.model_work = ModelWork(runtime, budget, registry.cache_bytes, registry.save_now,
+                                    config.answer_while_feeding)
         self.default_settings = default_settings or {}  # run's settings by name, as the Settings panel starts
         self.question_limit = QuestionLimit(runtime.tokenizer, config.max_question_tokens)
         self.tab_sent = TabSent()  # per tab: several tabs can show one workspace
@@ -363,6 +365,16 @@ class Handlers(WorkspaceEvents):
     def show(self, request: gr.Request):
         """The session as it is (page load, and for API clients)."""
         return self.view(self._session(request), request.session_hash)
+
+    async def open_input_once_answered(self, request: gr.Request):
+        """Unlock the chat box as soon as no question of this session waits for its answer. A question asked with a
+        long document (or while one is fed) is answered between two chunks of the feed (model_work.py): the box
+        opens then, not when the whole feed is over (``enable_input``, after the model step). Awaits on the event
+        loop: no worker thread is held while it waits."""
+        session = self._session(request, touch=False)
+        while session.awaits_an_answer() and not session.closed:
+            await asyncio.sleep(FOLLOW_S)
+        return gr.MultimodalTextbox(interactive=True)
 
     def enable_input(self, request: gr.Request):
         """After the model step: unlock the chat box, and settle the stop note and Stop / Cancel."""
