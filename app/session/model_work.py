@@ -29,6 +29,7 @@ from .workspace_quota import QuotaExceeded
 
 log = logging.getLogger(__name__)
 
+ASK_MEANWHILE = " · a question asked now is answered before the feed ends"  # said while it is so
 UI_INTERVAL_S = 0.1  # streamed updates per second are capped at 10: the browser, not the model, is the limit
 FEED_INTERVAL_S = 0.5  # feeding progress (a line of text) needs fewer: each costs a post-processed chat
 # Regenerate at temperature 0 would decode the same tokens again: it samples that one answer instead.
@@ -221,8 +222,9 @@ class ModelWork:
         asked meanwhile, when the feed has long to go (``answer_while_feeding_s``)."""
         throttle = Throttle(FEED_INTERVAL_S)
         for stats in feeding:
-            item.text = "Feeding " + feeding_line(stats)
-            if self._answers_while_feeding(stats, settings):
+            meanwhile = self._answers_while_feeding(stats, settings)
+            item.text = "Feeding " + feeding_line(stats) + (ASK_MEANWHILE if meanwhile else "")
+            if meanwhile:
                 own = [work] if work.question and work.answer_item is None and not work.cancel.is_set() else []
                 for question in own + session.questions_behind(work):
                     yield from self._answer_while_feeding(session, question, engine, settings)
