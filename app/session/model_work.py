@@ -245,13 +245,7 @@ class ModelWork:
         (ContextEngine.ask_while_feeding); the context reads the exchange at the question's turn (_read_answered)."""
         if self._question_memory_refusal(engine, work.question, settings) is not None:
             return  # it waits for its turn, and is refused then, saying why
-        item = work.answer_item = ChatItem("assistant", ItemKind.ANSWER, pending=True)
-        session.show(item, work)
-        try:
-            yield
-        except GeneratorExit:  # ended before the question reached the model
-            self._mark_stopped(item, work.question_item)
-            raise
+        item = yield from self._pending_answer(session, work, kept_on_work=True)
         with session.lock:  # the last question answered while this feed runs, waiting to be read too
             answered = [w for w in session.pending if w.id < work.id and w.answered is not None]
         earlier = (Exchange(answered[-1].question, answered[-1].answered.answer_ids) if answered
@@ -339,6 +333,20 @@ class ModelWork:
         return self.budget.memory_refusal(self.cache_bytes(), tokens,
                                           f"this question and its answer (up to {tokens:,} tokens)")
 
+    def _pending_answer(self, session: Session, work: Work, *, kept_on_work: bool = False):
+        """Show ``work``'s answer, pending, before its question reaches the model (``kept_on_work``: an answer given
+        while documents are fed, which the context reads later: ``_read_answered``); returns it."""
+        item = ChatItem("assistant", ItemKind.ANSWER, pending=True)
+        if kept_on_work:
+            work.answer_item = item
+        session.show(item, work)
+        try:
+            yield
+        except GeneratorExit:  # ended before the question reached the model
+            self._mark_stopped(item, work.question_item)
+            raise
+        return item
+
     def _answer(self, session: Session, work: Work, engine: ContextEngine, settings: GenerationSettings):
         refusal = self._question_memory_refusal(engine, work.question, settings)
         if refusal is not None:  # nothing was read: the context is as it was
@@ -347,13 +355,7 @@ class ModelWork:
             text = f"⚠ Not answered: {refusal}."
             session.show(ChatItem("assistant", ItemKind.ANSWER, text, in_context=False), work)
             return
-        item = ChatItem("assistant", ItemKind.ANSWER, pending=True)
-        session.show(item, work)
-        try:
-            yield
-        except GeneratorExit:  # ended before the question reached the model
-            self._mark_stopped(item, work.question_item)
-            raise
+        item = yield from self._pending_answer(session, work)
         events = engine.ask(work.question, settings, work.cancel, started=work.created,
                             switched_off=session.answering_off())
         yield from self._stream_answer(session, item, events, work.question_item)
