@@ -377,7 +377,8 @@ def test_a_question_asked_while_a_document_is_fed_is_answered_before_the_feed_en
     assert answered_while_feeding and answer.text and answer.citations[0].where.page == 7
     assert session.chat[1].text.endswith(" · a question asked now is answered before the feed ends")
     assert "while the documents were still being fed" in answer.recall_note and answer.stats["while_feeding"]
-    assert answer.recall_note in views.answer_markdown(answer) and answer.stats["quoted"]
+    shown = views.answer_markdown(answer)
+    assert answer.recall_note in shown and views.WORDS_ONLY_HEADING in shown and answer.stats["quoted"]
     for polls, _ in enumerate(follower):  # it has its answer: it ends while the feed goes on (its last view)
         assert polls < 2, "the question's request still follows the feed"
     assert session.engine.feeding

@@ -50,6 +50,9 @@ def _fmt_rate(rate: float) -> str:
 # answer's own passage leads (citations.lead_with_answer_source).
 SOURCES_HEADING = ("**Sources**, best first (the one the answer is read from, then by the question's words and the "
                    "attention it drew; % of that score):")
+# An answer given while its documents were still fed: no attention had been drawn yet (model_work.py).
+WORDS_ONLY_HEADING = ("**Sources**, best first (the one the answer is read from, then by the question's words; % of "
+                      "that score):")
 
 
 def cited(where: Provenance, opens: Opens | None) -> str:
@@ -84,8 +87,9 @@ def answer_markdown(item: ChatItem, opens: Opens | None = None) -> str:
         if item.stats.get("quoted"):  # the answer was drawn with the first passages quoted before the question
             for index in range(min(item.stats.get("quoted_sources", 1), len(lines))):
                 lines[index] += " · *quoted to the model*"
-        parts.append(f"{SOURCES_HEADING}\n" + "\n".join(lines))
-        if item.stats.get("while_feeding") and item.recall_note:  # how these sources were found differs: say so
+        while_feeding = item.stats.get("while_feeding")
+        parts.append(f"{WORDS_ONLY_HEADING if while_feeding else SOURCES_HEADING}\n" + "\n".join(lines))
+        if while_feeding and item.recall_note:  # how these sources were found differs: say so
             parts.append(f"*{item.recall_note}*")
     elif item.recall_note:
         parts.append(f"*{item.recall_note}*")
