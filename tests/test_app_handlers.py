@@ -376,6 +376,7 @@ def test_a_question_asked_while_a_document_is_fed_is_answered_before_the_feed_en
             break
     assert answered_while_feeding and answer.text and answer.citations[0].where.page == 7
     assert session.chat[1].text.endswith(" · a question asked now is answered before the feed ends")
+    assert [(r.path, r.status) for r in session.documents] == [("r.pdf", "feeding")]  # said in its row too
     assert "while the documents were still being fed" in answer.recall_note and answer.stats["while_feeding"]
     shown = views.answer_markdown(answer)
     assert answer.recall_note in shown and views.WORDS_ONLY_HEADING in shown and answer.stats["quoted"]
@@ -387,6 +388,7 @@ def test_a_question_asked_while_a_document_is_fed_is_answered_before_the_feed_en
     # The upload's message (its files, no words), its status, then the question and its answer.
     assert [c.kind for c in session.chat] == ["question", "status", "question", "answer"]
     assert session.chat[1].title.startswith("Added 1 file") and question.in_context and answer.in_context
+    assert [r.status for r in session.documents] == ["ingested"]
     assert engine.history[-1].question == "What is the pass key?" and not session.pending
     assert [s.kind for s in engine.spans][-2:] == ["question", "answer"] and engine.can_regenerate
     # Saved and reopened, it is the same chat and context (the answer's record says how it was drawn).

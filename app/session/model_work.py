@@ -191,6 +191,8 @@ class ModelWork:
         item.title = f"Adding {plural(len(queued), 'file')} ({fitted.tokens:,} tokens)"
         whole = len(fitted.chunks) == len(plan.chunks)  # nothing refused: feed the plan as counted
         feeding = engine.feed_documents(plan if whole else fitted.chunks, work.cancel)
+        for row in queued:
+            row.feeding()
         try:
             yield from self._show_feeding(session, work, engine, item, feeding, settings)
         except GeneratorExit:  # the request ended (API cancel, closed tab): exactly what Stop leaves

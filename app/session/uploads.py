@@ -35,6 +35,7 @@ class RowStatus(StrEnum):
     CANCELLED = "cancelled"  # Stop, an API cancel or a closed tab
     READING = "reading"
     QUEUED = "queued"  # read, waiting for the model
+    FEEDING = "feeding"  # being fed to the model now
     ROLLED_BACK = "rolled_back"  # the feed failed and was undone
 
     @property
@@ -51,6 +52,7 @@ STATUS_LABELS = {  # symbols every system font has (no emoji): the README screen
     RowStatus.CANCELLED: "■ cancelled",
     RowStatus.READING: "… reading",
     RowStatus.QUEUED: "… waiting for the model",
+    RowStatus.FEEDING: "… being fed to the model",
     RowStatus.ROLLED_BACK: "↩ not added",
 }
 
@@ -73,6 +75,10 @@ class DocumentRow:
         """Read (all of it, or part): queued for the model, remembering which, for when it is added."""
         if self.status in (RowStatus.INGESTED, RowStatus.PARTIAL):
             self.outcome, self.status = self.status, RowStatus.QUEUED
+
+    def feeding(self) -> None:
+        """Its feed started: the panel shows how far it has come."""
+        self.status = RowStatus.FEEDING
 
     def added(self) -> None:
         """Fed to the model: in the context as ingest read it."""

@@ -83,6 +83,9 @@ def _chat_item_from(data: dict) -> ChatItem:
     return ChatItem(**{**data, "kind": ItemKind(data["kind"]), "pending": False}, citations=citations)
 
 
+NOT_IN_CONTEXT_YET = (RowStatus.READING, RowStatus.QUEUED, RowStatus.FEEDING)  # rows a save leaves out
+
+
 def session_record(session: Session) -> dict:
     """The session's chat, documents and their digests as JSON-ready data (the engine is saved beside it).
 
@@ -91,7 +94,7 @@ def session_record(session: Session) -> dict:
     waiting = session.queued_items()
     return {
         "chat": [_chat_item(c) for c in session.chat if id(c) not in waiting],
-        "documents": [asdict(r) for r in session.documents if r.status not in (RowStatus.READING, RowStatus.QUEUED)],
+        "documents": [asdict(r) for r in session.documents if r.status not in NOT_IN_CONTEXT_YET],
         "fed_digests": session.fed_digests,
         "switched_off": sorted(session.switched_off),
     }
