@@ -42,6 +42,13 @@ from .spans import Span, SpanIndex, SpanKind
 MEASURED_PREFILL = 128
 
 
+def answer_sources(citations: CitationReport, answer: str, index: ChunkIndex, spans: SpanIndex) -> CitationReport:
+    """``citations`` with the page of the quoted chunk whose words the answer shares most first: ``index`` scores
+    the chunks for the answer, ``spans`` say which chunk each quote is in (citations.lead_with_answer_source)."""
+    scores = index.scores(answer)
+    return lead_with_answer_source(citations, [scores.get(spans.at(lo), 0.0) for lo, _ in citations.quote_spans])
+
+
 @dataclass
 class ContextEngine:
     """The per-session context. Not thread-safe by itself: sessions run one operation at a time."""
@@ -308,9 +315,9 @@ class ContextEngine:
         what the user is shown, no more. One ``drawn_apart`` (in the reader) is read after its question from the
         state before it (``turn.before``), as history replays them.
         """
-        answer, fed = decoded.tokens, decoded.fed
+        answer, fed = self._shown(decoded), decoded.fed
         if decoded.repeat_from is not None:
-            answer, fed = answer[: whole_sentences(answer[: decoded.repeat_from], self.format.decode_answer)], 0
+            fed = 0
             if not drawn_apart:
                 self._restore(turn.after_question)
         if drawn_apart:
@@ -320,6 +327,13 @@ class ContextEngine:
         else:
             self._close_answer(answer, fed, topk)
         return answer
+
+    def _shown(self, decoded: Decoded) -> list[int]:
+        """The answer's tokens as the user is shown them: one that began to repeat itself is cut where the repeat
+        began, back to the end of its last whole sentence."""
+        if decoded.repeat_from is None:
+            return decoded.tokens
+        return decoded.tokens[: whole_sentences(decoded.tokens[: decoded.repeat_from], self.format.decode_answer)]
 
     def _close_answer(self, answer: list[int], fed: int, topk: int) -> None:
         """Feed what the decode did not (the answer's tokens from ``fed`` on) and the end of turn: the answer's span."""
@@ -334,9 +348,7 @@ class ContextEngine:
     def _answer_sources(self, citations: CitationReport, answer: str) -> CitationReport:
         """The sources with the page of the quoted chunk the answer's words come from first (citations.py)."""
         self.chunk_index.refresh(self.spans, self.text.span_text)  # documents fed since the question was read
-        scores = self.chunk_index.scores(answer)
-        support = [scores.get(self.spans.at(lo), 0.0) for lo, _ in citations.quote_spans]
-        return lead_with_answer_source(citations, support)
+        return answer_sources(citations, answer, self.chunk_index, self.spans)
 
     def _is_content(self, position: int) -> bool:
         return self.token_ids[position] in self.runtime.content_ids
@@ -416,14 +428,10 @@ class ContextEngine:
                                               min(settings.max_new_tokens, room), cancel, started)
             reader = None  # its cache is freed now
             trim_heap()
-        answer = decoded.tokens
-        if decoded.repeat_from is not None:
-            answer = answer[: whole_sentences(answer[: decoded.repeat_from], self.format.decode_answer)]
+        answer = self._shown(decoded)
         text = self.format.decode_answer(answer)
         self.stats.decode_tps = decoded.decode_tps
-        support = index.scores(text)
-        citations = lead_with_answer_source(report, [support.get(view.spans.at(lo), 0.0)
-                                                     for lo, _ in report.quote_spans])
+        citations = answer_sources(report, text, index, view.spans)
         yield AnswerResult(text=text, tokens=len(answer), finish=decoded.finish, citations=citations,
                            ttft_s=decoded.ttft_s, prefill_tps=0.0, decode_tps=decoded.decode_tps,
                            question_tokens=question_tokens, answer_ids=tuple(answer), quoted=True,
