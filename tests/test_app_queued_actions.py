@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
+from app.session import model_work
 from app.session.state import ItemKind, Session
 from app.session.workspace_file import read_workspace
 from app_fixtures import make_long_text
 from handler_fixtures import SETTINGS, drain, make_handlers, request
 
 LONG_ANSWER = (*SETTINGS[:3], 200, *SETTINGS[4:])  # enough tokens to act while it streams
+
+
+@pytest.fixture(autouse=True)
+def every_token_shown(monkeypatch):
+    """Each streamed token is a step to hold, however fast the machine: throttled to 10 a second, a whole answer
+    of the demo model on an idle CPU fits in one interval, and its step never yields while it decodes."""
+    monkeypatch.setattr(model_work, "UI_INTERVAL_S", 0.0)
 
 
 def ask(handlers, req, text, files=(), settings=SETTINGS):

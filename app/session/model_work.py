@@ -63,8 +63,8 @@ def failure(exc: Exception, during: str) -> Failure:
 class Throttle:
     """True at most once per interval: keeps streaming from flooding the browser."""
 
-    def __init__(self, interval: float = UI_INTERVAL_S):
-        self.interval = interval
+    def __init__(self, interval: float | None = None):
+        self.interval = UI_INTERVAL_S if interval is None else interval
         self.last = 0.0
 
     def __call__(self) -> bool:
