@@ -7,6 +7,7 @@ questions of it; the answer's sources are the passages top-k recall attended to 
 from __future__ import annotations
 
 from ..engine.citations import Citation
+from ..engine.metrics import LiveStats
 from ..session.uploads import DocumentRow
 from ..session.state import ChatItem
 
@@ -22,8 +23,18 @@ def source_json(citation: Citation) -> dict:
     return {**found, "snippet": citation.snippet, "weight": round(citation.share, 4)}
 
 
-def answer_json(answer: ChatItem | None, rows: list[DocumentRow], context_tokens: int, model: str) -> dict:
-    """The reply of ``/ask``; ``error`` says why there is no answer (stopped, refused, failed)."""
+def feed_json(stats: LiveStats) -> dict:
+    """How far the feed under way has got: tokens fed of all planned, and the seconds it should still take."""
+    return {"fed_tokens": stats.done, "tokens": stats.total,
+            "eta_s": round(stats.eta_s, 1) if stats.eta_s is not None else None}
+
+
+def answer_json(answer: ChatItem | None, rows: list[DocumentRow], context_tokens: int, model: str,
+                feed: dict | None = None) -> dict:
+    """The reply of ``/ask``; ``error`` says why there is no answer (stopped, refused, failed). An answer given
+    while its documents were still fed is not in the context yet (``in_context`` false, no error): ``feed`` says
+    how far the feed has got, and the context reads the exchange once the feed is over."""
+    beside_feed = answer is not None and bool(answer.stats.get("while_feeding")) and not answer.stopped
     reply = {
         "answer": answer.text if answer is not None else "",
         "sources": [source_json(c) for c in answer.citations] if answer is not None else [],
@@ -31,11 +42,13 @@ def answer_json(answer: ChatItem | None, rows: list[DocumentRow], context_tokens
         "documents": [{"file": r.path, "status": r.status, "pages": r.pages, "tokens": r.tokens, "reason": r.reason}
                       for r in rows],
         "model": model,
-        "in_context": bool(answer is not None and answer.in_context),
+        "in_context": bool(answer is not None and answer.in_context and not (beside_feed and feed is not None)),
         "stats": dict(answer.stats) if answer is not None else {},
         "recall_note": answer.recall_note if answer is not None else "",
     }
-    if answer is None or not answer.in_context:
+    if feed is not None:
+        reply["feed"] = feed
+    if answer is None or not (answer.in_context or beside_feed):
         reply["error"] = (answer.text if answer is not None and answer.text.startswith("⚠") else
                           "stopped: the question was not answered" if answer is not None and answer.stopped else
                           "no answer: no question was given, or the documents could not be added")

@@ -38,10 +38,11 @@ from ..session.registry import SessionDenied, SessionExpired, SessionRegistry
 from ..session.state import ChatItem, ItemKind, Session, Stage, Work, WorkKind
 from ..session.text import clean_text
 from . import messages, views
-from .api import answer_json
+from .api import answer_json, feed_json
 from .model_switch import ModelSwitch
 from .replica_cookie import served_elsewhere
 from .tab_sent import TabSent
+from .unattended import finish_unattended
 from .workspace_handlers import WorkspaceEvents
 
 
@@ -440,6 +441,9 @@ class Handlers(WorkspaceEvents):
         that sends nothing until the JSON at the end: Gradio closes it when the call is cancelled
         (gradio_client's ``job.cancel()``) or its client leaves, and the session's work then stops as with
         Stop. A plain function ran to the end in its thread, for nobody.
+
+        A question answered while its documents are still fed is replied to then: the feed goes on unattended
+        (unattended.py), and the context reads the exchange once it is over, as in the chat.
         """
         session = self._session(request)
         paths = upload_paths(files)
@@ -448,15 +452,33 @@ class Handlers(WorkspaceEvents):
             raise messages.error("Give a question, files, or both.")
         self._check_question(question)
         work = self._queue_sources(session, question or None, paths, uploads=True)
+        steps = self.run(**self.default_settings, request=request)  # or follows the request running them
         try:
             yield from unsent(self.read(request))
-            yield from unsent(self.run(**self.default_settings, request=request))  # or follows the request running them
-        except GeneratorExit:  # the call ended: its own step rolled back as it closed; the rest is Stop's
+            for _ in steps:
+                if question and self._answered_beside_its_feed(session, work.question_item):
+                    finish_unattended(steps, f"feed of workspace {session.workspace_id}")
+                    steps = None
+                    break
+                yield gr.skip()
+        except GeneratorExit:  # the call ended: its own step rolls back as it closes; the rest is Stop's
+            steps.close()
             session.stop()
             raise
+        finally:
+            if steps is not None:
+                steps.close()
         answer = session.answer_to(work.question_item) if question else None
         rows = work.rows or [r for r in session.documents if r.path in {os.path.basename(p) for p in paths}]
-        yield answer_json(answer, rows, session.context_tokens, self.runtime.name)
+        feeding = session.engine is not None and session.engine.feeding
+        yield answer_json(answer, rows, session.context_tokens, self.runtime.name,
+                          feed_json(session.stats) if feeding else None)
+
+    @staticmethod
+    def _answered_beside_its_feed(session: Session, question: ChatItem) -> bool:
+        """``question`` has its answer, and what is left is the feed it was answered beside."""
+        answer = session.answer_to(question)
+        return answer is not None and not answer.pending and session.only_feeding_left()
 
     # -- reading queue ---------------------------------------------------------------------------
     def read(self, request: gr.Request):
