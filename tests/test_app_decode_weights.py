@@ -55,7 +55,10 @@ def test_one_row_uses_the_copy_and_more_rows_the_dense_layer(dtype, grid):
     reference = x.to(dw.ROWS_DTYPE).double() @ copy.dequantize().double().T + dense.bias.double()
     got = layer(x)
     assert got.shape == (1, dw.DECODE_ROWS, 64) and got.dtype == dtype
-    assert (got.double() - reference).abs().max() / reference.abs().max() < 2 ** -7
+    # a bfloat16 model rounds twice: the kernel's product, then the bias added in bfloat16 (up to 2 ** -8 each); over
+    # 300 seeds on an AMD EPYC with avx512_bf16 the int8 rows reached 1.2 * 2 ** -7 (the kernel alone 0.78)
+    bound = 2 ** -6 if dtype == torch.bfloat16 else 2 ** -7
+    assert (got.double() - reference).abs().max() / reference.abs().max() < bound
     many = torch.randn(1, dw.DECODE_ROWS + 1, 128, dtype=dtype)
     assert torch.equal(layer(many), dense(many))
     assert layer.weight is dense.weight
