@@ -4,10 +4,10 @@ token for token.
 
 ``python app.py`` as a user starts it (one flag: the first answer comes beside the feed on any machine); the
 document is a specification that a Debian package ships, from the development set (benchmarks/devset/mime.json),
-whose questions the model answers right and cites right there (README, *Right answers about real documents*): its first five pages, 2,600 tokens, beyond the 2,048-token
-window, so the context keeps a middle store. The whole of it, 17 pages, took the default model over 5 minutes to read
-on a CPU without bfloat16 units (float32), twice what these tests are given; every question here is about a page
-among the first five.
+whose questions the model answers right and cites right there (README, *Right answers about real documents*): its
+first five pages, 2,600 tokens, beyond the 2,048-token window, so the context keeps a middle store. The whole of it,
+17 pages, took the default model over 5 minutes to read on a CPU without bfloat16 units (float32), twice what these
+tests are given; every question here is about a page among the first five.
 """
 
 from __future__ import annotations
