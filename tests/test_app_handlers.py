@@ -335,11 +335,34 @@ def test_a_pending_answer_shows_what_it_reads_then_only_the_answer(runtime, tmp_
         answer = session.chat[-1]
         if answer.kind == "answer" and answer.pending and answer.progress is not None:
             shown.append((answer.progress.stage, answer.progress.done, answer.text))
-    assert [stage for stage, _, _ in shown] == [AnswerStage.QUESTION, AnswerStage.QUOTES]
-    assert shown[1][1] == 0 and not any(text for _, _, text in shown)
+    # the question once asked, again once the model is its own (the activity box changes then), then the quotes
+    assert [stage for stage, _, _ in shown] == [AnswerStage.QUESTION, AnswerStage.QUESTION, AnswerStage.QUOTES]
+    assert shown[2][1] == 0 and not any(text for _, _, text in shown)
     answer = session.chat[-1]
     assert answer.text and not answer.pending and answer.progress is None and answer.stats["quoted"]
     assert "progress" not in session_record(session)["chat"][-1]
+
+
+def test_the_activity_box_says_what_an_answer_reads_before_its_first_token(runtime, tmp_path):
+    """The question read into the context, then the quotes read in the reader, each with its own tokens: the box said
+    "Waiting for its turn at the model" while the question was read, and the question's "32 / 32 tokens (100%)"
+    while the quotes were (a minute on a CPU in float32)."""
+    handlers, req = make_handlers(runtime), request("activity")
+    ask(handlers, req, files=[make_pdf(tmp_path / "r.pdf", pages=4, secret_page=3)])
+    handlers.submit({"text": "What is the pass key?", "files": []}, req)
+    drain(handlers.read(req))
+    session = handlers.registry.peek("activity")
+    boxes = {}  # the activity box sent at each update, by what the answer's place said then
+    for view in handlers.run(*SETTINGS, req):
+        answer = session.chat[-1]
+        if answer.kind == "answer" and answer.progress is not None:
+            boxes.setdefault(answer.progress.stage, []).append((answer.progress.total, view[3]))
+    total, box = boxes[AnswerStage.QUESTION][-1]
+    assert "Feeding the model (question)" in box and f"0 / {total:,} tokens (0%)" in box and "tok/s" not in box
+    total, box = boxes[AnswerStage.QUOTES][0]
+    assert "Feeding the model (quoted passages)" in box and f"0 / {total:,} tokens" in box and total > 100
+    assert "ETA –" in box  # not the question's last figure
+    assert not any("Waiting for its turn" in box for stage in boxes.values() for _, box in stage[1:])
 
 
 def _feeding_with_a_question(runtime, tmp_path, monkeypatch, name):

@@ -376,6 +376,8 @@ class ContextEngine:
         earlier = self.last_exchange
         yield AnswerProgress(AnswerStage.QUESTION, 0, planned, 0.0, context_tokens=self.length)
         with self._answering(), self._operation() as before:
+            self.stats.prefilling(Feeding.QUESTION, planned)  # the model is ours: its first forward is the question's
+            yield AnswerProgress(AnswerStage.QUESTION, 0, planned, 0.0, context_tokens=self.length)
             citations, seconds = yield from self._read_question(question, pieces, baseline, settings.answer_topk,
                                                                 cancel, before, self._quote_budget(settings),
                                                                 switched_off, earlier)
@@ -518,6 +520,7 @@ class ContextEngine:
         ids = reader.opening(self.format, self.system_prompt, text, earlier)
         step = self.runtime.prefill_chunk
         meter = RateMeter()
+        self.stats.prefilling(Feeding.QUOTES, len(ids))  # the activity box says so, not the question's last figures
         yield AnswerProgress(AnswerStage.QUOTES, 0, len(ids), 0.0, sources=sources)
         for lo in range(0, len(ids), step):
             if cancel is not None and cancel.is_set():
@@ -527,8 +530,12 @@ class ContextEngine:
             except StoppedMidForward:
                 raise Stopped(Feeding.QUESTION) from None
             meter.add(len(ids[lo : lo + step]))
+            self.stats.done, self.stats.eta_s = meter.tokens, meter.eta(len(ids) - meter.tokens)
+            rate = meter.rate if meter.tokens < len(ids) else meter.final_rate  # 0 until measured: the last one stays
+            if len(ids) >= MEASURED_PREFILL and rate > 0:
+                self.stats.prefill_tps = rate
             yield AnswerProgress(AnswerStage.QUOTES, meter.tokens, len(ids), meter.elapsed, sources=sources,
-                                 rate=meter.rate, eta_s=meter.eta(len(ids) - meter.tokens))
+                                 rate=meter.rate, eta_s=self.stats.eta_s)
         return reader
 
     def _question_pieces(self, question: str) -> list[Piece]:

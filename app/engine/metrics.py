@@ -74,6 +74,7 @@ class Feeding(StrEnum):
     QUESTION = "question"  # a question (and the neutral one before it): its short prefill measures latency
     DOCUMENTS = "documents"
     ANSWER = "answer"  # an answer drawn in the reader, read into the context after its question
+    QUOTES = "quoted passages"  # the passages quoted for an answer, read in the reader before its first token
     CONVERSATION = "conversation"  # an exchange fed as text (replay.py)
 
 
@@ -104,6 +105,7 @@ class LiveStats:
     def prefilling(self, what: Feeding, total: int) -> None:
         """A prefill of ``total`` tokens starts."""
         self.phase, self.detail, self.feeding, self.done, self.total = Phase.PREFILL, what.value, what, 0, total
+        self.eta_s = None  # not the last prefill's "0 ms": unknown until this one has run a while
 
     @contextmanager
     def aside(self):
@@ -122,8 +124,8 @@ class LiveStats:
 
     @property
     def answering(self) -> bool:
-        """An answer's work: its question's prefill, or its decode."""
-        return self.phase == Phase.DECODE or self.feeding is Feeding.QUESTION
+        """An answer's work: its question's prefill, its quotes read in the reader, or its decode."""
+        return self.phase == Phase.DECODE or self.feeding in (Feeding.QUESTION, Feeding.QUOTES)
 
     def set_kv(self, memory: dict[str, int]) -> None:
         self.kv_starting, self.kv_window = memory["starting"], memory["window"]

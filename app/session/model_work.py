@@ -291,12 +291,15 @@ class ModelWork:
     def _stream_answer(self, session: Session, item: ChatItem, events, question_item: ChatItem | None):
         throttle = Throttle()
         finished = False
+        stats = session.stats
+        shown = None  # what the activity box said at the last update: a new phase is shown at once
         try:
             for event in events:
                 if isinstance(event, AnswerProgress):  # shown in the answer's place until its first token
                     stage_changed = item.progress is None or item.progress.stage is not event.stage
                     item.progress = event
-                    if throttle() or stage_changed:
+                    if throttle() or stage_changed or (stats.phase, stats.feeding) != shown:
+                        shown = stats.phase, stats.feeding
                         yield
                 elif isinstance(event, AnswerDelta):
                     item.text, item.progress = event.text, None

@@ -202,7 +202,7 @@ def activity_html(stats: LiveStats, queued: int = 0) -> str:
         label = PHASE_LABELS.get(phase, phase)
         if phase == Phase.PREFILL:
             fraction = min(1.0, done / total) if total else 0.0
-            bits = [f"{done:,} / {total:,} tokens ({fraction:.0%})", _fmt_rate(stats.prefill_tps),
+            bits = [f"{done:,} / {total:,} tokens ({fraction:.0%})", _fmt_rate(stats.prefill_tps if done else 0.0),
                     f"ETA {fmt_seconds(stats.eta_s)}"]
             striped = ""
         elif phase == Phase.WAITING:  # behind another session: the detail says behind what, and for how long
