@@ -135,7 +135,7 @@ def test_a_stopped_replicas_user_goes_on_on_the_other_one_as_if_nothing_moved(cl
         _table_includes(page, "keys.txt")
         assert _messages(page)[-1] == first
         moved = _ask(page, "And what is the book in front of them?")
-        assert "Reopened" in cluster.replicas[other].log() or "Reopened" in page.inner_text("body")
+        assert "Reopened workspace" in cluster.replicas[other].log()  # its toast may be gone by now, under load
 
         # The same two questions in a context that never moved answer the same, token for token.
         fresh, fresh_first = _fed_page(browser, cluster.url, notes)

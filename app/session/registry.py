@@ -258,6 +258,7 @@ class SessionRegistry:
             return None, f"{saved} could not be opened ({type(exc).__name__}); it is kept as it is."
         session.name = self.store.name(owner, workspace_id) or session.name
         seconds = time.perf_counter() - started
+        log.info("Reopened workspace %s: %s tokens in %.1f s", workspace_id, f"{session.context_tokens:,}", seconds)
         return session, f"Reopened “{session.name}”: {session.context_tokens:,} tokens in {seconds:.1f} s."
 
     def open_elsewhere(self, owner: str | None, workspace_id: str) -> WorkspaceHeld | None:
