@@ -374,10 +374,11 @@ class ContextEngine:
         self._check_budget(planned + 2, "This question")
         baseline = self._neutral_pieces(settings, planned)
         earlier = self.last_exchange
-        yield AnswerProgress(AnswerStage.QUESTION, 0, planned, 0.0, context_tokens=self.length)
+        asked = AnswerProgress(AnswerStage.QUESTION, 0, planned, 0.0, context_tokens=self.length)
+        yield asked
         with self._answering(), self._operation() as before:
             self.stats.prefilling(Feeding.QUESTION, planned)  # the model is ours: its first forward is the question's
-            yield AnswerProgress(AnswerStage.QUESTION, 0, planned, 0.0, context_tokens=self.length)
+            yield asked
             citations, seconds = yield from self._read_question(question, pieces, baseline, settings.answer_topk,
                                                                 cancel, before, self._quote_budget(settings),
                                                                 switched_off, earlier)
