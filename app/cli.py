@@ -111,17 +111,18 @@ class AppConfig:
                                        "two chunks, when the feed has at least this many seconds left; 0: always "
                                        "(default: 30)", group=LM_INFINITE, type=float, at_least=0,
                                        metavar="SECONDS")
-    # tokens; None: sized from memory (1M on CPU)
-    context_budget: int | None = flag(None, "most tokens one session's context may hold; documents that would not "
-                                      "fit are refused (default: 1,000,000 on CPU; sized from free memory on CUDA)",
-                                      group=LM_INFINITE, type=int, at_least=1)
+    # tokens; None: sized from memory, at most 1M
+    context_budget: int | None = flag(None, "most tokens one session's context may hold with recall; documents that "
+                                      "would not fit are read without recall in a new context, refused in one that "
+                                      "holds something (default: what 70%% of the free memory holds, at most "
+                                      "1,000,000)", group=LM_INFINITE, type=int, at_least=1)
     max_question_tokens: int = flag(4096, "longest question, in tokens; a longer one is refused at once, asking "
                                     "for it as a file (an answer holds the model from its question's first token to its "
                                     "last; a document steps aside between chunks) (default: 4096)",
                                     group=LM_INFINITE, type=int, at_least=1)
     memory_budget: int | None = flag(None, "most memory all sessions' contexts may hold together, e.g. 8GB; work "
-                                     "that would cross it is refused with a message (default: 70%% of the memory "
-                                     "free at start-up)", group=LM_INFINITE, type=parse_size, metavar="SIZE",
+                                     "that would cross it is refused with a message, and documents in a new context "
+                                     "are read without recall (default: 70%% of the memory free at start-up)", group=LM_INFINITE, type=parse_size, metavar="SIZE",
                                      at_least=1)
 
     host: str = flag("127.0.0.1", "address to bind; 0.0.0.0 for every interface (default: 127.0.0.1)", group=SERVER)

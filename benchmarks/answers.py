@@ -7,6 +7,9 @@ document's questions one after another, as a user does:
 
 - ``app``: the app's ``ContextEngine`` (its chunking, chat format, LM-Infinite window, recall, sources and
   quoting, exactly the code ``python app.py`` runs), the document fed once, then each question in sequence.
+- ``app-without-recall``: the same in a context read without recall, as the app reads documents longer than
+  recall's memory (``ContextEngine.keep_recall``): sources ranked by the question's words alone.
+- ``app-feeding``: each question answered between two chunks of the feed, before the model has read the document.
 - ``retrieval``: what PrivateGPT or AnythingLLM users get, the peer to beat: the document's chunks (the same
   ingest chunks), the ``RETRIEVED`` best by BM25 (bm25s) pasted into one prompt with the question, answered by
   the same model without LM-Infinite, each question on its own.
@@ -29,6 +32,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -36,7 +40,7 @@ import torch
 from benchmarks import devset
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("app", "app-feeding", "retrieval", "retrieval-chat", "truncate")
+METHODS = ("app", "app-without-recall", "app-feeding", "retrieval", "retrieval-chat", "truncate")
 RETRIEVED = 4  # chunks the retrieval baseline pastes (a typical RAG default)
 MAX_NEW_TOKENS = 128  # Qwen restates the question first: 64 cut some answers before their point
 SYSTEM_PROMPT = "You are a helpful assistant. Answer questions about the document."  # the app's default
@@ -173,7 +177,8 @@ def _answer_all(runtime, documents, args, rows_path: Path) -> list[Row]:
 
 
 # -- the app ---------------------------------------------------------------------------------------------
-def answer_with_app(runtime, document, path: Path, args):
+def answer_with_app(runtime, document, path: Path, args, method: str = "app"):
+    from app.engine.budget import WITHOUT_RECALL
     from app.engine.citations import Ranking
     from app.engine.context import ContextEngine
     from app.engine.context_records import AnswerResult
@@ -182,6 +187,8 @@ def answer_with_app(runtime, document, path: Path, args):
 
     corpus = ingest(path, tokenizer=runtime.ingest_tokenizer)
     engine = ContextEngine(runtime, system_prompt=SYSTEM_PROMPT)
+    if method == "app-without-recall":  # as a new context reads documents over recall's budget
+        engine.keep_recall(False, WITHOUT_RECALL)
     if args.ranking:
         engine.ranking = Ranking(args.ranking)
     if args.quotes is not None:
@@ -203,7 +210,7 @@ def answer_with_app(runtime, document, path: Path, args):
         for result in engine.ask(question.question, settings):
             pass
         assert isinstance(result, AnswerResult)
-        yield _app_row("app", document, index, question, result, feed_tps if index == 0 else result.prefill_tps)
+        yield _app_row(method, document, index, question, result, feed_tps if index == 0 else result.prefill_tps)
 
 
 def answer_while_feeding(runtime, document, path: Path, args):
@@ -323,7 +330,8 @@ def _plain_answer(runtime, user_turn: str, earlier: tuple[str, str] | None = Non
             len(answer) / decode_s if answer and decode_s > 0 else 0.0)
 
 
-ANSWERERS = {"app": answer_with_app, "app-feeding": answer_while_feeding, "retrieval": answer_with_retrieval,
+ANSWERERS = {"app": answer_with_app, "app-without-recall": partial(answer_with_app, method="app-without-recall"),
+             "app-feeding": answer_while_feeding, "retrieval": answer_with_retrieval,
              "retrieval-chat": answer_with_retrieval_chat, "truncate": answer_with_truncation}
 
 

@@ -929,3 +929,42 @@ def test_a_question_answered_while_feeding_after_another_reads_that_exchange_fir
     plain = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=False, quote=False)
     assert answer(alone, follow_up.while_feeding.quoted, plain).answer_ids == follow_up.answer_ids
     run(feeding)
+
+
+def test_a_context_read_without_recall_keeps_no_evicted_tokens_and_ranks_sources_by_their_words(runtime):
+    from app.engine.budget import WITHOUT_RECALL
+    from app.engine.context_file import context_record, reopen_context
+    from app.engine.replay import DOCUMENTS_ONLY, replay
+
+    engine = new_engine(runtime, budget=300)
+    engine.keep_recall(False, WITHOUT_RECALL)
+    assert not engine.keeps_recall and engine.budget == WITHOUT_RECALL
+    run(engine.feed_documents(pdf_like(pages=4)))
+    assert engine.length > runtime.window + 300  # past the window, and past the budget recall had
+    memory = engine.memory()
+    run(engine.feed_documents(pdf_like(pages=8)))
+    assert engine.memory() == memory and memory["middle"] == 0  # the cache is as large as before: flat
+
+    result = answer(engine, "What is the pass key?")  # asked with recall on: read without it
+    report = result.citations
+    assert not report.recall_on and not report.recalled and report.citations
+    assert report.citations[0].where.page == 5  # the pass key's page, found by the question's words
+    with pytest.raises(EngineError, match="start a new context"):
+        engine.keep_recall(True, 300)  # it holds tokens: too late to keep what left the window
+
+    rebuilt = run(replay(engine, DOCUMENTS_ONLY))  # Clear chat, Remove: the rebuilt context keeps no recall either
+    assert isinstance(rebuilt, ContextEngine) and not rebuilt.keeps_recall and rebuilt.budget == WITHOUT_RECALL
+    tensors, record = context_record(engine)
+    reopened = reopen_context(runtime, tensors, record, budget=300)  # Save, then reopen
+    assert not reopened.keeps_recall and reopened.budget == WITHOUT_RECALL and reopened.length == engine.length
+    assert answer(reopened, "What is the pass key?").citations.citations[0].where.page == 5
+
+
+def test_a_new_context_goes_back_to_recall_and_its_budget(runtime):
+    engine = new_engine(runtime, budget=300)
+    engine.keep_recall(False, 5_000)
+    engine.keep_recall(True, 300)  # a feed that did not commit leaves a new context: recall again
+    assert engine.keeps_recall and engine.budget == 300
+    with pytest.raises(ContextFull):
+        run(engine.feed_documents(pdf_like(pages=1)))  # 546 tokens
+    assert engine.length == 0

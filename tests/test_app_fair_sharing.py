@@ -104,16 +104,25 @@ def test_the_memory_budget_across_sessions_refuses_a_feed_that_would_cross_it(ru
                     memory_why="set with --memory-budget")
     handlers = make_handlers(runtime, budget=budget)
 
-    def add(name: str):
-        handlers.add_files([str(document)], request(name))
+    def add(name: str, question: str = ""):
+        handlers.submit({"text": question, "files": [str(document)]}, request(name))
         drain(handlers.read(request(name)))
         return drain(handlers.run(*SETTINGS, request(name)))
 
     assert add("first")[1][0][1] == "✓ in context"
+    used = request("second")
+    handlers.submit({"text": "Hello?", "files": []}, used)  # a context that holds something keeps recall
+    drain(handlers.run(*SETTINGS, used))
+    before = handlers.registry.peek("second").context_tokens
     refused = add("second")
     assert refused[1][0][1] == "⊘ refused" and "memory for contexts is taken" in refused[1][0][4]
     assert "--memory-budget" in refused[1][0][4]
-    assert handlers.registry.peek("second").context_tokens == 0
+    assert handlers.registry.peek("second").context_tokens == before
+
+    fresh = add("third")  # a new context reads it without recall: its cache does not grow with it
+    assert fresh[1][0][1] == "✓ in context"
+    third = handlers.registry.peek("third").engine
+    assert not third.keeps_recall and third.memory()["middle"] == 0 and third.length >= tokens
     handlers.unload(request("first"))  # the first session's memory is freed: now the second fits
     assert add("second")[1][-1][1] == "✓ in context"
 

@@ -47,14 +47,45 @@ def test_server_paths_need_the_flag(runtime, tmp_path):
     assert rows_of(view)["repo/pkg/mod.py"][1] == "✓ in context"  # a folder's entries carry its name
 
 
-def test_budget_refuses_a_document_before_any_work(runtime, tmp_path):
+def test_a_document_over_the_budget_is_read_without_recall_in_a_new_context_and_refused_in_a_used_one(runtime,
+                                                                                                      tmp_path):
     handlers = make_handlers(runtime, budget_tokens=400)
+    pdf = make_pdf(tmp_path / "long.pdf", pages=6)
+    view = ask(handlers, request("new"), "What is the pass key?", files=[pdf])
+    session = handlers.registry.peek("new")
+    assert rows_of(view)["long.pdf"][1] == "✓ in context"
+    assert not session.engine.keeps_recall and session.context_tokens > 400 + runtime.window
+    assert session.engine.memory()["middle"] == 0  # the tokens that left the window were not kept
+    status = next(item for item in session.chat if item.kind == "status")
+    assert status.title.endswith("· without recall") and "more than the 400 the memory for recall" in status.text
+    answer = [item for item in session.chat if item.kind == "answer"][-1]
+    assert "this context is read without recall" in answer.recall_note and answer.citations
+    assert "read without recall" in views.session_view(session, handlers.budget)[2]  # the context box says so
+    data = handlers.panel(request("new"))[3]  # and the panel's numbers, as /panel gives them
+    assert data["budget"] == session.engine.budget > 400 and data["recall_kept"] is False
+
+    used = request("used")
+    ask(handlers, used, "Hello?")  # the context holds a question and its answer: it keeps recall, and its budget
     forwarded = runtime.tokens_forwarded
-    view = ask(handlers, request("c"), files=[make_pdf(tmp_path / "long.pdf", pages=6)])
+    view = ask(handlers, used, files=[pdf])
     row = rows_of(view)["long.pdf"]
     assert row[1] == "⊘ refused" and "context budget" in row[4]
     assert runtime.tokens_forwarded == forwarded  # nothing was fed
-    assert handlers.registry.peek("c").context_tokens == 0
+    assert handlers.registry.peek("used").engine.keeps_recall
+
+
+def test_stop_while_a_new_context_is_read_without_recall_leaves_a_new_context_with_recall(runtime, tmp_path):
+    handlers = make_handlers(runtime, budget_tokens=400)
+    req = request("stopped")
+    handlers.submit({"text": "", "files": [str(make_pdf(tmp_path / "long.pdf", pages=6))]}, req)
+    drain(handlers.read(req))
+    session = handlers.registry.peek("stopped")
+    for _ in handlers.run(*SETTINGS, req):
+        if session.engine is not None and session.engine.feeding and session.context_tokens:
+            assert not session.engine.keeps_recall
+            handlers.stop(req)
+    assert session.context_tokens == 0 and session.engine.keeps_recall and session.free_tokens == 400
+    assert any((item.title or "").startswith("■ Stopped") for item in session.chat)
 
 
 def test_out_of_memory_is_reported_and_the_server_keeps_serving(runtime, tmp_path, monkeypatch):
@@ -274,10 +305,11 @@ def test_a_source_too_big_for_the_budget_is_refused_before_reading(runtime, tmp_
         for i in range(4):
             z.writestr(f"notes/part{i}.txt", (f"{i}. The grass is green and the sky is blue.\n") * 40_000)
     handlers = make_handlers(runtime, budget_tokens=2_000)
+    req = request("too-big")
+    ask(handlers, req, "Hello?")  # a new context would read it without recall, up to WITHOUT_RECALL tokens
     calls = []
     encode = runtime.ingest_tokenizer.encode
     monkeypatch.setattr(runtime.ingest_tokenizer, "encode", lambda *a, **k: calls.append(1) or encode(*a, **k))
-    req = request("too-big")
     started = time.monotonic()
     view = ask(handlers, req, files=[big])
     assert time.monotonic() - started < 30 and calls == []  # nothing was tokenised

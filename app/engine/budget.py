@@ -1,7 +1,9 @@
 """How much context the server may hold: tokens per session, and bytes across all sessions.
 
 With top-k recall the cache keeps every evicted token once (in GPU memory, or in CPU memory with
-``--offload-middle``), so one session's budget is what that memory can hold, capped at one million tokens.
+``--offload-middle``), so one session's budget is what that memory can hold, capped at one million tokens. Documents
+that do not fit it in a new context are read without recall instead (``WITHOUT_RECALL``): LM-Infinite's own
+bounded memory, with sources ranked by the question's words.
 Every session may take that much, so a second limit, in bytes, covers all sessions together: work that
 would cross it is refused with a message, instead of the machine swapping or the process being killed. Every
 token read counts: a document, a question with the answer it may get, a context read again (Clear, Remove), and
@@ -22,6 +24,10 @@ from .runtime import ModelRuntime
 
 GENEROUS = 1_000_000
 HEADROOM = 0.7  # of the free memory; activations, other sessions and the allocator need the rest
+# A context read without recall keeps no evicted tokens (ContextEngine.keep_recall): its cache is the same
+# few megabytes at any length, and what grows is its text: 8 bytes a token of ids, and the chunks' BM25 index. Ten
+# million tokens (the 3,700 pages of a reference manual are about 2.5 million) hold about 100 MB of that.
+WITHOUT_RECALL = 10_000_000
 
 
 @dataclass(frozen=True)

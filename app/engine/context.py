@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from array import array
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from itertools import accumulate
 from typing import Generator, Iterator, Sequence
 
@@ -57,10 +57,11 @@ class ContextEngine:
     system_prompt: str = ""
     budget: int = 1_000_000
     stats: LiveStats = field(default_factory=LiveStats)
+    with_recall: InitVar[bool] = True  # False: a cache that keeps no evicted tokens (keep_recall)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, with_recall: bool) -> None:
         self.format = ChatFormat(self.runtime.tokenizer, self.runtime.stop_ids)
-        self.use_cache(self.runtime.new_cache())
+        self.use_cache(self.runtime.new_cache(keep_middle=with_recall))
         self.spans = SpanIndex()
         self.token_ids = array("l")
         self.state = TurnState.EMPTY
@@ -90,6 +91,29 @@ class ContextEngine:
 
     def memory(self) -> dict[str, int]:
         return self.cache.memory()
+
+    @property
+    def keeps_recall(self) -> bool:
+        """Whether the cache keeps the tokens that left the window, so a question's recall can pick from them."""
+        return self.cache.keeps_middle
+
+    def keep_recall(self, keep: bool, budget: int) -> None:
+        """Whether the cache keeps evicted tokens for recall from now on, and the tokens the context may hold.
+
+        Without (``keep`` False) memory stays flat however long the documents, and every question is read without
+        recall, its sources ranked by its words (cite's BM25): for documents longer than the memory recall needs.
+        The answers lose little: asked while the Nettle manual was fed, from its words alone, the 1.5B answered 12
+        of 14 as after the feed (docs/answers.md). Only while the context holds nothing: a cache cannot give up the
+        evicted tokens its earlier answers' undo points hold."""
+        if self.length or self.state is not TurnState.EMPTY or self._feeding is not None:
+            raise EngineError("Only a new context can change how it keeps evicted tokens: start a new context.")
+        if keep != self.keeps_recall:
+            self.use_cache(self.runtime.new_cache(keep_middle=keep))
+        self.budget = budget
+
+    def _followed(self, settings: GenerationSettings) -> GenerationSettings:
+        """``settings`` as this context can follow them: recall off when its cache keeps no evicted tokens."""
+        return settings if self.keeps_recall or not settings.recall else replace(settings, recall=False)
 
     def _save(self, logits=None) -> Saved:
         return Saved(self.cache.snapshot(), self.length, len(self.spans), self.state, self.carry, len(self.turns),
@@ -368,6 +392,7 @@ class ContextEngine:
         others' quotes alone, or from the question alone when none has any.
         """
         self._settle()
+        settings = self._followed(settings)
         started = time.perf_counter() if started is None else started
         pieces = self._question_pieces(question)
         planned = sum(len(p.ids) for p in pieces)
@@ -576,6 +601,7 @@ class ContextEngine:
         if not self.can_regenerate:
             raise EngineError("Nothing to regenerate: the last answer is no longer the end of the context.")
         turn, question = self.turns[-1], self.history[-1].question
+        settings = self._followed(settings)
         started = time.perf_counter() if started is None else started
         with self._answering(), self._operation(restore_to=turn.before):
             reader = None

@@ -22,6 +22,7 @@ import torch
 import lminfinite
 from ingest import Provenance
 
+from .budget import WITHOUT_RECALL
 from .chat_format import Carry, TurnState
 from .context import ContextEngine
 from .history import history_from, history_record
@@ -178,6 +179,8 @@ def reopen_context(runtime: ModelRuntime, tensors: dict, record: dict, *, budget
     if converts_dtype(record["identity"], runtime):
         cache_tensors, cache_info = in_dtype(cache_tensors, cache_info, runtime.dtype)
     engine.use_cache(lminfinite.restore_cache(runtime.model, cache_tensors, cache_info))
+    if not engine.keeps_recall:  # saved as keep_recall(False) left it: its budget is the text's
+        engine.budget = max(budget, WITHOUT_RECALL)
     engine.token_ids.extend(ids)
     for start, end, kind, where in record["spans"]:
         engine.spans.append(Span(start, end, SpanKind(kind), Provenance(**where) if where else None))

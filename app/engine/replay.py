@@ -73,7 +73,8 @@ def replay(old: ContextEngine, keep: Keep, cancel=None, stats: LiveStats | None 
 
     ``old`` is not touched. On Stop or an error the new engine is closed and the exception propagates.
     """
-    new = ContextEngine(old.runtime, system_prompt=old.system_prompt, budget=old.budget, stats=stats or old.stats)
+    new = ContextEngine(old.runtime, system_prompt=old.system_prompt, budget=old.budget, stats=stats or old.stats,
+                        with_recall=old.keeps_recall)
     try:
         for entry in keep.entries(old.history):
             if isinstance(entry, Exchange):

@@ -111,11 +111,12 @@ class ModelRuntime:
     def window(self) -> int:
         return self.lm_config.window_
 
-    def new_cache(self) -> lminfinite.InfiniteCache:
-        """A session cache that keeps evicted tokens, so recall can be switched on for any question. Where its steps
-        are recorded (``decoder_for``), the steps before its window is full keep fixed shapes, so a graph stands
-        for them too: a quoted answer's reader never fills its window (decode_step.py)."""
-        return lminfinite.InfiniteCache(self.model, keep_middle=True, offload_middle=self.offload_middle,
+    def new_cache(self, keep_middle: bool = True) -> lminfinite.InfiniteCache:
+        """A session cache that keeps evicted tokens, so recall can be switched on for any question (``keep_middle``
+        False: none, so its memory stays flat however much it reads). Where its steps are recorded
+        (``decoder_for``), the steps before its window is full keep fixed shapes, so a graph stands for them too: a
+        quoted answer's reader never fills its window (decode_step.py)."""
+        return lminfinite.InfiniteCache(self.model, keep_middle=keep_middle, offload_middle=self.offload_middle,
                                         window_fixed_shapes=self.graph_recorder is not None)
 
     def decoder_for(self, cache) -> lminfinite.GraphedDecoder | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ingest.units import human_bytes
 
-from ..engine.budget import Budget
+from ..engine.budget import WITHOUT_RECALL, Budget
 from ..engine.context import ContextEngine
 from ..engine.context_records import AnswerDelta, AnswerProgress, AnswerResult, EngineError, Stopped
 from ..engine.replay import DOCUMENTS_ONLY, before_exchange, replay, replay_cost, without_source
@@ -36,6 +36,9 @@ FEED_INTERVAL_S = 0.5  # feeding progress (a line of text) needs fewer: each cos
 REGENERATE_TEMPERATURE, REGENERATE_TOP_P = 0.7, 0.9
 
 
+READ_WITHOUT_RECALL = ("The model reads every token with LM-Infinite's bounded memory, and keeps none of those that "
+                       "left its window: each question's sources are found by its words (BM25), and the context's "
+                       "memory stays flat however long it grows.")
 OUT_OF_MEMORY_TEXT = ("The device ran out of memory. The context was rolled back to its last consistent state; "
                       "try a shorter document, turn top-k recall off, or start a new context.")
 
@@ -175,6 +178,12 @@ class ModelWork:
         """Prefill the read documents that fit the budget; returns False when nothing could be committed."""
         plan = engine.plan_documents(work.corpus.chunks)
         fitted = fit_budget(work.corpus, session.free_tokens, plan.tokens_by_source(), session.fed_digests)
+        refusal = self._memory_refusal(engine, fitted.tokens)
+        beyond_recall = self._beyond_recall(engine, fitted, refusal)
+        if beyond_recall:
+            engine.keep_recall(False, WITHOUT_RECALL)
+            fitted = fit_budget(work.corpus, session.free_tokens, plan.tokens_by_source(), session.fed_digests)
+            refusal = None
         session.replace_rows(work.rows, fitted.rows)
         work.rows = fitted.rows
         item = work.status_item or ChatItem("assistant", ItemKind.STATUS)
@@ -182,13 +191,14 @@ class ModelWork:
             item.title, item.pending, item.text = "Nothing to add", False, rows_summary(fitted.rows)
             return True
         queued = [r for r in fitted.rows if r.status == RowStatus.QUEUED]
-        refusal = self.budget.memory_refusal(self.cache_bytes(), fitted.tokens)
         if refusal is not None:
             set_rows(queued, RowStatus.REFUSED, f"not added: {refusal}")
             item.title, item.pending = "⚠ Documents not added: the server is out of context memory", False
             item.text = refusal[0].upper() + refusal[1:] + "."
             return False
         item.title = f"Adding {plural(len(queued), 'file')} ({fitted.tokens:,} tokens)"
+        if beyond_recall:
+            item.title += " without recall"
         whole = len(fitted.chunks) == len(plan.chunks)  # nothing refused: feed the plan as counted
         feeding = engine.feed_documents(plan if whole else fitted.chunks, work.cancel)
         for row in queued:
@@ -211,12 +221,35 @@ class ModelWork:
             item.title = "⚠ Documents not added" + (" (internal error)" if said.internal else "")
             item.pending, item.text = False, said.message
             return False
+        finally:
+            if beyond_recall and engine.length == 0 and not engine.feeding:  # nothing kept: a new context again
+                engine.keep_recall(True, self.budget.tokens)
         for row in queued:
             row.added()
         session.fed_digests.update(fitted.digests)
         item.title = f"Added {plural(len(queued), 'file')} · {fitted.tokens:,} tokens"
         item.pending, item.text = False, rows_summary(fitted.rows)
+        if beyond_recall or not engine.keeps_recall:
+            item.title += " · without recall"
+            item.text += "\n\n" + (beyond_recall or READ_WITHOUT_RECALL)
         return True
+
+    def _memory_refusal(self, engine: ContextEngine, tokens: int, what: str = "") -> str | None:
+        """Why ``tokens`` more in ``engine``'s cache would cross the memory budget across sessions; never for a
+        context read without recall, whose cache does not grow."""
+        if not engine.keeps_recall:
+            return None
+        return self.budget.memory_refusal(self.cache_bytes(), tokens, what)
+
+    def _beyond_recall(self, engine: ContextEngine, fitted, refusal: str | None) -> str:
+        """Why a new context reads these documents without recall (ContextEngine.keep_recall), or "":
+        they would not fit the tokens recall can keep, or the memory the server has left for it."""
+        if not engine.keeps_recall or engine.length or not (fitted.refused_tokens or refusal):
+            return ""
+        why = (f"these documents need {fitted.tokens + fitted.refused_tokens:,} tokens, more than the "
+               f"{engine.budget:,} the memory for recall can hold ({self.budget.why})" if fitted.refused_tokens
+               else refusal)
+        return f"Read without recall: {why}. " + READ_WITHOUT_RECALL
 
     def _show_feeding(self, session: Session, work: Work, engine: ContextEngine, item: ChatItem, feeding,
                       settings: GenerationSettings):
@@ -306,7 +339,7 @@ class ModelWork:
                     if throttle():
                         yield
                 elif isinstance(event, AnswerResult):
-                    self._finish_answer(item, event)
+                    self._finish_answer(item, event, session.engine is None or session.engine.keeps_recall)
                     finished = event
         except GeneratorExit:  # the request ended mid-answer (API cancel, closed tab): what Stop leaves
             if not finished:
@@ -335,8 +368,7 @@ class ModelWork:
         """Why reading ``question`` and the answer it may get (up to max new tokens) would cross the memory
         budget across sessions: a question is read into the cache as a document is."""
         tokens = len(engine.format.question(question, engine.carry)[0]) + settings.max_new_tokens
-        return self.budget.memory_refusal(self.cache_bytes(), tokens,
-                                          f"this question and its answer (up to {tokens:,} tokens)")
+        return self._memory_refusal(engine, tokens, f"this question and its answer (up to {tokens:,} tokens)")
 
     def _pending_answer(self, session: Session, work: Work, *, kept_on_work: bool = False):
         """Show ``work``'s answer, pending, before its question reaches the model (``kept_on_work``: an answer given
@@ -457,7 +489,7 @@ class ModelWork:
             note.title, note.pending, note.text = failed, False, text
 
         cost = replay_cost(engine, keep)  # read into a second cache while the old one is kept
-        refusal = self.budget.memory_refusal(self.cache_bytes(), cost, f"reading the context again ({cost:,} tokens)")
+        refusal = self._memory_refusal(engine, cost, f"reading the context again ({cost:,} tokens)")
         if refusal is not None:
             unchanged(refusal[0].upper() + refusal[1:] + ".")
             return False
@@ -487,7 +519,7 @@ class ModelWork:
         return True
 
     @staticmethod
-    def _finish_answer(item: ChatItem, result: AnswerResult) -> None:
+    def _finish_answer(item: ChatItem, result: AnswerResult, recall_kept: bool = True) -> None:
         item.text, item.pending = result.text, False
         item.citations = list(result.citations.citations)
         report = result.citations
@@ -499,9 +531,10 @@ class ModelWork:
                                 "Asked while the documents were still being fed, and no part of them has the "
                                 "question's words: no sources.")
         elif not report.recall_on:  # how the question was read: an answer drawn again keeps its sources
-            item.recall_note = (f"Sources {words}: top-k recall was off when the question was read." if item.citations
-                                else "Top-k recall was off when the question was read, and no passage has the "
-                                     "question's words: no sources.")
+            off = ("top-k recall was off when the question was read" if recall_kept else
+                   "this context is read without recall, its documents being longer than the memory recall needs")
+            item.recall_note = (f"Sources {words}: {off}." if item.citations
+                                else f"{off[0].upper()}{off[1:]}, and no passage has the question's words: no sources.")
         elif not report.recalled:
             item.recall_note = (f"Sources {words}: the whole context is inside the attention window, so recall had "
                                 "nothing to pick from the middle." if item.citations else

@@ -91,7 +91,7 @@ class Reader:
         read as text): only a source that cannot fit even then is refused; the exact count comes after
         reading (documents.fit_budget). Returns the refused rows by source, and drops those sources.
         """
-        free = session.free_tokens
+        free = session.room_for_documents
         limits = limits_for(self.config)
         refused: dict[str, DocumentRow] = {}
         for source in list(work.sources):

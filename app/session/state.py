@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ..cli import AppConfig
-from ..engine.budget import Budget
+from ..engine.budget import WITHOUT_RECALL, Budget
 from ..engine.citations import Citation
 from ..engine.context import ContextEngine
 from ..engine.context_records import AnswerProgress, AnswerResult
@@ -161,7 +161,15 @@ class Session:
 
     @property
     def free_tokens(self) -> int:
-        return self.budget.tokens - self.context_tokens
+        """Tokens the context may still take: the engine's budget (larger once it reads without recall)."""
+        return (self.budget.tokens if self.engine is None else self.engine.budget) - self.context_tokens
+
+    @property
+    def room_for_documents(self) -> int:
+        """The most tokens of documents this session could take: a new context reads documents over its budget
+        without recall (ModelWork._feed), up to WITHOUT_RECALL."""
+        fresh = self.engine is None or (self.engine.length == 0 and self.engine.keeps_recall)
+        return max(self.free_tokens, WITHOUT_RECALL) if fresh else self.free_tokens
 
     # -- work ----------------------------------------------------------------------------------
     def new_work(self, kind: str, question: str | None = None, sources: list[str] | None = None, *,

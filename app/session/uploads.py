@@ -166,12 +166,14 @@ def hide_network_details(reports, sources) -> None:
 @dataclass
 class FittedCorpus:
     """The chunks to feed (whole files only), every file's row, the tokens they add (the opening a turn needs
-    included), and the content digest of each file fed (see ``content_digest``)."""
+    included), the content digest of each file fed (see ``content_digest``), and the tokens of the files refused
+    for the budget."""
 
     chunks: list
     rows: list[DocumentRow]
     tokens: int
     digests: dict[str, str]
+    refused_tokens: int = 0
 
 
 def content_digest(chunks) -> str:
@@ -191,7 +193,7 @@ def fit_budget(corpus: Corpus, free_tokens: int, tokens_by_source: dict, fed: di
     ``tokens_by_source`` is the engine's plan of the whole corpus (ContextEngine.plan_documents): each file's
     tokens exactly as they would be fed, and under None the opening a new turn needs. One count, no margin.
     """
-    rows, chunks, used, digests = [], [], tokens_by_source.get(None, 0), {}
+    rows, chunks, used, digests, refused = [], [], tokens_by_source.get(None, 0), {}, 0
     fed = fed or {}
     by_source: dict[str, list] = {}
     for chunk in corpus.chunks:
@@ -207,6 +209,7 @@ def fit_budget(corpus: Corpus, free_tokens: int, tokens_by_source: dict, fed: di
                 set_rows([row], RowStatus.SKIPPED, f"same text as {twin}, already in the context: not added again")
             elif used + needed > free_tokens:
                 left = max(0, free_tokens - used)
+                refused += needed
                 set_rows([row], RowStatus.REFUSED, f"needs {needed:,} tokens but only {left:,} of the context budget "
                                            "are left (start a new context or raise --context-budget)")
             else:
@@ -215,7 +218,7 @@ def fit_budget(corpus: Corpus, free_tokens: int, tokens_by_source: dict, fed: di
                 digests[digest] = report.path
                 row.wait_for_model()
         rows.append(row)
-    return FittedCorpus(chunks, rows, used if chunks else 0, digests)
+    return FittedCorpus(chunks, rows, used if chunks else 0, digests, refused)
 
 
 def progress_line(event) -> str:

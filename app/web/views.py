@@ -152,10 +152,17 @@ def session_view(session: Session, budget: Budget) -> tuple:
     return (
         chat_messages(session.chat, session.sources.url),
         document_rows(session.documents),
-        context_html(session.context_tokens, engine.document_tokens if engine else 0, budget.tokens, budget.why,
-                     engine.document_sources if engine else 0),
+        context_html(session.context_tokens, engine.document_tokens if engine else 0,
+                     *_budget_of(engine, budget), engine.document_sources if engine else 0),
         activity_html(session.stats, len(session.pending)),
     )
+
+
+def _budget_of(engine, budget: Budget) -> tuple[int, str]:
+    """The context's budget and why it is that: the server's, or the text's once it is read without recall."""
+    if engine is None or engine.keeps_recall:
+        return budget.tokens, budget.why
+    return engine.budget, "read without recall: the model keeps no tokens that left its window, so memory stays flat"
 
 
 def document_rows(rows: list[DocumentRow]) -> list[list]:
