@@ -69,7 +69,7 @@ def test_a_document_over_the_budget_is_read_without_recall_in_a_new_context_and_
     forwarded = runtime.tokens_forwarded
     view = ask(handlers, used, files=[pdf])
     row = rows_of(view)["long.pdf"]
-    assert row[1] == "⊘ refused" and "context budget" in row[4]
+    assert row[1] == "⊘ refused" and "context budget" in row[4] and "a new context reads it without recall" in row[4]
     assert runtime.tokens_forwarded == forwarded  # nothing was fed
     assert handlers.registry.peek("used").engine.keeps_recall
 
@@ -314,7 +314,7 @@ def test_a_source_too_big_for_the_budget_is_refused_before_reading(runtime, tmp_
     view = ask(handlers, req, files=[big])
     assert time.monotonic() - started < 30 and calls == []  # nothing was tokenised
     row = rows_of(view)["big.zip"]
-    assert row[1] == "⊘ refused" and "context budget" in row[4]
+    assert row[1] == "⊘ refused" and "context budget" in row[4] and "a new context reads it without recall" in row[4]
 
     small = make_repo_zip(tmp_path / "small.zip")  # a source that fits still goes through
     view = ask(handlers, req, files=[small])

@@ -92,6 +92,8 @@ class Reader:
         reading (documents.fit_budget). Returns the refused rows by source, and drops those sources.
         """
         free = session.room_for_documents
+        used_with_recall = free == session.free_tokens and (session.engine is None or session.engine.keeps_recall)
+        hint = " (a new context reads it without recall)" if used_with_recall else ""
         limits = limits_for(self.config)
         refused: dict[str, DocumentRow] = {}
         for source in list(work.sources):
@@ -100,7 +102,7 @@ class Reader:
                 name = os.path.basename(source.rstrip("/")) or source
                 refused[source] = DocumentRow(name, RowStatus.REFUSED, reason=(
                     f"holds at least about {lower:,} tokens of text, more than the {max(free, 0):,} left in the "
-                    "context budget; not read (start a new context or raise --context-budget)"))
+                    f"context budget; not read{hint}"))
                 work.sources.remove(source)
         return refused
 

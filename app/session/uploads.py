@@ -211,7 +211,7 @@ def fit_budget(corpus: Corpus, free_tokens: int, tokens_by_source: dict, fed: di
                 left = max(0, free_tokens - used)
                 refused += needed
                 set_rows([row], RowStatus.REFUSED, f"needs {needed:,} tokens but only {left:,} of the context budget "
-                                           "are left (start a new context or raise --context-budget)")
+                                           "are left (a new context reads it without recall)")
             else:
                 chunks.extend(file_chunks)
                 used += needed
