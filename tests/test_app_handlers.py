@@ -60,6 +60,8 @@ def test_a_document_over_the_budget_is_read_without_recall_in_a_new_context_and_
     assert status.title.endswith("· without recall") and "more than the 400 the memory for recall" in status.text
     answer = [item for item in session.chat if item.kind == "answer"][-1]
     assert "this context is read without recall" in answer.recall_note and answer.citations
+    shown = views.answer_markdown(answer)
+    assert views.WORDS_ONLY_HEADING in shown and answer.recall_note in shown  # not "and the attention it drew"
     assert "read without recall" in views.session_view(session, handlers.budget)[2]  # the context box says so
     data = handlers.panel(request("new"))[3]  # and the panel's numbers, as /panel gives them
     assert data["budget"] == session.engine.budget > 400 and data["recall_kept"] is False

@@ -50,7 +50,8 @@ def _fmt_rate(rate: float) -> str:
 # answer's own passage leads (citations.lead_with_answer_source).
 SOURCES_HEADING = ("**Sources**, best first (the one the answer is read from, then by the question's words and the "
                    "attention it drew; % of that score):")
-# An answer given while its documents were still fed: no attention had been drawn yet (model_work.py).
+# Sources found by the question's words alone: asked while its documents were still fed, with recall off, or in a
+# context read without recall (model_work.py).
 WORDS_ONLY_HEADING = ("**Sources**, best first (the one the answer is read from, then by the question's words; % of "
                       "that score):")
 
@@ -87,9 +88,11 @@ def answer_markdown(item: ChatItem, opens: Opens | None = None) -> str:
         if item.stats.get("quoted"):  # the answer was drawn with the first passages quoted before the question
             for index in range(min(item.stats.get("quoted_sources", 1), len(lines))):
                 lines[index] += " · *quoted to the model*"
-        while_feeding = item.stats.get("while_feeding")
-        parts.append(f"{WORDS_ONLY_HEADING if while_feeding else SOURCES_HEADING}\n" + "\n".join(lines))
-        if while_feeding and item.recall_note:  # how these sources were found differs: say so
+        # With sources, the answer has a note only when they were ranked by the question's words alone (asked
+        # while its documents were fed, recall off, or nothing to recall: model_work._finish_answer): say so.
+        words_only = bool(item.recall_note)
+        parts.append(f"{WORDS_ONLY_HEADING if words_only else SOURCES_HEADING}\n" + "\n".join(lines))
+        if words_only:
             parts.append(f"*{item.recall_note}*")
     elif item.recall_note:
         parts.append(f"*{item.recall_note}*")
