@@ -22,7 +22,7 @@ from ..engine.generation import GenerationSettings
 from ..engine.history import Exchange
 from ..engine.metrics import LiveStats, Phase, human_seconds
 from ..engine.runtime import ModelRuntime, is_out_of_memory
-from .uploads import RowStatus, fit_budget, plural, rows_summary, set_rows
+from .uploads import FittedCorpus, RowStatus, fit_budget, plural, rows_summary, set_rows
 from .removal import removal_label
 from .state import ChatItem, ItemKind, Session, Work, WorkKind
 from .workspace_quota import QuotaExceeded
@@ -241,7 +241,7 @@ class ModelWork:
             return None
         return self.budget.memory_refusal(self.cache_bytes(), tokens, what)
 
-    def _beyond_recall(self, engine: ContextEngine, fitted, refusal: str | None) -> str:
+    def _beyond_recall(self, engine: ContextEngine, fitted: FittedCorpus, refusal: str | None) -> str:
         """Why a new context reads these documents without recall (ContextEngine.keep_recall), or "":
         they would not fit the tokens recall can keep, or the memory the server has left for it."""
         if not engine.keeps_recall or engine.length or not (fitted.refused_tokens or refusal):
