@@ -122,8 +122,8 @@ class AppConfig:
                                     group=LM_INFINITE, type=int, at_least=1)
     memory_budget: int | None = flag(None, "most memory all sessions' contexts may hold together, e.g. 8GB; work "
                                      "that would cross it is refused with a message, and documents in a new context "
-                                     "are read without recall (default: 70%% of the memory free at start-up)", group=LM_INFINITE, type=parse_size, metavar="SIZE",
-                                     at_least=1)
+                                     "are read without recall (default: 70%% of the memory free at start-up)",
+                                     group=LM_INFINITE, type=parse_size, metavar="SIZE", at_least=1)
 
     host: str = flag("127.0.0.1", "address to bind; 0.0.0.0 for every interface (default: 127.0.0.1)", group=SERVER)
     port: int = flag(7860, "1-65535 (default: 7860)", group=SERVER, type=int, at_least=1,

@@ -764,7 +764,8 @@ def test_the_documents_counted_are_those_with_tokens_in_the_context_while_they_a
     assert engine.document_sources == 1  # report.pdf's first page; src/funcs.py is still to come
     reading = [DocumentRow(name, RowStatus.READING) for name in ("report.pdf", "src/funcs.py")]
     shown = SimpleNamespace(engine=engine, chat=[], documents=reading, context_tokens=engine.length,
-                            stats=engine.stats, pending=[], sources=SourceFiles())
+                            stats=engine.stats, pending=[], sources=SourceFiles(), budget_tokens=1_000_000,
+                            recall_kept=True)
     summary = views.session_view(shown, Budget(tokens=1_000_000, why="test", middle_bytes_per_token=1))[2]
     assert f"{engine.document_tokens:,} from 1 document<" in summary
     run(feeding)

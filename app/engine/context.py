@@ -93,6 +93,11 @@ class ContextEngine:
         return self.cache.memory()
 
     @property
+    def is_new(self) -> bool:
+        """Whether the context holds nothing yet, and no feed is under way."""
+        return not self.length and self.state is TurnState.EMPTY and self._feeding is None
+
+    @property
     def keeps_recall(self) -> bool:
         """Whether the cache keeps the tokens that left the window, so a question's recall can pick from them."""
         return self.cache.keeps_middle
@@ -105,7 +110,7 @@ class ContextEngine:
         On the blind split the 1.5B answers 23 of 36 so, as retrieval with the same model, where with recall it
         answers 26: recall's follow-ups are what is lost (docs/answers.md). Only while the context holds nothing:
         a cache cannot give up the evicted tokens its earlier answers' undo points hold."""
-        if self.length or self.state is not TurnState.EMPTY or self._feeding is not None:
+        if not self.is_new:
             raise EngineError("Only a new context can change how it keeps evicted tokens: start a new context.")
         if keep != self.keeps_recall:
             self.use_cache(self.runtime.new_cache(keep_middle=keep))

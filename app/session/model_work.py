@@ -179,8 +179,9 @@ class ModelWork:
         plan = engine.plan_documents(work.corpus.chunks)
         fitted = fit_budget(work.corpus, session.free_tokens, plan.tokens_by_source(), session.fed_digests)
         refusal = self._memory_refusal(engine, fitted.tokens)
-        beyond_recall = self._beyond_recall(engine, fitted, refusal)
+        beyond_recall = engine.is_new and engine.keeps_recall and bool(fitted.refused_tokens or refusal)
         if beyond_recall:
+            why_without_recall = self._why_without_recall(engine, fitted, refusal)
             engine.keep_recall(False, WITHOUT_RECALL)
             fitted = fit_budget(work.corpus, session.free_tokens, plan.tokens_by_source(), session.fed_digests)
             refusal = None
@@ -222,16 +223,16 @@ class ModelWork:
             item.pending, item.text = False, said.message
             return False
         finally:
-            if beyond_recall and engine.length == 0 and not engine.feeding:  # nothing kept: a new context again
+            if beyond_recall and engine.is_new:  # nothing kept: a new context again
                 engine.keep_recall(True, self.budget.tokens)
         for row in queued:
             row.added()
         session.fed_digests.update(fitted.digests)
         item.title = f"Added {plural(len(queued), 'file')} · {fitted.tokens:,} tokens"
         item.pending, item.text = False, rows_summary(fitted.rows)
-        if beyond_recall or not engine.keeps_recall:
+        if not engine.keeps_recall:
             item.title += " · without recall"
-            item.text += "\n\n" + (beyond_recall or READ_WITHOUT_RECALL)
+            item.text += "\n\n" + (why_without_recall if beyond_recall else READ_WITHOUT_RECALL)
         return True
 
     def _memory_refusal(self, engine: ContextEngine, tokens: int, what: str = "") -> str | None:
@@ -241,11 +242,9 @@ class ModelWork:
             return None
         return self.budget.memory_refusal(self.cache_bytes(), tokens, what)
 
-    def _beyond_recall(self, engine: ContextEngine, fitted: FittedCorpus, refusal: str | None) -> str:
-        """Why a new context reads these documents without recall (ContextEngine.keep_recall), or "":
-        they would not fit the tokens recall can keep, or the memory the server has left for it."""
-        if not engine.keeps_recall or engine.length or not (fitted.refused_tokens or refusal):
-            return ""
+    def _why_without_recall(self, engine: ContextEngine, fitted: FittedCorpus, refusal: str | None) -> str:
+        """Why a new context reads these documents without recall (ContextEngine.keep_recall): they would not fit
+        the tokens recall can keep, or the memory the server has left for it."""
         why = (f"these documents need {fitted.tokens + fitted.refused_tokens:,} tokens, more than the "
                f"{engine.budget:,} the memory for recall can hold ({self.budget.why})" if fitted.refused_tokens
                else refusal)
@@ -339,7 +338,7 @@ class ModelWork:
                     if throttle():
                         yield
                 elif isinstance(event, AnswerResult):
-                    self._finish_answer(item, event, session.engine is None or session.engine.keeps_recall)
+                    self._finish_answer(item, event, session.recall_kept)
                     finished = event
         except GeneratorExit:  # the request ended mid-answer (API cancel, closed tab): what Stop leaves
             if not finished:

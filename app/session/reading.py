@@ -92,7 +92,7 @@ class Reader:
         reading (documents.fit_budget). Returns the refused rows by source, and drops those sources.
         """
         free = session.room_for_documents
-        used_with_recall = free == session.free_tokens and (session.engine is None or session.engine.keeps_recall)
+        used_with_recall = free == session.free_tokens and session.recall_kept
         hint = " (a new context reads it without recall)" if used_with_recall else ""
         limits = limits_for(self.config)
         refused: dict[str, DocumentRow] = {}

@@ -160,15 +160,25 @@ class Session:
         return self.engine.length if self.engine is not None else 0
 
     @property
+    def recall_kept(self) -> bool:
+        """Whether the context keeps evicted tokens for recall (a session without one yet will)."""
+        return self.engine is None or self.engine.keeps_recall
+
+    @property
+    def budget_tokens(self) -> int:
+        """The context's budget: the server's, or the engine's own (larger once it reads without recall)."""
+        return self.budget.tokens if self.engine is None else self.engine.budget
+
+    @property
     def free_tokens(self) -> int:
-        """Tokens the context may still take: the engine's budget (larger once it reads without recall)."""
-        return (self.budget.tokens if self.engine is None else self.engine.budget) - self.context_tokens
+        """Tokens the context may still take."""
+        return self.budget_tokens - self.context_tokens
 
     @property
     def room_for_documents(self) -> int:
         """The most tokens of documents this session could take: a new context reads documents over its budget
         without recall (ModelWork._feed), up to WITHOUT_RECALL."""
-        fresh = self.engine is None or (self.engine.length == 0 and self.engine.keeps_recall)
+        fresh = self.engine is None or (self.engine.is_new and self.engine.keeps_recall)
         return max(self.free_tokens, WITHOUT_RECALL) if fresh else self.free_tokens
 
     # -- work ----------------------------------------------------------------------------------

@@ -394,9 +394,8 @@ class Handlers(WorkspaceEvents):
         session.series.record(memory, session.stats, every_s=SAMPLE_EVERY_S)  # once per tick, however many tabs
         vanilla = session.stats.context_tokens * self.vanilla_token_bytes
         data = stats_dict(session.stats, memory)
-        engine = session.engine
-        budget = self.budget.tokens if engine is None else engine.budget
-        data.update(budget=budget, recall_kept=engine is None or engine.keeps_recall, vanilla_kv_bytes=vanilla,
+        budget = session.budget_tokens
+        data.update(budget=budget, recall_kept=session.recall_kept, vanilla_kv_bytes=vanilla,
                     sessions=len(self.registry), window=self.runtime.window,
                     n_starting=self.runtime.lm_config.n_starting)
         return views.panel_html(session.stats, memory, budget, vanilla), data, memory

@@ -52,6 +52,8 @@ SOURCES_HEADING = ("**Sources**, best first (the one the answer is read from, th
                    "attention it drew; % of that score):")
 # Sources found by the question's words alone: asked while its documents were still fed, with recall off, or in a
 # context read without recall (model_work.py).
+# Why a context read without recall has the budget it has (the context box's note).
+WITHOUT_RECALL_WHY = "read without recall: the model keeps no tokens that left its window, so memory stays flat"
 WORDS_ONLY_HEADING = ("**Sources**, best first (the one the answer is read from, then by the question's words; % of "
                       "that score):")
 
@@ -155,17 +157,11 @@ def session_view(session: Session, budget: Budget) -> tuple:
     return (
         chat_messages(session.chat, session.sources.url),
         document_rows(session.documents),
-        context_html(session.context_tokens, engine.document_tokens if engine else 0,
-                     *_budget_of(engine, budget), engine.document_sources if engine else 0),
+        context_html(session.context_tokens, engine.document_tokens if engine else 0, session.budget_tokens,
+                     budget.why if session.recall_kept else WITHOUT_RECALL_WHY,
+                     engine.document_sources if engine else 0),
         activity_html(session.stats, len(session.pending)),
     )
-
-
-def _budget_of(engine, budget: Budget) -> tuple[int, str]:
-    """The context's budget and why it is that: the server's, or the text's once it is read without recall."""
-    if engine is None or engine.keeps_recall:
-        return budget.tokens, budget.why
-    return engine.budget, "read without recall: the model keeps no tokens that left its window, so memory stays flat"
 
 
 def document_rows(rows: list[DocumentRow]) -> list[list]:
