@@ -74,6 +74,7 @@ class ContextEngine:
         self._open: tuple[object, Saved] | None = None
         self._logits = None
         self._feeding: FeedUnderWay | None = None  # a document feed under way (ask_while_feeding reads it)
+        self._feeding_index: ChunkIndex | None = None  # BM25 over its planned chunks, built at its first question
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -276,7 +277,7 @@ class ContextEngine:
             try:
                 yield from self._prefill(list(plan.pieces), cancel, topk=0, what=Feeding.DOCUMENTS)
             finally:
-                self._feeding = None
+                self._feeding = self._feeding_index = None
             if plan.chunks:
                 self.history.append(DocumentsFed(tuple(plan.chunks)))
 
@@ -446,8 +447,10 @@ class ContextEngine:
         question_tokens = len(self.format.question(question, self.carry)[0])
         room = self.budget - self.length - feed.left(self.length) - question_tokens - 2
         view = planned_text(self.text, feed)
-        index = ChunkIndex()
-        index.refresh(view.spans, view.span_text)
+        if self._feeding_index is None:  # the planned chunks do not change while they are fed
+            self._feeding_index = ChunkIndex()
+            self._feeding_index.refresh(view.spans, view.span_text)
+        index = self._feeding_index
         report = cite(RecallTally(), view.spans, snippet=view.snippet, quote_budget=self._quote_budget(settings),
                       quotes=QUOTED_CHUNKS, lexical=index.scores(question, earlier.question if earlier else ""),
                       lexical_hits=lambda start, end: view.question_words_in(start, end, question),
