@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import ingest
-from ingest.chunking import Splitter, headings_start_chunks, split_spans
+from ingest.chunking import Splitter, heads_start_chunks, split_spans
 from ingest_fixtures import WordTokenizer
 
 OPTION = re.compile(r"--option-(\d+)=<yes\|no> \[default: no\]")
@@ -41,21 +41,31 @@ def test_no_prose_chunk_ends_with_the_name_of_the_option_the_next_one_explains()
             assert f"--option-{n}=" in body
 
 
+def _moved(text: str, cut: int, prose: bool = True) -> int:
+    """Where the boundary at ``cut`` between two chunks of ``text`` ends up."""
+    return heads_start_chunks(text, [(0, cut), (cut, len(text))], prose=prose)[0][1]
+
+
 def test_only_one_short_line_that_does_not_end_a_sentence_moves():
     text = ("First paragraph of the section, long enough.\n\nThe digest size is 28 octets.\n\n"
             "Second paragraph, on two\nlines.\n\nEach element has these attributes:\n\nname, value.\n")
-    first, second, third = text.index("\n\nThe digest"), text.index("\n\nSecond"), text.index("\n\nname")
-    assert headings_start_chunks(text, [(0, second), (second, len(text))]) == [(0, second), (second, len(text))]
-    assert headings_start_chunks(text, [(0, third), (third, len(text))]) == [(0, text.index("\n\nEach")),
-                                                                             (text.index("\n\nEach"), len(text))]
-    two_lines = text.index("\n\nEach")
-    assert headings_start_chunks(text, [(0, two_lines), (two_lines, len(text))]) == [(0, two_lines),
-                                                                                     (two_lines, len(text))]
+    assert _moved(text, text.index("\n\nname")) == text.index("\n\nEach")  # a lead-in goes with its list
+    for kept in ("\n\nThe digest", "\n\nSecond", "\n\nEach"):  # after a sentence, after two lines
+        assert _moved(text, text.index(kept)) == text.index(kept)
     heading_only = "Table of Contents\n\n1. Introduction\n"
-    cut = heading_only.index("\n\n1.")
-    assert headings_start_chunks(heading_only, [(0, cut), (cut, len(heading_only))]) == [(0, cut),
-                                                                                        (cut, len(heading_only))]
-    assert headings_start_chunks(text, [(0, first), (first, len(text))]) == [(0, first), (first, len(text))]
+    assert _moved(heading_only, heading_only.index("\n\n1.")) == heading_only.index("\n\n1.")
+
+
+def test_comments_and_decorators_go_with_the_definition_they_run_into():
+    code = "x = 1\n\n# Parses a header.\n@cache\n@wraps(f)\ndef parse(line):\n    return line\n"
+    assert _moved(code, code.index("\ndef parse"), prose=False) == code.index("\n# Parses")
+    separate = "x = 1\n# a section of its own\n\ndef parse(line):\n    return line\n"
+    assert _moved(separate, separate.index("\n\ndef"), prose=False) == separate.index("\n\ndef")
+    long_block = "x = 1\n" + "".join(f"// line {i} of a licence\n" for i in range(13)) + "function f() {}\n"
+    assert _moved(long_block, long_block.index("\nfunction"), prose=False) == long_block.index("\nfunction")
+    only_comments = "// one\n// two\nfunction f() {}\n"
+    assert _moved(only_comments, only_comments.index("\nfunction"), prose=False) == only_comments.index("\nfunction")
+    assert _moved(code, code.index("\ndef parse")) == code.index("\ndef parse")  # prose rules do not apply to code
 
 
 def test_ingest_keeps_a_text_files_headings_with_their_paragraphs_and_leaves_code_as_split(tmp_path):
@@ -71,3 +81,23 @@ def test_ingest_keeps_a_text_files_headings_with_their_paragraphs_and_leaves_cod
     assert any(_ends_with_heading(body) for body in code)  # code is split at its language's boundaries only
     for chunk in corpus.chunks:
         assert chunk.line_end == chunk.line_start + chunk.text[chunk.header_chars:].rstrip("\n").count("\n")
+
+
+def test_a_modules_decorators_stay_with_their_classes(tmp_path):
+    source = "from dataclasses import dataclass\n\n\n" + "".join(
+        f"# Event {n} of the protocol.\n@dataclass(frozen=True)\nclass Event{n}:\n"
+        + "".join(f"    field_{n}_{i}: int = {i}\n" for i in range(3 + (n * 5) % 11)) + "\n\n"
+        for n in range(30))
+    (tmp_path / "events.py").write_text(source)
+    tokenizer = WordTokenizer()
+    splitter = Splitter(60, lambda s: len(tokenizer.encode(s, add_special_tokens=False)))
+    raw = split_spans(source, splitter._for("python").split_text(source))
+    assert sum(source[a:b].endswith("@dataclass(frozen=True)") for a, b in raw) >= 3  # the splitter alone orphans
+    corpus = ingest.ingest([tmp_path / "events.py"], tokenizer=tokenizer, chunk_tokens=60)
+    bodies = [c.text[c.header_chars:] for c in corpus.chunks]
+    assert "".join(bodies) == source and len(bodies) < len(raw)  # chunks of a decorator alone join their class
+    for chunk, body in zip(corpus.chunks, bodies):
+        assert not body.rstrip("\n").endswith(("@dataclass(frozen=True)", "of the protocol."))
+        for n in re.findall(r"^class Event(\d+):", body, flags=re.MULTILINE):
+            assert f"# Event {n} of the protocol.\n@dataclass(frozen=True)\nclass Event{n}:" in body
+        assert chunk.line_start == source.count("\n", 0, source.index(body)) + 1
