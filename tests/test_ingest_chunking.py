@@ -1,4 +1,5 @@
-"""Chunk boundaries in prose: a heading starts the chunk that holds what it heads."""
+"""Chunk boundaries: a heading starts the chunk that holds what it heads (prose), and comments and decorators
+the chunk of the definition they run into (code)."""
 
 from __future__ import annotations
 

@@ -448,8 +448,9 @@ class ContextEngine:
         room = self.budget - self.length - feed.left(self.length) - question_tokens - 2
         view = planned_text(self.text, feed)
         if self._feeding_index is None:  # the planned chunks do not change while they are fed
-            self._feeding_index = ChunkIndex()
-            self._feeding_index.refresh(view.spans, view.span_text)
+            index = ChunkIndex()
+            index.refresh(view.spans, view.span_text)
+            self._feeding_index = index  # kept once whole
         index = self._feeding_index
         report = cite(RecallTally(), view.spans, snippet=view.snippet, quote_budget=self._quote_budget(settings),
                       quotes=QUOTED_CHUNKS, lexical=index.scores(question, earlier.question if earlier else ""),
