@@ -99,6 +99,11 @@ class ContextEngine:
         return not self.length and self.state is TurnState.EMPTY and self._feeding is None
 
     @property
+    def may_give_up_recall(self) -> bool:
+        """Whether ``keep_recall(False, …)`` would change anything: a new context that keeps recall."""
+        return self.is_new and self.keeps_recall
+
+    @property
     def keeps_recall(self) -> bool:
         """Whether the cache keeps the tokens that left the window, so a question's recall can pick from them."""
         return self.cache.keeps_middle

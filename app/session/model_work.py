@@ -179,7 +179,7 @@ class ModelWork:
         plan = engine.plan_documents(work.corpus.chunks)
         fitted = fit_budget(work.corpus, session.free_tokens, plan.tokens_by_source(), session.fed_digests)
         refusal = self._memory_refusal(engine, fitted.tokens)
-        beyond_recall = engine.is_new and engine.keeps_recall and bool(fitted.refused_tokens or refusal)
+        beyond_recall = engine.may_give_up_recall and bool(fitted.refused_tokens or refusal)
         if beyond_recall:
             why_without_recall = self._why_without_recall(engine, fitted, refusal)
             engine.keep_recall(False, WITHOUT_RECALL)

@@ -178,7 +178,7 @@ class Session:
     def room_for_documents(self) -> int:
         """The most tokens of documents this session could take: a new context reads documents over its budget
         without recall (ModelWork._feed), up to WITHOUT_RECALL."""
-        fresh = self.engine is None or (self.engine.is_new and self.engine.keeps_recall)
+        fresh = self.engine is None or self.engine.may_give_up_recall
         return max(self.free_tokens, WITHOUT_RECALL) if fresh else self.free_tokens
 
     # -- work ----------------------------------------------------------------------------------

@@ -50,10 +50,10 @@ def _fmt_rate(rate: float) -> str:
 # answer's own passage leads (citations.lead_with_answer_source).
 SOURCES_HEADING = ("**Sources**, best first (the one the answer is read from, then by the question's words and the "
                    "attention it drew; % of that score):")
-# Sources found by the question's words alone: asked while its documents were still fed, with recall off, or in a
-# context read without recall (model_work.py).
 # Why a context read without recall has the budget it has (the context box's note).
 WITHOUT_RECALL_WHY = "read without recall: the model keeps no tokens that left its window, so memory stays flat"
+# Sources found by the question's words alone: asked while its documents were still fed, with recall off, or in a
+# context read without recall (model_work.py).
 WORDS_ONLY_HEADING = ("**Sources**, best first (the one the answer is read from, then by the question's words; % of "
                       "that score):")
 
