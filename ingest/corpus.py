@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from .chunking import Splitter
 from .documents import Document, file_header
 from .kv_memory import estimate_kv_bytes
+from .outline import HeadingTracker
 from .results import ERROR, INGESTED, PARTIAL, SKIPPED, FileReport, IngestCancelled, Location, Provenance
 from .tokens import TokenCounter
 
@@ -108,8 +109,10 @@ class CorpusBuilder:
         """Chunk `doc` and append it; returns its chunks."""
         added: list[Chunk] = []
         doc_header = file_header(doc.path, doc.language, first=not self.chunks)
+        headings = HeadingTracker(doc.outline)
         for s_index, section in enumerate(doc.sections):
             section_header = (doc_header if s_index == 0 else "") + section.header
+            headings.enter_page(section.page or 0, section.text)
             for c_index, (a, b) in enumerate(self.splitter.spans(section.text, doc.language)):
                 if cancel is not None and cancel.is_set():
                     raise IngestCancelled()
@@ -121,7 +124,9 @@ class CorpusBuilder:
                     line_start = section.line_start + section.text.count("\n", 0, a)
                     line_end = line_start + body.rstrip("\n").count("\n")
                 tokens = self.counter(text)
-                where = Provenance(doc.path, section.page, section.page_label, line_start, line_end)
+                words_at = b - len(body.lstrip())  # a heading that starts the chunk is the chunk's own
+                where = Provenance(doc.path, section.page, section.page_label, line_start, line_end,
+                                   headings.heading_at(words_at))
                 chunk = Chunk(text=text, where=where, char_start=self._chars,
                               char_end=self._chars + len(text), tokens=tokens, index=len(self.chunks), language=doc.language,
                               header_chars=len(header))

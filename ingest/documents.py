@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from .languages import PROSE_LANGUAGES
+from .outline import OutlineEntry
 from .visible import visible
 
 
@@ -28,6 +29,7 @@ class Document:
     path: str  # display path
     language: str
     sections: list[Section] = field(default_factory=list)
+    outline: tuple[OutlineEntry, ...] = ()  # a PDF's bookmarks: the headings its chunks fall under (outline.py)
 
     @property
     def chars(self) -> int:

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .outline import OutlineEntry, read_outline
 from .pdf_worker import serve
 from .results import IngestCancelled
 
@@ -63,6 +64,7 @@ class PdfExtraction:
     failure: str = ""  # '', corrupt, needs_password, wrong_password, crash, timeout, stopped
     message: str = ""
     page_errors: dict[int, str] = field(default_factory=dict)
+    outline: tuple[OutlineEntry, ...] = ()  # the bookmarks (outline.py)
     warnings: str = ""
     finished: bool = False  # the worker reached the end of the document
 
@@ -191,6 +193,8 @@ class PdfWorker:
             result.page_count = int(meta["page_count"])
             result.repaired = bool(meta["repaired"])
             result.encrypted = bool(meta["encrypted"])
+        elif kind == "outline":
+            result.outline = read_outline(message[1])
         elif kind == "page":
             page = PdfPage(index=int(message[1]), label=str(message[2]), text=str(message[3]),
                            has_images=bool(message[4]))

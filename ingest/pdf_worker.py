@@ -10,6 +10,7 @@ hostile PDF has compromised cannot make the parent execute anything.
 Request: a JSON header {"password", "options"} followed by the PDF bytes.
 Messages sent to the parent, as JSON arrays:
   ["meta", {...}]                          after the document opened
+  ["outline", [[level, title, page], ...]] its bookmarks (empty when it has none or they cannot be read)
   ["page", index, label, text, has_images] one per page read
   ["page_error", index, message]           a page MuPDF could not read
   ["end", {"warnings": str}]               document done
@@ -23,6 +24,7 @@ import os
 import re
 import time
 
+from .outline import MAX_OUTLINE_ENTRIES, clean_title
 from .pdf_labels import decode_pdf_string, page_labels
 
 _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
@@ -97,12 +99,23 @@ def _extract(conn, pymupdf, data: bytes, password: str | None, options: dict) ->
         labels = _labels(doc, page_count)
         _send(conn, "meta", {"page_count": page_count, "repaired": repaired,
                              "encrypted": bool(doc.is_encrypted or password)})
+        _send(conn, "outline", _outline(doc))
         delay = float(options.get("debug_delay_s", 0))  # tests simulate a hanging PDF
         for index in range(min(page_count, int(options.get("max_pages", page_count)))):
             _simulate_trouble(options, index, delay)
             _send_page(conn, pymupdf, doc, index, repaired, labels)
         warnings = pymupdf.TOOLS.mupdf_warnings(reset=True)
         _send(conn, "end", {"warnings": warnings[-2000:]})
+
+
+def _outline(doc) -> list:
+    """The bookmarks as [level, title, page] (1-based page, -1 when it points nowhere), at most
+    MAX_OUTLINE_ENTRIES, titles cut short: an outline that cannot be read costs the headings, not the document."""
+    try:
+        entries = doc.get_toc(simple=True)[:MAX_OUTLINE_ENTRIES]
+    except Exception:  # noqa: BLE001 - MuPDF raises several types for a broken outline
+        return []
+    return [[int(level), clean_title(str(title)), int(page)] for level, title, page in entries]
 
 
 def _open(conn, pymupdf, data: bytes):

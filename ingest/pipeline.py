@@ -306,6 +306,7 @@ class _Run:
         if status not in (INGESTED, PARTIAL):
             return
         doc, cut = self.pdf_document(entry.path, result.pages)
+        doc.outline = result.outline
         if cut:
             report.status = PARTIAL
             report.reason = "; ".join(filter(None, [reason, cut_lines_note(cut, limits.max_line_chars)]))

@@ -6,7 +6,7 @@ them (dataclasses.asdict) and show them without importing PyMuPDF.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 INGESTED = "ingested"  # fully read
 PARTIAL = "partial"  # read, but something was lost (pages, lines, bytes)
@@ -48,6 +48,9 @@ class Provenance:
     page_label: str | None = None  # the page's printed label, when the PDF has one
     line_start: int | None = None  # 1-based line range, text and code
     line_end: int | None = None
+    # A PDF chunk's heading from the document's outline ("4. Memcheck › 4.3. Command-line flags"): what the passage
+    # is about, not where it is, so two chunks of a page are still the same place (outline.py).
+    heading: str | None = field(default=None, compare=False)
 
     def label(self) -> str:
         """'paper.pdf p. 12 (xii)', 'src/app.py:40-88' or just the file name."""
@@ -59,7 +62,8 @@ class Provenance:
 
     def as_dict(self) -> dict:
         return {"source": self.source, "page": self.page, "page_label": self.page_label,
-                "line_start": self.line_start, "line_end": self.line_end, "label": self.label()}
+                "line_start": self.line_start, "line_end": self.line_end, "heading": self.heading,
+                "label": self.label()}
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,12 @@ import pymupdf
 
 
 def make_pdf(path: Path, pages: list[str | None], *, labels: list[dict] | None = None,
-             user_pw: str | None = None, scanned: set[int] = frozenset()) -> Path:
+             user_pw: str | None = None, scanned: set[int] = frozenset(), toc: list | None = None) -> Path:
     """Write a PDF with one page per entry (None -> blank page).
 
     Text is written line by line so the extracted text is predictable;
-    pages in `scanned` get only an image (no text layer).
+    pages in `scanned` get only an image (no text layer); `toc`: bookmarks
+    as [level, title, 1-based page] (PyMuPDF's set_toc).
     """
     doc = pymupdf.open()
     for index, text in enumerate(pages):
@@ -35,6 +36,8 @@ def make_pdf(path: Path, pages: list[str | None], *, labels: list[dict] | None =
                 y += 14
     if labels:
         doc.set_page_labels(labels)
+    if toc:
+        doc.set_toc(toc)
     kwargs = {}
     if user_pw:
         kwargs = dict(encryption=pymupdf.PDF_ENCRYPT_AES_256, user_pw=user_pw, owner_pw=user_pw + "-owner")

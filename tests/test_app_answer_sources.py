@@ -1,10 +1,11 @@
 """Which source comes first once the answer is drawn (citations.lead_with_answer_source), and how a follow-up's words
-reach the ranking (lexical.ChunkIndex with the question asked before), without a model."""
+reach the ranking (lexical.ChunkIndex with the question asked before), and what a heading adds, without a model."""
 
 from __future__ import annotations
 
 from app.engine.citations import Citation, CitationReport, lead_with_answer_source
 from app.engine.lexical import EARLIER_WEIGHT, ChunkIndex
+from app.engine.quoting import quote_label
 from app.engine.spans import Span, SpanKind
 from ingest import Provenance
 
@@ -78,3 +79,22 @@ def test_a_question_on_another_topic_is_ranked_by_its_own_words():
     assert max(scores, key=scores.get) == spans[6]
     assert index.scores("", "What is the sha256 digest?")  # a question without words: the earlier one's alone
     assert index.scores("the of and") == {} and index.scores("the of and", "") == {}
+
+
+def test_a_chunk_is_found_by_the_words_of_its_heading_as_well_as_its_own():
+    texts = ["trim the fraction of observations cut from each end"] * 2
+    headings = ["mean › Arithmetic Mean", "median › Median Value"]
+    spans = [Span(i * 10, i * 10 + 10, SpanKind.DOCUMENT, Provenance("ref.pdf", 7, heading=h))
+             for i, h in enumerate(headings)]
+    index = ChunkIndex()
+    index.refresh(spans, lambda span: texts[spans.index(span)])
+    scores = index.scores("What does trim do in the median?")
+    assert scores[spans[1]] > scores[spans[0]] > 0  # the same words, told apart by the heading
+    assert list(index.scores("arithmetic")) == [spans[0]]
+
+
+def test_a_quote_is_labelled_with_its_heading_when_it_has_one():
+    assert quote_label(Provenance("ref.pdf", 7, "5", heading="mean › Arithmetic Mean")) == \
+        "ref.pdf p. 7 (5), section “mean › Arithmetic Mean”"
+    assert quote_label(Provenance("ref.pdf", 7)) == "ref.pdf p. 7"
+    assert quote_label(Provenance("src/a.py", None, None, 3, 9)) == "src/a.py:3-9"

@@ -85,6 +85,7 @@ def test_ask_answers_a_real_pdf_and_cites_the_page(server, spec_pdf):
     assert again["in_context"] and "error" not in again and "feed" not in again
     assert "50" in again["answer"], again["answer"]
     assert again["sources"][0]["page"] == 4, again["sources"]
+    assert again["sources"][0]["heading"] == "2. Unified system › 2.2. The source XML files"  # the PDF's outline
 
     # A third, about another page: the earlier answers are not copied (the answer is drawn in a reader holding its
     # quote and question alone, app/engine/reader.py).

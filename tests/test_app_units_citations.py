@@ -192,3 +192,16 @@ def test_span_index_lookup_and_truncation():
     assert spans.at(4).kind == "system" and spans.at(5).where.source == "a" and spans.at(9) is None
     spans.truncate(1)
     assert spans.end == 5 and len(spans) == 1
+
+
+def test_a_cited_page_carries_the_heading_of_its_best_chunk():
+    spans = SpanIndex()
+    chunks = [Span(0, 40, "document", where=Provenance("m.pdf", page=3, heading="2 Options")),
+              Span(40, 80, "document", where=Provenance("m.pdf", page=3, heading="2 Options › 2.1 Colours")),
+              Span(80, 120, "document", where=Provenance("m.pdf", page=4, heading="2 Options › 2.1 Colours"))]
+    for span in chunks:
+        spans.append(span)
+    report = cite(RecallTally(), spans, lexical={chunks[0]: 1.0, chunks[1]: 3.0, chunks[2]: 2.0})
+    assert [(c.where.page, c.where.heading) for c in report.citations] == [(3, "2 Options › 2.1 Colours"),
+                                                                         (4, "2 Options › 2.1 Colours")]
+    assert report.citations[0].where == Provenance("m.pdf", page=3)  # the same page, whatever its heading

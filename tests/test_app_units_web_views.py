@@ -158,3 +158,13 @@ def test_a_pending_answer_says_what_it_reads_until_its_first_token():
                                            "· 32 tok/s…*")
     item.text = "The pass key is 71432."  # the first token replaces it
     assert views.answer_markdown(item) == "The pass key is 71432."
+
+
+def test_a_source_shows_the_heading_its_best_chunk_falls_under_as_text():
+    item = ChatItem("assistant", "answer", "Use --track-origins=yes.", citations=[
+        Citation(Provenance("manual.pdf", 82, "70", heading="4. Memcheck › 4.3. *Flags* <b>x</b>"), 0.6, "origin"),
+        Citation(Provenance("src/a.py", None, None, 3, 9), 0.4, "")])
+    lines = views.answer_markdown(item).splitlines()
+    assert lines[-2] == ("- `manual.pdf p. 82 (70)` · *4. Memcheck › 4.3. \\*Flags\\* &lt;b&gt;x&lt;/b&gt;* · "
+                         "60% · “origin”")
+    assert lines[-1] == "- `src/a.py:3-9` · 40%"

@@ -64,6 +64,14 @@ def test_a_well_formed_workspace_reads_back_whole(tmp_path):
     assert [(r.path, r.status, r.pages, r.tokens) for r in session.documents] == [("a.pdf", "ingested", 3, 900)]
 
 
+def test_a_file_saved_before_chunks_had_headings_reads_back(tmp_path):
+    path = rewrite_record(saved_workspace(tmp_path / "w.lmiw"),
+                          lambda record: record["session"]["chat"][1]["citations"][0]["where"].pop("heading"))
+    session = new_session()
+    read_workspace(path, session)
+    assert session.chat[1].citations == [Citation(Provenance("a.pdf", 2, "ii"), 0.75, "key")]
+
+
 def _set(*keys_and_value):
     """An edit setting ``record[k1][k2]...[kn] = value``."""
     *keys, last, value = keys_and_value
@@ -82,6 +90,8 @@ HOSTILE = {  # edit, and where the refusal says the record is wrong
     "chat-kind-unknown": (_set("session", "chat", 0, "kind", "poem"), r"session.chat\[0\].kind is 'poem', expected one of"),
     "citation-share-text": (_set("session", "chat", 1, "citations", 0, "share", "most"),
                             r"session.chat\[1\].citations\[0\].share is 'most', expected a number"),
+    "citation-heading-number": (_set("session", "chat", 1, "citations", 0, "where", "heading", 7),
+                                r"session.chat\[1\].citations\[0\].where.heading is 7, expected text"),
     "stats-rate-text": (_set("session", "chat", 1, "stats", "decode_tps", "fast"),
                         r"session.chat\[1\].stats.decode_tps is 'fast', expected a number"),
     "document-tokens-text": (_set("session", "documents", 0, "tokens", "x"),

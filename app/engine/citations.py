@@ -302,10 +302,11 @@ def _citations(best_chunk: dict[Provenance, tuple[Span, float]], shown: Callable
     passages cited or not; ``shown``: a passage's snippet."""
     mass = sum(score for _, score in best_chunk.values())
     citations = []
-    for rank, (key, (_, score)) in enumerate(list(best_chunk.items())[:max(limit, always)]):
+    for rank, (key, (chunk, score)) in enumerate(list(best_chunk.items())[:max(limit, always)]):
         if rank >= always and score / mass < min_share:  # the others above min_share
             continue
-        citations.append(Citation(key, score / mass, shown(key)))
+        where = replace(key, heading=chunk.where.heading)  # the page, under its best chunk's heading
+        citations.append(Citation(where, score / mass, shown(key)))
     return tuple(citations)
 
 

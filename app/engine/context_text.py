@@ -15,7 +15,7 @@ from ingest.documents import without_page_markers
 
 from .citations import CitationReport
 from .lexical import token_matches
-from .quoting import quoted_question
+from .quoting import quote_label, quoted_question
 from .spans import Span, SpanIndex
 
 FILE_HEADER = re.compile(r"(?:\A|\n)### [^\n]*\n")  # ingest's "### name" before a file's first chunk
@@ -78,5 +78,5 @@ class ContextText:
         excerpts = []
         for (lo, hi), where in zip(citations.quote_spans, citations.quote_sources):
             text = self.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True)
-            excerpts.append((where.label(), without_page_markers(text)))
+            excerpts.append((quote_label(where), without_page_markers(text)))
         return quoted_question(excerpts, question)

@@ -45,6 +45,14 @@ def terms(text: str) -> list[str]:
 EARLIER_WEIGHT = 0.1
 
 
+def indexed_text(span: Span, text_of: Callable[[Span], str]) -> str:
+    """What BM25 reads for a chunk: its heading in the document's outline, when it has one, then its words. Over
+    the development set's 212 questions, BM25's first chunk held the answer's page for 151 with the heading, 148
+    without (docs/answers.md)."""
+    heading = span.where.heading if span.where is not None else None
+    return f"{heading}\n{text_of(span)}" if heading else text_of(span)
+
+
 class ChunkIndex:
     """BM25 over the context's document chunks (one span each, as ingest cut them), built again only when its
     documents changed (``refresh``). Chunks, not pages: a PDF page often holds more than one quote's worth, and
@@ -66,7 +74,8 @@ class ChunkIndex:
         self._retriever = None
         if documents:
             retriever = bm25s.BM25()
-            retriever.index([terms(text_of(span)) or ["\u2205"] for span in documents], show_progress=False)
+            retriever.index([terms(indexed_text(span, text_of)) or ["\u2205"] for span in documents],
+                            show_progress=False)
             self._retriever = retriever
         self._key = key
 

@@ -20,6 +20,8 @@ def source_json(citation: Citation) -> dict:
         found.update(page=where.page, page_label=where.page_label)
     elif where.line_start is not None:
         found["lines"] = [where.line_start, where.line_end]
+    if where.heading:
+        found["heading"] = where.heading  # the document outline's heading over the passage's best chunk
     return {**found, "snippet": citation.snippet, "weight": round(citation.share, 4)}
 
 

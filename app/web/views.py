@@ -85,8 +85,8 @@ def answer_markdown(item: ChatItem, opens: Opens | None = None) -> str:
     waiting = progress_markdown(item.progress) if item.progress is not None else "…"
     parts = [item.text or (waiting if item.pending else "(empty answer)")]
     if item.citations:
-        lines = [f"- {cited(c.where, opens)} · {c.share:.0%}" + (f" · “{c.snippet}”" if c.snippet else "")
-                 for c in item.citations]
+        lines = [f"- {cited(c.where, opens)}" + (f" · *{markdown_text(c.where.heading)}*" if c.where.heading else "")
+                 + f" · {c.share:.0%}" + (f" · “{c.snippet}”" if c.snippet else "") for c in item.citations]
         if item.stats.get("quoted"):  # the answer was drawn with the first passages quoted before the question
             for index in range(min(item.stats.get("quoted_sources", 1), len(lines))):
                 lines[index] += " · *quoted to the model*"
