@@ -19,6 +19,9 @@ HEADING_JOINER = " › "
 # A title found after no more than a running header (the chapter's name, a page number: at most this many lines and
 # characters) starts its entry at the page's top: the page's first chunk is the section's, not the one before's.
 RUNNING_HEAD_LINES, RUNNING_HEAD_CHARS = 3, 120
+# Titles searched for on one page; the entries after them start where the last one searched did. A real page holds a
+# few; thousands of entries on one long page are hostile, and each search that fails reads the page to its end.
+MAX_SEARCHES_PER_PAGE = 64
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -83,10 +86,12 @@ class HeadingTracker:
     def enter_page(self, page: int, text: str) -> None:
         self._apply_before(page)
         self._starts, found_from = [], 0
-        for entry in self._entries[self._next:]:
+        for index in range(self._next, len(self._entries)):  # by index: a copy per page would cost pages × entries
+            entry = self._entries[index]
             if entry.page != page:
                 break
-            match = _title_pattern(entry.title).search(text, found_from)
+            searched = index - self._next < MAX_SEARCHES_PER_PAGE
+            match = _title_pattern(entry.title).search(text, found_from) if searched else None
             found_from = match.start() if match else found_from
             self._starts.append(0 if _after_running_head(text, found_from) else found_from)
 

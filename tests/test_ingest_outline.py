@@ -4,8 +4,8 @@ page, carried by the chunk's provenance, and read safely from hostile bookmarks.
 from __future__ import annotations
 
 import ingest
-from ingest.outline import (MAX_OUTLINE_ENTRIES, MAX_TITLE_CHARS, HeadingTracker, OutlineEntry, clean_title,
-                            read_outline)
+from ingest.outline import (MAX_OUTLINE_ENTRIES, MAX_SEARCHES_PER_PAGE, MAX_TITLE_CHARS, HeadingTracker,
+                            OutlineEntry, clean_title, read_outline)
 from ingest_fixtures import WordTokenizer, make_pdf
 
 OPTIONS = [f"option{i} sets the widget's option{i} value to one of its settings" for i in range(12)]
@@ -97,6 +97,16 @@ def test_a_pdf_with_thousands_of_bookmarks_on_one_page_reads_whole(tmp_path):
     corpus = ingest.ingest([pdf], tokenizer=WordTokenizer(), chunk_tokens=40)
     assert corpus.reports[0].status == "ingested"
     assert corpus.chunks[-1].where.heading == "Entry 2999"
+
+
+def test_titles_past_the_searches_a_page_allows_start_where_the_last_one_searched_did():
+    entries = [OutlineEntry(1, f"Title {i}", 2) for i in range(MAX_SEARCHES_PER_PAGE + 2)]
+    text = "x " * 200 + "".join(f"\nTitle {i}\nwords" for i in range(len(entries)))
+    tracker = HeadingTracker(entries)
+    tracker.enter_page(2, text)
+    last_searched = text.index(f"Title {MAX_SEARCHES_PER_PAGE - 1}\n")
+    assert tracker.heading_at(last_searched - 1) == f"Title {MAX_SEARCHES_PER_PAGE - 2}"
+    assert tracker.heading_at(last_searched) == f"Title {MAX_SEARCHES_PER_PAGE + 1}"  # the rest start there too
 
 
 def test_a_title_after_only_a_running_header_starts_its_entry_at_the_pages_top():
