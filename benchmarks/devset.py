@@ -5,14 +5,16 @@ installed ``h11`` package by ``document_path``), and its questions in the order 
 regular expressions that count as a right answer (case-insensitive), where the answer is stated (PDF pages as
 ``ingest`` numbers them, or a file's 1-based lines) and whether it is asked in words the document does not use.
 
-Five splits: settings were chosen on ``TUNE`` and checked on ``CONFIRM``; ``CONFIRM``'s failures were then read
+Six splits: settings were chosen on ``TUNE`` and checked on ``CONFIRM``; ``CONFIRM``'s failures were then read
 and the number of passages quoted was chosen on both, so ``HOLDOUT`` (written after that, by a helper that read
 only its two documents) was the split no setting was chosen on, until its failures were read too. ``FRESH`` was
 written later by a helper that read only its three documents and never saw an answer, with a third of its
 questions follow-ups ("And of SHA384?") that need the question before them, as users ask; it is asked once, after
 the settings it checks were chosen. ``BLIND`` was written the same way once the fresh split's failures had been
-read, with the 397-page Valgrind manual the size of a long manual a user drops in whole. R's manuals (Debian's
-r-doc-pdf) are kept out: the app is judged on them from outside.
+read, with the 397-page Valgrind manual the size of a long manual a user drops in whole. ``REFERENCE``, gnuplot's
+311-page manual, a command reference whose sections read alike, was written the same way after chunks were given
+their outline headings, to measure them where they should matter most. R's manuals (Debian's r-doc-pdf) are kept
+out: the app is judged on them from outside.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ CONFIRM = ("icccm", "libidn2", "h11")
 HOLDOUT = ("bzip2", "fontconfig")
 FRESH = ("crc", "nettle", "cookiejar")
 BLIND = ("valgrind", "xace", "tarfile")
-SPLITS = {"tune": TUNE, "confirm": CONFIRM, "holdout": HOLDOUT, "fresh": FRESH, "blind": BLIND}
+REFERENCE = ("gnuplot",)
+SPLITS = {"tune": TUNE, "confirm": CONFIRM, "holdout": HOLDOUT, "fresh": FRESH, "blind": BLIND, "reference": REFERENCE}
 # Debian packages that ship the documents (scripts/test.sh installs them).
 DEBIAN_PACKAGES = ("shared-mime-info", "libtasn1-doc", "xorg-docs", "libidn2-doc", "bzip2-doc", "fontconfig",
-                   "zlib1g-dev", "nettle-dev", "valgrind")
+                   "zlib1g-dev", "nettle-dev", "valgrind", "gnuplot-doc")
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ class Document:
     questions: tuple[Question, ...]
 
 
-def load(names: tuple[str, ...] = TUNE + CONFIRM + HOLDOUT + FRESH + BLIND) -> list[Document]:
+def load(names: tuple[str, ...] = TUNE + CONFIRM + HOLDOUT + FRESH + BLIND + REFERENCE) -> list[Document]:
     documents = []
     for name in names:
         data = json.loads((HERE / f"{name}.json").read_text(encoding="utf-8"))
