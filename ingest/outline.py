@@ -3,7 +3,7 @@
 A chunk cut from the middle of a section often does not say what it is about: the options of one command, the
 arguments of one function or the fields of one record read like those of the next. Most manuals carry an outline
 (9 of the development set's 11 PDFs), so each chunk is given the outline's heading at its start
-(``Provenance.heading``): keyword ranking reads it with the chunk's words, and a quote is labelled with it.
+(``Provenance.heading``): keyword ranking reads it with the chunk's words, and a source shows it.
 """
 
 from __future__ import annotations

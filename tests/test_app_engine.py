@@ -27,7 +27,7 @@ from app.engine.generation import GenerationSettings
 from app.engine.history import Exchange
 from app.engine.layer_stop import decoder_layers
 from app.engine.reader import AnswerReader
-from app.engine.quoting import QUOTED_CHUNKS, quote_label, quoted_question
+from app.engine.quoting import QUOTED_CHUNKS, quoted_question
 from ingest.documents import without_page_markers
 from app.engine.model_loading import ModelChoice, load_runtime
 from ingest import Provenance
@@ -663,7 +663,7 @@ def _check_the_user_turn_quotes_them(runtime, engine, result, question, before) 
     """The quoted user turn: the quotes' text without page markers, then the question. Returns it."""
     quoted = result.citations
     text = engine.turns[-1].quoted
-    assert text == quoted_question([(quote_label(where), without_page_markers(
+    assert text == quoted_question([(where.label(), without_page_markers(
         runtime.tokenizer.decode(engine.token_ids[a:b], skip_special_tokens=True)))
         for (a, b), where in zip(quoted.quote_spans, quoted.quote_sources)], question)
     assert "--- page" not in text and "--- page" in runtime.tokenizer.decode(engine.token_ids[:before])

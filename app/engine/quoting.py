@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ingest.results import Provenance
-
 # How much is quoted: the best chunks (ranked as citations.rank_chunks says), whole, as many as fit in the budget and
 # at most QUOTED_CHUNKS; the one that does not fit is cut to its densest part when at least MIN_QUOTE_TOKENS remain.
 # Before, the first three *pages* were quoted, 512 tokens of each: a page of a PDF manual often holds more than
@@ -60,13 +58,6 @@ def densest_window(relevance: Mapping[int, float], start: int, end: int, size: i
     lo = first - (size - (last - first + 1)) // 2  # the slack split before and after the relevant tokens
     lo = min(max(lo, start), end - size)
     return lo, lo + size
-
-
-def quote_label(where: Provenance) -> str:
-    """Where a quote is from, as the reader is told: the passage's label, and its heading in the document's
-    outline when it has one ("manual.pdf p. 82, section “4. Memcheck › 4.3. Command-line flags”"): a quote from
-    the middle of a section need not name what it is about, and the options of one command read like another's."""
-    return f"{where.label()}, section “{where.heading}”" if where.heading else where.label()
 
 
 def quoted_question(excerpts: list[tuple[str, str]], question: str) -> str:
