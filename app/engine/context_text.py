@@ -75,7 +75,7 @@ class ContextText:
         """The user turn the answer is drawn from: the best chunks' quoted parts, then the question. Without the
         page markers the context holds: each quote is labelled with its page, and a marker quoted was answered
         back ("--- page 34 (30) ---" in an answer about counting dashes). Not with the outline's heading its chunk
-        falls under: told it, the 1.5B answered 4 fewer of 60 questions about outlined manuals, and no more
+        falls under: told it, the 1.5B answered 4 fewer of 62 questions about outlined PDFs, and none more
         (docs/answers.md); ranking reads it, and a source shows it."""
         excerpts = []
         for (lo, hi), where in zip(citations.quote_spans, citations.quote_sources):
