@@ -135,3 +135,20 @@ def test_asked_while_feeding_each_question_is_answered_from_chunks_ranked_by_its
         "app-feeding"}
     assert all(r.sources and not r.attention_ranking for r in rows)
     assert all(r.lexical_ranking[0]["label"] in [s["label"] for s in r.sources] for r in rows)  # a source has a heading
+
+
+def test_first_chunks_ranks_by_the_apps_keyword_ranking_and_scores_each_question(tmp_path):
+    from benchmarks import first_chunks
+    from ingest_fixtures import WordTokenizer
+
+    (tmp_path / "notes.md").write_text("\n\n".join(f"The widget{i} option sets the colour to shade {i}."
+                                                   for i in range(40)))
+    corpus = ingest(tmp_path / "notes.md", tokenizer=WordTokenizer(), chunk_tokens=30)
+    wanted = next(c for c in corpus.chunks if "widget17 " in c.text)
+    asked = [devset.Question("notes.md", "Which shade does the widget17 option set?", ("17",), file="notes.md",
+                             lines=(wanted.where.line_start,)),
+             devset.Question("notes.md", "And the widget3 option?", ("3",), file="notes.md", lines=(10_000,))]
+    ranked = first_chunks.ranked_chunks(corpus.chunks, asked)
+    assert ranked[0][0] is wanted and len(ranked[0]) == first_chunks.FIRST
+    assert "widget3 " in ranked[1][0].text
+    assert asked[0].holds(ranked[0][0].where) and not asked[1].holds(ranked[1][0].where)

@@ -1,0 +1,88 @@
+"""BM25's first chunks on the development set, offline: for each question, asked after the one before it as the app
+asks it, whether the chunk the app's keyword ranking puts first (and any of its first four) states the answer.
+
+Why: a change to how documents are cut into chunks, or to what BM25 reads of them, can be tried on all the
+development set's questions in minutes, without the model; only what it changes is then asked of the model
+(``benchmarks.answers``). The chunks are ingest's, cut to the app's 512 tokens by the chosen model's tokenizer;
+the ranking is the app's own (``app.engine.lexical.ChunkIndex``).
+
+    python -m benchmarks.first_chunks --model qwen2.5-coder-1.5b [--split blind] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from benchmarks import devset
+
+CHUNK_TOKENS = 512  # the app's (app/session/uploads.py)
+FIRST = 4  # the chunks the app quotes at most
+
+
+def ranked_chunks(chunks, questions) -> list[list]:
+    """For each question in order, the chunks BM25 ranks first, best first (up to FIRST)."""
+    from app.engine.lexical import ChunkIndex
+    from app.engine.spans import Span, SpanKind
+
+    spans, start = [], 0
+    for chunk in chunks:
+        spans.append(Span(start, start + max(chunk.tokens, 1), SpanKind.DOCUMENT, chunk.where))
+        start = spans[-1].end
+    chunk_of = dict(zip(spans, chunks))
+    index = ChunkIndex()
+    index.refresh(spans, lambda span: chunk_of[span].text)
+    ranked, earlier = [], ""
+    for question in questions:
+        scores = index.scores(question.question, earlier)
+        best = sorted(scores, key=lambda span: (-scores[span], span.start))[:FIRST]
+        ranked.append([chunk_of[span] for span in best])
+        earlier = question.question
+    return ranked
+
+
+def measure(documents, tokenizer) -> dict:
+    """Per document: questions, first chunk right, one of the first four right; and the chunks it was cut into."""
+    from ingest import ingest
+
+    table = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for document in documents:
+            corpus = ingest(devset.document_path(document, Path(scratch)), tokenizer=tokenizer,
+                            chunk_tokens=CHUNK_TOKENS)
+            ranked = ranked_chunks(corpus.chunks, document.questions)
+            firsts = [bool(r) and q.holds(r[0].where) for q, r in zip(document.questions, ranked)]
+            any_of = sum(any(q.holds(c.where) for c in r) for q, r in zip(document.questions, ranked))
+            table[document.name] = {"questions": len(document.questions), "first": sum(firsts),
+                                    "first_four": any_of, "chunks": len(corpus.chunks)}
+            print(document.name, table[document.name], flush=True)
+            table[document.name]["first_right"] = "".join(".x"[right] for right in firsts)  # question by question
+            table[document.name]["ranked"] = [[f"{c.where.label()} @{c.char_start}" for c in r] for r in ranked]
+    keys = ("questions", "first", "first_four", "chunks")
+    table["all"] = {key: sum(row[key] for row in list(table.values())) for key in keys}
+    return table
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwen2.5-coder-1.5b", help="a bundled model's short name: its tokenizer")
+    p.add_argument("--split", choices=(*devset.SPLITS, "all"), default="all")
+    p.add_argument("--out", type=Path, default=None, help="write the table here as JSON")
+    args = p.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from app.cli import AppConfig
+    from app.engine.model_loading import choose_model
+
+    names = sum(devset.SPLITS.values(), ()) if args.split == "all" else devset.SPLITS[args.split]
+    tokenizer = AutoTokenizer.from_pretrained(choose_model(AppConfig(model=args.model)).name_or_path)
+    table = measure(devset.load(names), tokenizer)
+    print(json.dumps(table["all"]))
+    if args.out:
+        args.out.write_text(json.dumps(table, indent=1))
+
+
+if __name__ == "__main__":
+    main()
