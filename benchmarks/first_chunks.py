@@ -20,6 +20,7 @@ from benchmarks import devset
 
 CHUNK_TOKENS = 512  # the app's (app/session/uploads.py)
 FIRST = 4  # the chunks the app quotes at most
+COUNTS = ("questions", "first", "first_four", "chunks")  # per document, and summed over the set as "all"
 
 
 def ranked_chunks(chunks, questions) -> list[list]:
@@ -55,13 +56,12 @@ def measure(documents, tokenizer) -> dict:
             ranked = ranked_chunks(corpus.chunks, document.questions)
             firsts = [bool(r) and q.holds(r[0].where) for q, r in zip(document.questions, ranked)]
             any_of = sum(any(q.holds(c.where) for c in r) for q, r in zip(document.questions, ranked))
-            table[document.name] = {"questions": len(document.questions), "first": sum(firsts),
-                                    "first_four": any_of, "chunks": len(corpus.chunks)}
-            print(document.name, table[document.name], flush=True)
-            table[document.name]["first_right"] = "".join(".x"[right] for right in firsts)  # question by question
-            table[document.name]["ranked"] = [[f"{c.where.label()} @{c.char_start}" for c in r] for r in ranked]
-    keys = ("questions", "first", "first_four", "chunks")
-    table["all"] = {key: sum(row[key] for row in list(table.values())) for key in keys}
+            counts = {"questions": len(document.questions), "first": sum(firsts), "first_four": any_of,
+                      "chunks": len(corpus.chunks)}
+            print(document.name, counts, flush=True)
+            table[document.name] = {**counts, "first_right": "".join(".x"[right] for right in firsts),
+                                    "ranked": [[f"{c.where.label()} @{c.char_start}" for c in r] for r in ranked]}
+    table["all"] = {key: sum(row[key] for row in table.values()) for key in COUNTS}
     return table
 
 
