@@ -24,7 +24,8 @@ COUNTS = ("questions", "first", "first_four", "chunks")  # per document, and sum
 
 
 def ranked_chunks(chunks, questions) -> list[list]:
-    """For each question in order, the chunks BM25 ranks first, best first (up to FIRST)."""
+    """For each question in order, the chunks BM25 ranks first, best first (up to FIRST), in the app's order."""
+    from app.engine.citations import Ranking, rank_chunks
     from app.engine.lexical import ChunkIndex
     from app.engine.spans import Span, SpanKind
 
@@ -37,9 +38,8 @@ def ranked_chunks(chunks, questions) -> list[list]:
     index.refresh(spans, lambda span: chunk_of[span].text)
     ranked, earlier = [], ""
     for question in questions:
-        scores = index.scores(question.question, earlier)
-        best = sorted(scores, key=lambda span: (-scores[span], span.start))[:FIRST]
-        ranked.append([chunk_of[span] for span in best])
+        best = rank_chunks(spans, {}, index.scores(question.question, earlier), Ranking.LEXICAL)[:FIRST]
+        ranked.append([chunk_of[span] for span, _ in best])
         earlier = question.question
     return ranked
 
