@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from .chunking import Splitter
 from .documents import Document, file_header
 from .kv_memory import estimate_kv_bytes
+from .listing import is_listing
 from .outline import HeadingTracker
 from .results import ERROR, INGESTED, PARTIAL, SKIPPED, FileReport, IngestCancelled, Location, Provenance
 from .tokens import TokenCounter
@@ -126,7 +127,7 @@ class CorpusBuilder:
                 tokens = self.counter(text)
                 words_at = b - len(body.lstrip())  # a heading that starts the chunk is the chunk's own
                 where = Provenance(doc.path, section.page, section.page_label, line_start, line_end,
-                                   headings.heading_at(words_at))
+                                   headings.heading_at(words_at), listing=section.page is not None and is_listing(body))
                 chunk = Chunk(text=text, where=where, char_start=self._chars,
                               char_end=self._chars + len(text), tokens=tokens, index=len(self.chunks), language=doc.language,
                               header_chars=len(header))

@@ -51,6 +51,8 @@ class Provenance:
     # A PDF chunk's heading from the document's outline ("4. Memcheck › 4.3. Command-line flags"): what the passage
     # is about, not where it is, so two chunks of a page are still the same place (outline.py).
     heading: str | None = field(default=None, compare=False)
+    # A contents or index page's lines ("4.3. Options ..... 68"): ranked after the passages they point to (listing.py).
+    listing: bool = field(default=False, compare=False)
 
     def label(self) -> str:
         """'paper.pdf p. 12 (xii)', 'src/app.py:40-88' or just the file name."""

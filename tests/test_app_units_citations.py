@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from app import cli
-from app.engine.citations import CARRIED_TOKENS, Citation, RecallTally, cite
+from app.engine.citations import CARRIED_TOKENS, Citation, Ranking, RecallTally, cite
 from app.engine.spans import Span, SpanIndex
 from app.session.state import ChatItem
 from ingest import Provenance
@@ -205,3 +205,19 @@ def test_a_cited_page_carries_the_heading_of_its_best_chunk():
     assert [(c.where.page, c.where.heading) for c in report.citations] == [(3, "2 Options › 2.1 Colours"),
                                                                          (4, "2 Options › 2.1 Colours")]
     assert report.citations[0].where == Provenance("m.pdf", page=3)  # the same page, whatever its heading
+
+
+def test_contents_and_index_chunks_are_cited_and_quoted_after_every_chunk_that_answers():
+    spans = SpanIndex()
+    chunks = [Span(0, 40, "document", where=Provenance("m.pdf", page=2, listing=True)),  # the contents
+              Span(40, 80, "document", where=Provenance("m.pdf", page=7)),
+              Span(80, 120, "document", where=Provenance("m.pdf", page=9)),
+              Span(120, 160, "document", where=Provenance("m.pdf", page=30, listing=True))]  # the index
+    for span in chunks:
+        spans.append(span)
+    lexical = {chunks[0]: 9.0, chunks[1]: 2.0, chunks[2]: 3.0, chunks[3]: 5.0}
+    report = cite(RecallTally(), spans, lexical=lexical, quote_budget=400, ranking=Ranking.LEXICAL)
+    assert [c.where.page for c in report.citations] == [9, 7, 2, 30]  # still cited, by score among themselves
+    assert [where.page for where in report.quote_sources] == [9, 7, 2, 30]
+    alone = cite(RecallTally(), spans, lexical={chunks[3]: 5.0}, quote_budget=400, ranking=Ranking.LEXICAL)
+    assert [c.where.page for c in alone.citations] == [30]  # the only match is not dropped

@@ -65,8 +65,10 @@ def test_a_well_formed_workspace_reads_back_whole(tmp_path):
 
 
 def test_a_file_saved_before_chunks_had_headings_reads_back(tmp_path):
-    path = rewrite_record(saved_workspace(tmp_path / "w.lmiw"),
-                          lambda record: record["session"]["chat"][1]["citations"][0]["where"].pop("heading"))
+    def as_saved_then(record):
+        where = record["session"]["chat"][1]["citations"][0]["where"]
+        where.pop("heading"), where.pop("listing")
+    path = rewrite_record(saved_workspace(tmp_path / "w.lmiw"), as_saved_then)
     session = new_session()
     read_workspace(path, session)
     assert session.chat[1].citations == [Citation(Provenance("a.pdf", 2, "ii"), 0.75, "key")]
@@ -92,6 +94,8 @@ HOSTILE = {  # edit, and where the refusal says the record is wrong
                             r"session.chat\[1\].citations\[0\].share is 'most', expected a number"),
     "citation-heading-number": (_set("session", "chat", 1, "citations", 0, "where", "heading", 7),
                                 r"session.chat\[1\].citations\[0\].where.heading is 7, expected text"),
+    "citation-listing-text": (_set("session", "chat", 1, "citations", 0, "where", "listing", "yes"),
+                              r"session.chat\[1\].citations\[0\].where.listing is 'yes', expected true or false"),
     "stats-rate-text": (_set("session", "chat", 1, "stats", "decode_tps", "fast"),
                         r"session.chat\[1\].stats.decode_tps is 'fast', expected a number"),
     "document-tokens-text": (_set("session", "documents", 0, "tokens", "x"),

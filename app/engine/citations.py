@@ -345,9 +345,11 @@ def rank_chunks(chunks: list[Span], attention: Mapping[Provenance, float], lexic
                 ranking: Ranking = Ranking.HYBRID) -> list[tuple[Span, float]]:
     """Chunks best first with their scores (``fuse``): each chunk's BM25 score, and its passage's recall relevance.
     Recall is summed per passage, where the tune split measured it (a chunk's own share is thinner and noisier);
-    BM25 tells a page's chunks apart. Chunks of equal score stay in context order."""
+    BM25 tells a page's chunks apart. Chunks of equal score stay in context order. Contents and index lines
+    (``Provenance.listing``) come after every other chunk that scored: they name a question's words without
+    answering it (ingest/listing.py)."""
     recalled = {chunk: attention.get(chunk.where.page_only(), 0.0) for chunk in chunks}
-    return fuse(recalled, lexical, ranking)
+    return sorted(fuse(recalled, lexical, ranking), key=lambda item: item[0].where.listing)
 
 
 def choose_quotes(ranked: list[tuple[Span, float]], spans: SpanIndex, attention: Mapping[int, float],

@@ -138,7 +138,8 @@ SUMMARY = _fields({"name": _text, "documents": _count, "tokens": _count, "saved_
                   {"questions": _count, "last_question": _text})  # optional: files saved before they were kept
 _PLACE = _fields({"source": _text, "page": _maybe(_count), "page_label": _maybe(_text),
                   "line_start": _maybe(_count), "line_end": _maybe(_count)},
-                 {"heading": _maybe(_text)})  # optional: files saved before chunks had headings
+                 {"heading": _maybe(_text),  # optional: files saved before chunks had headings
+                  "listing": _flag})  # or before contents and index pages were told apart (ingest/listing.py)
 _CITATION = _fields({"where": _PLACE, "share": _number, "snippet": _text})
 _ANSWER_STATS = _fields({}, {"ttft_s": _maybe(_number), "decode_tps": _number, "prefill_tps": _number,
                              "tokens": _count, "finish": _text, "question_tokens": _count, "sampling": _text,
