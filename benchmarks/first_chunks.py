@@ -7,6 +7,7 @@ development set's questions in minutes, without the model; only what it changes 
 the ranking is the app's own (``app.engine.lexical.ChunkIndex``).
 
     python -m benchmarks.first_chunks --model qwen2.5-coder-1.5b [--split blind] [--out results.json]
+        [--written passages.json --weight 0.25]
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ FIRST = 4  # the chunks the app quotes at most
 COUNTS = ("questions", "first", "first_four", "chunks")  # per document, and summed over the set as "all"
 
 
-def ranked_chunks(chunks, questions) -> list[list]:
-    """For each question in order, the chunks BM25 ranks first, best first (up to FIRST), in the app's order."""
+def ranked_chunks(chunks, questions, written=(), weight: float = 0.0) -> list[list]:
+    """For each question in order, the chunks BM25 ranks first, best first (up to FIRST), in the app's order;
+    ``written``: for each question, a passage the model wrote without the document (benchmarks.written_passages),
+    whose BM25 scores are added times ``weight``."""
     from app.engine.citations import Ranking, rank_chunks
     from app.engine.lexical import ChunkIndex
     from app.engine.spans import Span, SpanKind
@@ -37,15 +40,20 @@ def ranked_chunks(chunks, questions) -> list[list]:
     index = ChunkIndex()
     index.refresh(spans, lambda span: chunk_of[span].text)
     ranked, earlier = [], ""
-    for question in questions:
-        best = rank_chunks(spans, {}, index.scores(question.question, earlier), Ranking.LEXICAL)[:FIRST]
+    for number, question in enumerate(questions):
+        scores = index.scores(question.question, earlier)
+        if weight and written:
+            for span, score in index.scores(written[number]).items():
+                scores[span] = scores.get(span, 0.0) + weight * score
+        best = rank_chunks(spans, {}, scores, Ranking.LEXICAL)[:FIRST]
         ranked.append([chunk_of[span] for span, _ in best])
         earlier = question.question
     return ranked
 
 
-def measure(documents, tokenizer) -> dict:
-    """Per document: questions, first chunk right, one of the first four right; and the chunks it was cut into."""
+def measure(documents, tokenizer, written: dict | None = None, weight: float = 0.0) -> dict:
+    """Per document: questions, first chunk right, one of the first four right; and the chunks it was cut into.
+    ``written``: passages by "document/number" (benchmarks.written_passages), added to the query at ``weight``."""
     from ingest import ingest
 
     table = {}
@@ -53,7 +61,8 @@ def measure(documents, tokenizer) -> dict:
         for document in documents:
             corpus = ingest(devset.document_path(document, Path(scratch)), tokenizer=tokenizer,
                             chunk_tokens=CHUNK_TOKENS)
-            ranked = ranked_chunks(corpus.chunks, document.questions)
+            passages = [(written or {}).get(f"{document.name}/{n}", "") for n in range(len(document.questions))]
+            ranked = ranked_chunks(corpus.chunks, document.questions, passages, weight)
             firsts = [bool(r) and q.holds(r[0].where) for q, r in zip(document.questions, ranked)]
             any_of = sum(any(q.holds(c.where) for c in r) for q, r in zip(document.questions, ranked))
             counts = {"questions": len(document.questions), "first": sum(firsts), "first_four": any_of,
@@ -70,6 +79,9 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="qwen2.5-coder-1.5b", help="a bundled model's short name: its tokenizer")
     p.add_argument("--split", choices=(*devset.SPLITS, "all"), default="all")
     p.add_argument("--out", type=Path, default=None, help="write the table here as JSON")
+    p.add_argument("--written", type=Path, default=None,
+                   help="passages the model wrote for each question (python -m benchmarks.written_passages)")
+    p.add_argument("--weight", type=float, default=0.25, help="their BM25 scores' weight beside the question's")
     args = p.parse_args(argv)
     from transformers import AutoTokenizer
 
@@ -78,7 +90,8 @@ def main(argv=None) -> None:
 
     names = sum(devset.SPLITS.values(), ()) if args.split == "all" else devset.SPLITS[args.split]
     tokenizer = AutoTokenizer.from_pretrained(choose_model(AppConfig(model=args.model)).name_or_path)
-    table = measure(devset.load(names), tokenizer)
+    written = json.loads(args.written.read_text(encoding="utf-8")) if args.written else None
+    table = measure(devset.load(names), tokenizer, written, args.weight)
     print(json.dumps(table["all"]))
     if args.out:
         args.out.write_text(json.dumps(table, indent=1))

@@ -126,8 +126,9 @@ class CorpusBuilder:
                     line_end = line_start + body.rstrip("\n").count("\n")
                 tokens = self.counter(text)
                 words_at = b - len(body.lstrip())  # a heading that starts the chunk is the chunk's own
+                listing = section.page is not None and is_listing(body)  # contents and index pages, PDFs' only
                 where = Provenance(doc.path, section.page, section.page_label, line_start, line_end,
-                                   headings.heading_at(words_at), listing=section.page is not None and is_listing(body))
+                                   headings.heading_at(words_at), listing=listing)
                 chunk = Chunk(text=text, where=where, char_start=self._chars,
                               char_end=self._chars + len(text), tokens=tokens, index=len(self.chunks), language=doc.language,
                               header_chars=len(header))

@@ -152,3 +152,21 @@ def test_first_chunks_ranks_by_the_apps_keyword_ranking_and_scores_each_question
     assert ranked[0][0] is wanted and len(ranked[0]) == first_chunks.FIRST
     assert "widget3 " in ranked[1][0].text
     assert asked[0].holds(ranked[0][0].where) and not asked[1].holds(ranked[1][0].where)
+
+
+def test_a_written_passage_adds_its_words_to_the_question_at_its_weight(tmp_path):
+    from benchmarks import first_chunks
+    from benchmarks.written_passages import user_turn
+    from ingest_fixtures import WordTokenizer
+
+    (tmp_path / "notes.md").write_text("\n\n".join(f"The widget{i} option sets the colour to shade {i}."
+                                                   for i in range(40)))
+    corpus = ingest(tmp_path / "notes.md", tokenizer=WordTokenizer(), chunk_tokens=30)
+    asked = [devset.Question("notes.md", "Which colour does the gadget take?", ("9",), file="notes.md")]
+    written = ["The widget9 option sets it."]
+    assert "widget9 " not in first_chunks.ranked_chunks(corpus.chunks, asked)[0][0].text  # all chunks alike
+    assert "widget9 " in first_chunks.ranked_chunks(corpus.chunks, asked, written, 0.25)[0][0].text
+    assert first_chunks.ranked_chunks(corpus.chunks, asked, written, 0.0) == first_chunks.ranked_chunks(corpus.chunks,
+                                                                                                         asked)
+    assert user_turn("And of SHA384?", "What is SHA256's digest size?") == (
+        "(Asked just before: What is SHA256's digest size?)\nAnd of SHA384?")
