@@ -29,6 +29,22 @@ Record
 FRONT_MATTER = """Preface . . . . . . . . . . . . ix
 Introduction . . . . . . . . . . xiv
 Overview . . . . . . . . . . . . . xxi"""
+TEXINFO_CONTENTS = """i
+Table of Contents
+1
+Introduction. . . . . . . . . . . . . . . . . . . . 1
+7.1.1
+Recommended hash functions. . . . . . . . . . . . . 8
+7.1.1.1
+SHA256. . . . . . . . . . . . . . . . . . . . . . . 8
+7.1.1.4
+SHA384 and other variants of SHA512 . . . . . . . 10
+7.1.1.5"""
+CSV_ROWS = """Colour, red, green, blue
+red, 255, 0, 0
+teal, 0, 128, 128
+olive, 128, 128, 0
+navy, 0, 0, 128"""
 LATEX_INDEX = """Index
 abbreviate, 3
 abs, 380, 412
@@ -44,11 +60,11 @@ SIGKILL   9"""
 
 
 def test_contents_and_index_lines_are_a_listing_in_each_layout():
-    assert [is_listing(text) for text in (CONTENTS, INDEX, WRAPPED, FRONT_MATTER, LATEX_INDEX)] == [True] * 5
+    assert [is_listing(text) for text in (CONTENTS, INDEX, WRAPPED, FRONT_MATTER, LATEX_INDEX, TEXINFO_CONTENTS)] == [True] * 6
 
 
 def test_prose_with_ellipses_and_tables_of_numbers_are_not():
-    assert [is_listing(text) for text in (PROSE, TABLE, "")] == [False] * 3
+    assert [is_listing(text) for text in (PROSE, TABLE, CSV_ROWS, "")] == [False] * 4
 
 
 def test_a_page_with_a_few_leader_lines_among_its_prose_is_not():
