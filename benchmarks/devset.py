@@ -13,7 +13,9 @@ questions follow-ups ("And of SHA384?") that need the question before them, as u
 the settings it checks were chosen. ``BLIND`` was written the same way once the fresh split's failures had been
 read, with the 397-page Valgrind manual the size of a long manual a user drops in whole. ``REFERENCE``, gnuplot's
 311-page manual, a command reference whose sections read alike, was written the same way after chunks were given
-their outline headings, to measure them where they should matter most. R's manuals (Debian's r-doc-pdf) are kept
+their outline headings, to measure them where they should matter most. ``MANUALS``, the GNU Octave manual (1,158
+pages, a numerical language's guide and function reference) and the Bash Reference Manual, the nearest in kind to
+R's manuals that Debian ships, was written the same way before any run. R's manuals (Debian's r-doc-pdf) are kept
 out: the app is judged on them from outside.
 """
 
@@ -32,10 +34,12 @@ HOLDOUT = ("bzip2", "fontconfig")
 FRESH = ("crc", "nettle", "cookiejar")
 BLIND = ("valgrind", "xace", "tarfile")
 REFERENCE = ("gnuplot",)
-SPLITS = {"tune": TUNE, "confirm": CONFIRM, "holdout": HOLDOUT, "fresh": FRESH, "blind": BLIND, "reference": REFERENCE}
+MANUALS = ("octave", "bashref")
+SPLITS = {"tune": TUNE, "confirm": CONFIRM, "holdout": HOLDOUT, "fresh": FRESH, "blind": BLIND, "reference": REFERENCE,
+          "manuals": MANUALS}
 # Debian packages that ship the documents (scripts/test.sh installs them).
 DEBIAN_PACKAGES = ("shared-mime-info", "libtasn1-doc", "xorg-docs", "libidn2-doc", "bzip2-doc", "fontconfig",
-                   "zlib1g-dev", "nettle-dev", "valgrind", "gnuplot-doc")
+                   "zlib1g-dev", "nettle-dev", "valgrind", "gnuplot-doc", "octave-doc", "bash-doc")
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ class Document:
     questions: tuple[Question, ...]
 
 
-def load(names: tuple[str, ...] = TUNE + CONFIRM + HOLDOUT + FRESH + BLIND + REFERENCE) -> list[Document]:
+def load(names: tuple[str, ...] = TUNE + CONFIRM + HOLDOUT + FRESH + BLIND + REFERENCE + MANUALS) -> list[Document]:
     documents = []
     for name in names:
         data = json.loads((HERE / f"{name}.json").read_text(encoding="utf-8"))

@@ -25,6 +25,9 @@ PROSE_SEPARATORS = ["\n\n", "\n", ". ", " ", ""]
 # lead-in ("Each match element has a number of attributes:"): it starts the next chunk instead. Such a line moves a
 # chunk boundary in 65 of the Valgrind manual's 488 within a page, 24 of the Nettle manual's 167.
 HEADING_CHARS = 100
+# ... or a short block of such lines: a definition's signatures ("realmin\nrealmin (n)\nrealmin (n, m)", texinfo's
+# "[Function]" and its prototype), a heading broken over two lines. At most this many.
+HEADING_LINES = 6
 # In code, a chunk's last lines that are comments or decorators, with no blank line after them, belong to the
 # definition the next chunk starts with: at most this many lines. The splitter left them behind at 15 of 336 chunk
 # boundaries of 34 modules (argparse, http.cookiejar, tarfile, h11's, twenty of asyncio's): h11's
@@ -82,12 +85,16 @@ def heads_start_chunks(text: str, spans: list[tuple[int, int]], prose: bool) -> 
 
 
 def heading_start(body: str, after: str) -> int | None:
-    """Where ``body``'s last paragraph starts (its blank line) when it is a heading: one line of at most
-    HEADING_CHARS that does not end a sentence. (What comes ``after`` it does not matter.)"""
+    """Where ``body``'s last paragraph starts (its blank line) when it heads what follows: at most HEADING_LINES
+    lines of at most HEADING_CHARS, none ending a sentence. (What comes ``after`` it does not matter.)"""
     body = body.rstrip()
     cut = body.rfind("\n\n")
     heading = body[cut + 2:].strip()
-    if cut < 0 or not heading or "\n" in heading or len(heading) > HEADING_CHARS or heading.endswith((".", "!", "?")):
+    if cut < 0 or not heading:
+        return None
+    lines = heading.split("\n")
+    if len(lines) > HEADING_LINES or any(len(line) > HEADING_CHARS or line.rstrip().endswith((".", "!", "?"))
+                                         for line in lines):
         return None
     return cut
 
