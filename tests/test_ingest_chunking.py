@@ -47,7 +47,7 @@ def _moved(text: str, cut: int, prose: bool = True) -> int:
     return heads_start_chunks(text, [(0, cut), (cut, len(text))], prose=prose)[0][1]
 
 
-def test_only_one_short_line_that_does_not_end_a_sentence_moves():
+def test_only_short_lines_that_end_no_sentence_move():
     text = ("First paragraph of the section, long enough.\n\nThe digest size is 28 octets.\n\n"
             "Second paragraph, on two\nlines.\n\nEach element has these attributes:\n\nname, value.\n")
     assert _moved(text, text.index("\n\nname")) == text.index("\n\nEach")  # a lead-in goes with its list
@@ -55,6 +55,20 @@ def test_only_one_short_line_that_does_not_end_a_sentence_moves():
         assert _moved(text, text.index(kept)) == text.index(kept)
     heading_only = "Table of Contents\n\n1. Introduction\n"
     assert _moved(heading_only, heading_only.index("\n\n1.")) == heading_only.index("\n\n1.")
+
+
+def test_a_definitions_signatures_start_the_chunk_of_what_they_define():
+    """Octave's manual: "realmin\nrealmin (n)\n..." then a blank line, then "Return a scalar ... smallest": the
+    splitter cut after the signatures, so the description's chunk did not name its function."""
+    signatures = "\n".join(["realmin", "realmin (n)", "realmin (n, m)", "realmin (. . ., class)"])
+    text = f"See also: [realmax], page 583.\n\n{signatures}\n\nReturn the smallest normalized number.\n"
+    assert _moved(text, text.index("\n\nReturn")) == text.index("\n\nrealmin")
+    seven = "\n".join(f"f (x{i})" for i in range(7))  # more than HEADING_LINES: a block of its own (a table, code)
+    table = f"Intro.\n\n{seven}\n\nDescription.\n"
+    assert _moved(table, table.index("\n\nDescription")) == table.index("\n\nDescription")
+    for block in ("realmin\nIt returns the smallest.", "realmin\n" + "x" * 101):  # a sentence, a long line
+        prose = f"Intro.\n\n{block}\n\nDescription.\n"
+        assert _moved(prose, prose.index("\n\nDescription")) == prose.index("\n\nDescription")
 
 
 def test_comments_and_decorators_go_with_the_definition_they_run_into():
