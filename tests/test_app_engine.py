@@ -752,6 +752,10 @@ def test_a_snippet_leaves_out_the_page_markers_the_model_reads(runtime):
         assert "--- page" in runtime.tokenizer.decode(engine.token_ids[span.start:span.end])
         snippet = engine.text.snippet(span.start + 2, span)
         assert "--- page" not in snippet and FILLER.split()[0] in snippet
+        marker = runtime.tokenizer.decode(engine.token_ids[span.start:span.start + 20]).split("---")[1]
+        for position in range(span.start, span.start + 40):  # windows that begin or end inside the marker too
+            snippet = engine.text.snippet(position, span)
+            assert "---" not in snippet and marker.strip() not in snippet, (position, snippet)
 
 
 def test_the_documents_counted_are_those_with_tokens_in_the_context_while_they_are_read(runtime):

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from ingest.documents import without_page_markers
+from ingest.documents import PAGE_MARKER, without_page_markers
 
 from .citations import CitationReport
 from .lexical import token_matches
@@ -23,6 +23,7 @@ HEADER_TOKENS = 128  # tokens from a span's start within which its file's header
 CARRY_CHARS = 120  # at most this much text before a header: what the chat format carried (a "### " further on is
 # the document's own Markdown)
 SNIPPET_BEFORE, SNIPPET_AFTER = 16, 24  # tokens of context shown around a cited passage's most relevant token
+MARKER_TOKENS = 16  # more than a page marker's ("--- page 1234 (1218) ---"): read around a snippet to see one it cuts
 
 
 def words_after_header(text: str) -> str:
@@ -46,13 +47,24 @@ class ContextText:
 
     def snippet(self, position: int, span: Span) -> str:
         """The passage's text around ``position``, as the model read it (decoded from the tokens), from its
-        document's own words on (words_start)."""
+        document's own words on (words_start), less the page markers the model reads: the citation's label names
+        the page. A marker the window cuts is left out whole: "…239) --- 239 12 Errors" was shown."""
         first = self.words_start(span)
         lo = max(first, position - SNIPPET_BEFORE)
         hi = min(span.end, max(position, first) + SNIPPET_AFTER)
-        text = self.tokenizer.decode(self.token_ids[lo:hi], skip_special_tokens=True)
-        text = " ".join(without_page_markers(text).split())  # the citation's label names the page
-        return ("…" if lo > first else "") + text + ("…" if hi < span.end else "")
+        wide_lo, wide_hi = max(first, lo - MARKER_TOKENS), min(span.end, hi + MARKER_TOKENS)
+        text = self._decode(wide_lo, wide_hi)
+        start, end = len(self._decode(wide_lo, lo)), len(text) - len(self._decode(hi, wide_hi))
+        for marker in PAGE_MARKER.finditer(text):
+            if marker.start() < start < marker.end():
+                start = marker.end()
+            if marker.start() < end < marker.end():
+                end = marker.start()
+        shown = " ".join(without_page_markers(text[start:max(start, end)]).split())
+        return ("…" if lo > first else "") + shown + ("…" if hi < span.end else "")
+
+    def _decode(self, start: int, end: int) -> str:
+        return self.tokenizer.decode(self.token_ids[start:end], skip_special_tokens=True)
 
     def words_start(self, span: Span) -> int:
         """The first token of ``span`` after its file's header and what the chat format carried before it
