@@ -43,7 +43,7 @@ class ContextText:
     spans: SpanIndex
 
     def span_text(self, span: Span) -> str:
-        return self.tokenizer.decode(self.token_ids[span.start:span.end], skip_special_tokens=True)
+        return self._decode(span.start, span.end)
 
     def snippet(self, position: int, span: Span) -> str:
         """The passage's text around ``position``, as the model read it (decoded from the tokens), from its
