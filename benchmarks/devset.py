@@ -76,9 +76,10 @@ class Document:
     questions: tuple[Question, ...]
 
 
-def load(names: tuple[str, ...] = TUNE + CONFIRM + HOLDOUT + FRESH + BLIND + REFERENCE + MANUALS) -> list[Document]:
+def load(names: tuple[str, ...] | None = None) -> list[Document]:
+    """The documents ``names`` (every split's, in SPLITS' order, by default) with their questions."""
     documents = []
-    for name in names:
+    for name in names if names is not None else sum(SPLITS.values(), ()):
         data = json.loads((HERE / f"{name}.json").read_text(encoding="utf-8"))
         questions = tuple(Question(data["document"], q["question"], tuple(q["answers"]), tuple(q.get("pages", ())),
                                    q.get("file", ""), tuple(q.get("lines", ())), bool(q.get("paraphrased")),

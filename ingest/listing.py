@@ -3,8 +3,9 @@
 Why: such a page names every section of a long manual in a few hundred tokens, so a question's words often score
 higher there than on the page that answers it. On the development set 24 of the 944 chunks BM25 ranked in its first
 four were contents or index lines, and 3 first chunks (the Valgrind manual's contents before its quick start,
-Nettle's index before its page on RC4), never holding the answer (docs/answers.md). A passage marked as a listing is still read and still cited when nothing else
-matches; citations rank it after the passages it points to (``citations.rank_chunks``).
+Nettle's index before its page on RC4), never holding the answer (docs/answers.md). A passage marked as a listing
+is still read and still cited when nothing else matches; citations rank it after the passages it points to
+(``citations.rank_chunks``).
 """
 
 from __future__ import annotations
