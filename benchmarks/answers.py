@@ -243,9 +243,10 @@ def answer_while_feeding(runtime, document, path: Path, args):
 
 def _app_row(method: str, document, index: int, question, result, prefill_tps: float) -> Row:
     sources = [c.where for c in result.citations.citations]
+    shown = [{**c.where.as_dict(), "snippet": c.snippet} for c in result.citations.citations]  # as a user sees it
     return Row(method, document.name, devset.split(document.name), index, question.question, result.text,
                question.is_right(result.text), bool(sources) and question.holds(sources[0]),
-               question.paraphrased, result.ttft_s, prefill_tps, result.decode_tps, [w.as_dict() for w in sources],
+               question.paraphrased, result.ttft_s, prefill_tps, result.decode_tps, shown,
                [w.as_dict() for w in result.citations.attention_ranking],
                [w.as_dict() for w in result.citations.lexical_ranking],
                list(result.citations.attention_scores), list(result.citations.lexical_scores),

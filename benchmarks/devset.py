@@ -15,7 +15,9 @@ read, with the 397-page Valgrind manual the size of a long manual a user drops i
 311-page manual, a command reference whose sections read alike, was written the same way after chunks were given
 their outline headings, to measure them where they should matter most. ``MANUALS``, the GNU Octave manual (1,158
 pages, a numerical language's guide and function reference) and the Bash Reference Manual, the nearest in kind to
-R's manuals that Debian ships, was written the same way before any run. R's manuals (Debian's r-doc-pdf) are kept
+R's manuals that Debian ships, was written the same way before any run; the Asymptote manual (196 pages, a
+graphics language's texinfo manual) was added to it the same way, written after that run's failures were read.
+R's manuals (Debian's r-doc-pdf) are kept
 out: the app is judged on them from outside.
 """
 
@@ -34,12 +36,12 @@ HOLDOUT = ("bzip2", "fontconfig")
 FRESH = ("crc", "nettle", "cookiejar")
 BLIND = ("valgrind", "xace", "tarfile")
 REFERENCE = ("gnuplot",)
-MANUALS = ("octave", "bashref")
+MANUALS = ("octave", "bashref", "asymptote")
 SPLITS = {"tune": TUNE, "confirm": CONFIRM, "holdout": HOLDOUT, "fresh": FRESH, "blind": BLIND, "reference": REFERENCE,
           "manuals": MANUALS}
 # Debian packages that ship the documents (scripts/test.sh installs them).
 DEBIAN_PACKAGES = ("shared-mime-info", "libtasn1-doc", "xorg-docs", "libidn2-doc", "bzip2-doc", "fontconfig",
-                   "zlib1g-dev", "nettle-dev", "valgrind", "gnuplot-doc", "octave-doc", "bash-doc")
+                   "zlib1g-dev", "nettle-dev", "valgrind", "gnuplot-doc", "octave-doc", "bash-doc", "asymptote-doc")
 
 
 @dataclass(frozen=True)

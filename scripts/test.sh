@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 # shared-mime-info ships the real PDF the real-model test reads; the other
 # documentation packages ship the development set's documents (benchmarks/devset.py), whose answers a test checks.
 DOCS="shared-mime-info libtasn1-doc xorg-docs libidn2-doc bzip2-doc fontconfig zlib1g-dev nettle-dev valgrind"
-DOCS="$DOCS gnuplot-doc octave-doc bash-doc"
+DOCS="$DOCS gnuplot-doc octave-doc bash-doc asymptote-doc"
 if ! command -v chromium >/dev/null 2>&1 || [ ! -x /usr/sbin/nginx ] \
    || [ ! -f /usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf ] \
    || [ ! -f /usr/share/doc/xorg-docs/icccm/icccm.pdf.gz ] || [ ! -f /usr/share/doc/libidn2-doc/libidn2.pdf ] \
