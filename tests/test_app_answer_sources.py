@@ -1,7 +1,10 @@
-"""Which source comes first once the answer is drawn (citations.lead_with_answer_source), and how a follow-up's words
-reach the ranking (lexical.ChunkIndex with the question asked before), and what a heading adds, without a model."""
+"""Which source comes first once the answer is drawn (citations.lead_with_answer_source) and what its snippet shows
+(ContextText.answered_at), how a follow-up's words reach the ranking (lexical.ChunkIndex with the question asked
+before), and what a heading adds, without a model."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from app.engine.citations import Citation, CitationReport, lead_with_answer_source
 from app.engine.lexical import EARLIER_WEIGHT, ChunkIndex
@@ -114,3 +117,41 @@ def test_a_quote_is_labelled_with_its_page_not_its_heading():
     turn = ContextText(CharTokenizer(), [ord(c) for c in text], spans).quoted_turn("What is dropped?", quoted)
     assert turn == quoted_question([("ref.pdf p. 7 (5)", without_page_markers(text))], "What is dropped?")
     assert "Arithmetic" not in turn and "--- page" not in turn
+
+
+# Two functions described on one page, as Octave's manual does: the question's words ("value", "approximately")
+# come first in the one before the answer's.
+TWO_FUNCTIONS = ("--- page 7 (5) ---\nrealmax: the largest value, approximately 1.7977e+308 in double precision. "
+                 + "Its use is as follows in the functions below. " * 3
+                 + "realmin: the smallest value, 2.2251e-308 in double precision.\n")
+QUESTION = "Approximately what value does realmin give?"
+
+
+def _two_functions(quoted: tuple[tuple[int, int], ...] | None = None) -> tuple[ContextText, CitationReport]:
+    where = Provenance("octave.pdf", 7, "5")
+    spans = SpanIndex()
+    spans.append(Span(0, len(TWO_FUNCTIONS), SpanKind.DOCUMENT, where))
+    parts = quoted or ((0, len(TWO_FUNCTIONS)),)
+    report = CitationReport((Citation(where, 0.6, "question's snippet"), Citation(P[2], 0.4, "other")), 0.0, True,
+                            quote_spans=parts, quote_sources=(where,) * len(parts))
+    return ContextText(CharTokenizer(), [ord(c) for c in TWO_FUNCTIONS], spans), report
+
+
+def test_the_first_sources_snippet_is_where_the_answers_own_words_are_in_its_quote():
+    text, report = _two_functions()
+    at = text.answered_at(report, QUESTION, "According to the document, realmin is about 2.2251e-308.")
+    shown = text.snippet(at, text.spans.at(at))
+    assert "2.2251e-308" in shown and "largest" not in shown
+    first_question_word = TWO_FUNCTIONS.index("value")  # where a snippet by the question's words alone would be
+    assert "largest" in text.snippet(first_question_word, text.spans.at(0))
+
+
+def test_no_snippet_is_chosen_without_the_answers_own_words_in_the_first_sources_quote():
+    text, report = _two_functions()
+    assert text.answered_at(report, QUESTION, "According to the document, realmin gives a value.") is None
+    assert text.answered_at(report, QUESTION, "It is 6.02e23.") is None
+    elsewhere = replace(report, quote_sources=(P[3],))  # quoted from another page than the one cited first
+    assert text.answered_at(elsewhere, QUESTION, "about 2.2251e-308") is None
+    start = TWO_FUNCTIONS.index("realmin:")  # only the part quoted counts: its own words are not in the first half
+    half, _ = _two_functions(quoted=((0, start),))
+    assert half.answered_at(replace(report, quote_spans=((0, start),)), QUESTION, "about 2.2251") is None

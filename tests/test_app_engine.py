@@ -758,6 +758,20 @@ def test_a_snippet_leaves_out_the_page_markers_the_model_reads(runtime):
             assert "---" not in snippet and marker.strip() not in snippet, (position, snippet)
 
 
+def test_a_snippet_at_a_pages_end_shows_its_last_word_which_was_fed_with_the_next_page(runtime):
+    """A piece's last word is fed with the next piece (chat_format.py), so a snippet cut at its span's end showed
+    "…The pass key is" without the key; the next page's marker and words are still left out."""
+    engine = new_engine(runtime)
+    pages = pdf_like(pages=3, secret_page=2)
+    run(engine.feed_documents(pages))
+    documents = [span for span in engine.spans if span.where is not None]
+    for span, page in zip(documents[:-1], pages):
+        assert page.text.split()[-1] not in runtime.tokenizer.decode(engine.token_ids[span.end - 2:span.end])
+        for position in range(span.end - 8, span.end):
+            snippet = engine.text.snippet(position, span)
+            assert snippet.split()[-1] == page.text.split()[-1] and "---" not in snippet, (position, snippet)
+
+
 def test_the_documents_counted_are_those_with_tokens_in_the_context_while_they_are_read(runtime):
     """The context line said "5,049 from 0 documents" while the files were read (issue "What a user sees")."""
     engine = new_engine(runtime)
@@ -848,11 +862,14 @@ def test_the_quoted_page_the_answer_is_read_from_is_cited_first(runtime):
     assert {3, 7} <= quoted_pages
     # The answer drawn is cited by the quote its words match best; the engine did that for the answer it drew.
     support = engine.chunk_index.scores(result.text)
-    assert result.citations == lead_with_answer_source(asked, [support.get(engine.spans.at(lo), 0.0)
-                                                               for lo, _ in asked.quote_spans])
-    for said, page in (("It was changed to zanzibar.", 7), ("The pass key is 71432.", 3)):
-        assert engine._answer_sources(asked, said).citations[0].where.page == page
-    assert {c.where for c in engine._answer_sources(asked, "zanzibar").citations} == {c.where for c in asked.citations}
+    led = lead_with_answer_source(asked, [support.get(engine.spans.at(lo), 0.0) for lo, _ in asked.quote_spans])
+    assert [(c.where, c.share) for c in result.citations.citations] == [(c.where, c.share) for c in led.citations]
+    assert result.citations.citations[1:] == led.citations[1:]  # only the first one's snippet may change
+    for said, page, shown in (("It was changed to zanzibar.", 7, "zanzibar"), ("The pass key is 71432.", 3, "71432")):
+        first = engine._answer_sources(asked, "What is the pass key?", said).citations[0]
+        assert first.where.page == page and shown in first.snippet
+    assert ({c.where for c in engine._answer_sources(asked, "What is the pass key?", "zanzibar").citations}
+            == {c.where for c in asked.citations})
 
 
 # Recall off: the question's ranking is its words alone, as it is for a question answered while a document is fed.

@@ -42,11 +42,19 @@ from .spans import Span, SpanIndex, SpanKind
 MEASURED_PREFILL = 128
 
 
-def answer_sources(citations: CitationReport, answer: str, index: ChunkIndex, spans: SpanIndex) -> CitationReport:
-    """``citations`` with the page of the quoted chunk whose words the answer shares most first: ``index`` scores
-    the chunks for the answer, ``spans`` say which chunk each quote is in (citations.lead_with_answer_source)."""
+def answer_sources(citations: CitationReport, question: str, answer: str, index: ChunkIndex,
+                   text: ContextText) -> CitationReport:
+    """``citations`` with the page of the quoted chunk whose words the answer shares most first (``index`` scores
+    the chunks for the answer; citations.lead_with_answer_source), its snippet where the answer's own words are in
+    what was quoted of it (``ContextText.answered_at``): the sentence a user checks the answer against, not the
+    question's words elsewhere on the page."""
     scores = index.scores(answer)
-    return lead_with_answer_source(citations, [scores.get(spans.at(lo), 0.0) for lo, _ in citations.quote_spans])
+    led = lead_with_answer_source(citations, [scores.get(text.spans.at(lo), 0.0) for lo, _ in citations.quote_spans])
+    at = text.answered_at(led, question, answer)
+    if at is None:
+        return led
+    first = replace(led.citations[0], snippet=text.snippet(at, text.spans.at(at)))
+    return replace(led, citations=(first, *led.citations[1:]))
 
 
 @dataclass
@@ -311,7 +319,7 @@ class ContextEngine:
         self._keep_undo_points()
         return AnswerResult(
             text=text, tokens=len(answer), finish=decoded.finish,
-            citations=self._answer_sources(turn.citations, text) if reader else turn.citations,
+            citations=self._answer_sources(turn.citations, question, text) if reader else turn.citations,
             ttft_s=decoded.ttft_s, prefill_tps=prefill_tps, decode_tps=decoded.decode_tps,
             question_tokens=turn.question_tokens, answer_ids=tuple(answer), quoted=reader is not None,
         )
@@ -380,10 +388,11 @@ class ContextEngine:
         self.spans.append(Span(start, self.length, SpanKind.ANSWER))
         self.state, self.carry = TurnState.CLOSED, carry
 
-    def _answer_sources(self, citations: CitationReport, answer: str) -> CitationReport:
+    def _answer_sources(self, citations: CitationReport, question: str, answer: str) -> CitationReport:
         """The sources with the page of the quoted chunk the answer's words come from first (citations.py)."""
-        self.chunk_index.refresh(self.spans, self.text.span_text)  # documents fed since the question was read
-        return answer_sources(citations, answer, self.chunk_index, self.spans)
+        text = self.text
+        self.chunk_index.refresh(self.spans, text.span_text)  # documents fed since the question was read
+        return answer_sources(citations, question, answer, self.chunk_index, text)
 
     def _is_content(self, position: int) -> bool:
         return self.token_ids[position] in self.runtime.content_ids
@@ -473,7 +482,7 @@ class ContextEngine:
         answer = self._shown(decoded)
         text = self.format.decode_answer(answer)
         self.stats.decode_tps = decoded.decode_tps
-        citations = answer_sources(report, text, index, view.spans)
+        citations = answer_sources(report, question, text, index, view)
         yield AnswerResult(text=text, tokens=len(answer), finish=decoded.finish, citations=citations,
                            ttft_s=decoded.ttft_s, prefill_tps=0.0, decode_tps=decoded.decode_tps,
                            question_tokens=question_tokens, answer_ids=tuple(answer), quoted=True,

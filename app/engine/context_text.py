@@ -8,15 +8,16 @@ be once a feed under way ends (``ContextEngine.planned_text``: a question answer
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
 from ingest.documents import PAGE_MARKER, without_page_markers
 
-from .citations import CitationReport
-from .lexical import token_matches
-from .quoting import quoted_question
-from .spans import Span, SpanIndex
+from .citations import CARRIED_TOKENS, CitationReport
+from .lexical import matched_terms, terms, token_matches
+from .quoting import densest_window, quoted_question
+from .spans import Span, SpanIndex, SpanKind
 
 FILE_HEADER = re.compile(r"(?:\A|\n)### [^\n]*\n")  # ingest's "### name" before a file's first chunk
 HEADER_TOKENS = 128  # tokens from a span's start within which its file's header ends
@@ -24,6 +25,10 @@ CARRY_CHARS = 120  # at most this much text before a header: what the chat forma
 # the document's own Markdown)
 SNIPPET_BEFORE, SNIPPET_AFTER = 16, 24  # tokens of context shown around a cited passage's most relevant token
 MARKER_TOKENS = 16  # more than a page marker's ("--- page 1234 (1218) ---"): read around a snippet to see one it cuts
+# Words an answer says about its quotes, not about what they say ("According to the information provided in the
+# document, ..."): they never tell where in a quote it was answered.
+ABOUT_THE_QUOTES = frozenset(terms("according documents document information provided context text mentioned "
+                                   "stated states says excerpt excerpts part parts using answer question"))
 
 
 def words_after_header(text: str) -> str:
@@ -49,10 +54,11 @@ class ContextText:
         """The passage's text around ``position``, as the model read it (decoded from the tokens), from its
         document's own words on (words_start), less the page markers the model reads: the citation's label names
         the page. A marker the window cuts is left out whole: "…239) --- 239 12 Errors" was shown."""
-        first = self.words_start(span)
+        first, last = self.words_start(span), self._carried_end(span)
         lo = max(first, position - SNIPPET_BEFORE)
         hi = min(span.end, max(position, first) + SNIPPET_AFTER)
-        wide_lo, wide_hi = max(first, lo - MARKER_TOKENS), min(span.end, hi + MARKER_TOKENS)
+        hi = last if hi == span.end else hi
+        wide_lo, wide_hi = max(first, lo - MARKER_TOKENS), min(last, hi + MARKER_TOKENS)
         text = self._decode(wide_lo, wide_hi)
         start, end = len(self._decode(wide_lo, lo)), len(text) - len(self._decode(hi, wide_hi))
         for marker in PAGE_MARKER.finditer(text):
@@ -62,6 +68,23 @@ class ContextText:
                 end = marker.start()
         shown = " ".join(without_page_markers(text[start:max(start, end)]).split())
         return ("…" if lo > first else "") + shown + ("…" if hi < span.end else "")
+
+    def _carried_end(self, span: Span) -> int:
+        """Where ``span``'s last word ends: it was fed with the next document span (citations.CARRIED_TOKENS), so
+        a snippet that reaches the span's end would stop a word short ("…was later changed to"). The span's end
+        when nothing follows or the word does not end within CARRIED_TOKENS."""
+        following = self.spans.at(span.end)
+        if following is None or following.kind != SpanKind.DOCUMENT:
+            return span.end
+        text = ""
+        for position in range(span.end, min(following.end, span.end + CARRIED_TOKENS)):
+            piece = self._decode(position, position + 1)
+            if text.strip() and piece[:1].isspace():
+                return position
+            text += piece
+            if text.strip() and text[-1].isspace():
+                return position + 1
+        return span.end
 
     def _decode(self, start: int, end: int) -> str:
         return self.tokenizer.decode(self.token_ids[start:end], skip_special_tokens=True)
@@ -82,6 +105,28 @@ class ContextText:
         """Positions in ``[start, end)`` whose word is one of the question's (lexical.token_matches)."""
         pieces = [self.tokenizer.decode([t]) for t in self.token_ids[start:end]]
         return {start + i: 1.0 for i, hit in enumerate(token_matches(pieces, question)) if hit}
+
+    def answered_at(self, citations: CitationReport, question: str, answer: str) -> int | None:
+        """Where, in what the reader was quoted of the first source's page, the answer's own words are densest: the
+        words of two letters or more it uses that the question did not, each term weighing one in all however
+        often it is there, so a rare one leads (realmin's "1.1755e-38", not the "approximately" that realmax's
+        sentence before it shares with the question). None where the quotes hold none of those words."""
+        own = {t for t in terms(answer) if len(t) > 1} - set(terms(question)) - ABOUT_THE_QUOTES  # "e" of "1e-5"
+        if not citations.citations or not own:
+            return None
+        page = citations.citations[0].where.page_only()
+        best, at = 0.0, None
+        for (lo, hi), where in zip(citations.quote_spans, citations.quote_sources):
+            if where.page_only() != page:
+                continue
+            found = matched_terms([self.tokenizer.decode([t]) for t in self.token_ids[lo:hi]], own)
+            tokens_of = Counter(found)
+            relevance = {lo + i: 1.0 / tokens_of[term] for i, term in enumerate(found) if term is not None}
+            start, end = densest_window(relevance, lo, hi, SNIPPET_BEFORE + SNIPPET_AFTER)
+            mass = sum(weight for position, weight in relevance.items() if start <= position < end)
+            if mass > best:  # a snippet is of the quoted chunk's span: its last word is shown with it (snippet)
+                best, at = mass, min(start + SNIPPET_BEFORE, self.spans.at(lo).end - 1)
+        return at
 
     def quoted_turn(self, question: str, citations: CitationReport) -> str:
         """The user turn the answer is drawn from: the best chunks' quoted parts, then the question. Without the

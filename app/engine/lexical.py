@@ -94,20 +94,26 @@ class ChunkIndex:
 def token_matches(pieces: Sequence[str], question: str) -> list[bool]:
     """For each token (its decoded text, in order), whether the word it belongs to is one of the question's terms:
     where in a passage the question's words are, to choose the part of it to quote."""
-    wanted = set(terms(question))
+    return [term is not None for term in matched_terms(pieces, set(terms(question)))]
+
+
+def matched_terms(pieces: Sequence[str], wanted: set[str]) -> list[str | None]:
+    """For each token (its decoded text, in order), the first of ``wanted``'s terms that the word it belongs to
+    has, or None."""
     text, starts = "", []
     for piece in pieces:
         starts.append(len(text))
         text += piece
-    hits = [False] * len(pieces)
+    found: list[str | None] = [None] * len(pieces)
     owner = 0
     for match in _WORD.finditer(text):
-        if not wanted.intersection(terms(match.group())):
+        term = next((t for t in terms(match.group()) if t in wanted), None)
+        if term is None:
             continue
         while owner + 1 < len(starts) and starts[owner + 1] <= match.start():
             owner += 1
         token = owner
         while token < len(pieces) and starts[token] < match.end():
-            hits[token] = True
+            found[token] = term
             token += 1
-    return hits
+    return found
