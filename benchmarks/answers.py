@@ -102,6 +102,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="auto")
     p.add_argument("--ranking", default=None, help="the app's source ranking: attention, lexical or hybrid")
     p.add_argument("--quotes", type=int, default=None, help="chunks the app quotes at most (default: the app's)")
+    p.add_argument("--recall-slot", default=None, help="the quote that is recall's best passage: a number, or off")
     p.add_argument("--wording", choices=sorted(WORDINGS), default=None,
                    help="app: another wording of the quoted user turn, to measure against the app's (quoting.py)")
     p.add_argument("--sources-only", action="store_true",
@@ -191,6 +192,10 @@ def answer_with_app(runtime, document, path: Path, args, method: str = "app"):
         engine.keep_recall(False, WITHOUT_RECALL)
     if args.ranking:
         engine.ranking = Ranking(args.ranking)
+    if args.recall_slot is not None:
+        import app.engine.citations as citations
+
+        citations.RECALL_SLOT = None if args.recall_slot == "off" else int(args.recall_slot)
     if args.quotes is not None:
         import app.engine.context as context
 

@@ -175,6 +175,12 @@ class Ranking(StrEnum):
 # with BM25 alone, 42 with recall alone, 44 fusing their ranks (1 / (10 + rank)) and 53 with this weight (52 at 0.1,
 # 52 at 0.5, 43 at 1; docs/answers.md): recall breaks BM25's near-ties, and a passage BM25 ranks low cannot win on recall alone.
 ATTENTION_WEIGHT = 0.25
+# The last of the quotes is recall's: the best chunk of the passage the question's recall ranks highest among those
+# the chunks before it are not of. BM25 cannot find a question asked in words the document does not use, and the
+# fusion above lets recall only break BM25's near-ties: on the Bash and Asymptote manuals, recall put the answer's
+# page first for questions BM25 scored nothing on ("log itself out when nobody has typed anything"), and it was not
+# quoted. None: the fused order alone (docs/answers.md measures both).
+RECALL_SLOT: int | None = 3
 # A piece's last word is fed with the next piece (chat_format.py holds it back until what follows is known), so a
 # passage's tokens end a word early: a quote may take this many tokens more, to end where the passage ends.
 CARRIED_TOKENS = 24  # a word in digits or a long identifier takes many (Qwen splits numbers digit by digit)
@@ -221,6 +227,8 @@ def cite(question: RecallTally, spans: SpanIndex, *, baseline: RecallTally | Non
     by_passage, peak = _recall_by_passage(scores, spans)
     allowed, lexical = _citable(spans, lexical or {}, may_cite or (lambda where: True))
     chunks = rank_chunks(allowed, by_passage, lexical, ranking)
+    if ranking == Ranking.HYBRID and RECALL_SLOT is not None:
+        chunks = with_recall_slot(chunks, by_passage, RECALL_SLOT)
     best_chunk = _best_chunks(chunks)
     if not best_chunk:
         return CitationReport((), document_share, recalled=recalled)
@@ -350,6 +358,24 @@ def rank_chunks(chunks: list[Span], attention: Mapping[Provenance, float], lexic
     answering it (ingest/listing.py)."""
     recalled = {chunk: attention.get(chunk.where.page_only(), 0.0) for chunk in chunks}
     return sorted(fuse(recalled, lexical, ranking), key=lambda item: item[0].where.listing)
+
+
+def with_recall_slot(ranked: list[tuple[Span, float]], attention: Mapping[Provenance, float], slot: int
+                     ) -> list[tuple[Span, float]]:
+    """``ranked`` with the best chunk of the passage ``attention`` (recall) ranks highest among those the first
+    ``slot`` chunks are not of moved up to ``slot`` (RECALL_SLOT); contents and index chunks are not moved. As
+    ranked when recall ranked nothing or that chunk is there already."""
+    before = {chunk.where.page_only() for chunk, _ in ranked[:slot]}
+    for passage, score in sorted(attention.items(), key=lambda item: -item[1]):
+        if score <= 0:
+            break
+        if passage in before:
+            continue
+        at = next((i for i, (chunk, _) in enumerate(ranked[slot:], slot)
+                   if chunk.where.page_only() == passage and not chunk.where.listing), None)
+        if at is not None:
+            return [*ranked[:slot], ranked[at], *ranked[slot:at], *ranked[at + 1:]]
+    return ranked
 
 
 def choose_quotes(ranked: list[tuple[Span, float]], spans: SpanIndex, attention: Mapping[int, float],
