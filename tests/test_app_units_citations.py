@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from app import cli
+from app.engine import citations
 from app.engine.citations import CARRIED_TOKENS, Citation, Ranking, RecallTally, cite
 from app.engine.spans import Span, SpanIndex
 from app.session.state import ChatItem
@@ -221,3 +222,45 @@ def test_contents_and_index_chunks_are_cited_and_quoted_after_every_chunk_that_a
     assert [where.page for where in report.quote_sources] == [9, 7, 2, 30]
     alone = cite(RecallTally(), spans, lexical={chunks[3]: 5.0}, quote_budget=400, ranking=Ranking.LEXICAL)
     assert [c.where.page for c in alone.citations] == [30]  # the only match is not dropped
+
+
+def _five_pages(listing_page: int | None = None):
+    spans = SpanIndex()
+    chunks = [Span(40 * i, 40 * i + 40, "document",
+                   where=Provenance("m.pdf", page=i + 1, listing=i + 1 == listing_page)) for i in range(6)]  # p. 6 is p. 5's second chunk in all but name: recall's page has two chunks
+    chunks[5] = Span(200, 240, "document", where=Provenance("m.pdf", page=5))
+    for span in chunks:
+        spans.append(span)
+    spans.append(Span(240, 250, "question"))
+    tally = RecallTally()  # recall: p. 5 far above the rest, p. 1 next
+    tally(TopKSelection(6, torch.tensor([245]), torch.tensor([[[[170, 210, 5]]]]),
+                        torch.tensor([[[[0.5, 0.3, 0.2]]]])))
+    lexical = {chunks[0]: 9.0, chunks[1]: 8.0, chunks[2]: 7.5, chunks[3]: 7.0, chunks[5]: 0.5}  # BM25: p. 5 barely
+    return spans, chunks, tally, lexical
+
+
+def test_the_last_quote_is_the_best_chunk_of_recalls_best_passage_not_quoted_before_it(monkeypatch):
+    """A question in other words than the document's: BM25 ranks four other pages far above the one recall finds,
+    and the fusion (recall a quarter of BM25's weight) would not quote it."""
+    spans, chunks, tally, lexical = _five_pages()
+    report = cite(tally, spans, lexical=lexical, quote_budget=400)
+    assert [w.page for w in report.quote_sources] == [1, 2, 3, 5]  # p. 1 is recall's second: quoted already
+    assert report.quote_spans[3][0] == chunks[5].start  # p. 5's best chunk: BM25 breaks the page's tie
+    assert [c.where.page for c in report.citations][:4] == [1, 2, 3, 5]
+    monkeypatch.setattr(citations, "RECALL_SLOT", None)
+    assert [w.page for w in cite(tally, spans, lexical=lexical, quote_budget=400).quote_sources] == [1, 2, 3, 4]
+    monkeypatch.undo()
+    assert cite(tally, spans, lexical=lexical, quote_budget=400, ranking=Ranking.LEXICAL).quote_sources[3].page == 4
+    assert cite(RecallTally(), spans, lexical=lexical, quote_budget=400).quote_sources[3].page == 4  # no recall
+
+
+def test_the_recall_slot_moves_nothing_already_quoted_and_no_contents_page():
+    spans, chunks, tally, lexical = _five_pages(listing_page=5)
+    ranked = [(chunk, 1.0) for chunk in chunks]
+    assert citations.with_recall_slot(ranked, {Provenance("m.pdf", 5): 1.0}, 3)[3][0] == chunks[5]  # not the listing
+    listed = [(chunks[i], 1.0) for i in range(5)]
+    assert citations.with_recall_slot(listed, {Provenance("m.pdf", 5): 1.0}, 3) == listed  # only the listing's chunk
+    assert citations.with_recall_slot(listed, {Provenance("m.pdf", 2): 1.0}, 3) == listed  # quoted already
+    assert citations.with_recall_slot(listed, {Provenance("m.pdf", 4): 1.0}, 3) == listed  # in the slot already
+    assert citations.with_recall_slot(listed, {Provenance("m.pdf", 9): 1.0, Provenance("m.pdf", 4): -1.0}, 3) == listed
+    assert citations.with_recall_slot(listed[:3], {Provenance("m.pdf", 1): 1.0}, 3) == listed[:3]
