@@ -155,3 +155,24 @@ def test_no_snippet_is_chosen_without_the_answers_own_words_in_the_first_sources
     start = TWO_FUNCTIONS.index("realmin:")  # only the part quoted counts: its own words are not in the first half
     half, _ = _two_functions(quoted=((0, start),))
     assert half.answered_at(replace(report, quote_spans=((0, start),)), QUESTION, "about 2.2251") is None
+
+
+def test_a_word_the_quotes_hold_once_leads_a_word_they_hold_often():
+    """Octave's "finish.m" under "which script does Octave run when I exit?", not the paragraph after it, where
+    "function" (which the other quotes hold too) is twice."""
+    parts = ["atexit registers a function; the function is called at exit.\n",
+             "During shutdown Octave will search for the script file finish.m in the load path.\n",
+             "A function handle names a function; function files hold one.\n"]
+    text = "".join(parts)
+    cut = [0, len(parts[0]), len(parts[0]) + len(parts[1]), len(text)]
+    where, other = Provenance("octave.pdf", 20), Provenance("octave.pdf", 90)
+    spans = SpanIndex()
+    spans.append(Span(0, cut[2], SpanKind.DOCUMENT, where))
+    spans.append(Span(cut[2], cut[3], SpanKind.DOCUMENT, other))
+    report = CitationReport((Citation(where, 0.6), Citation(other, 0.4)), 0.0, True,
+                            quote_spans=((cut[0], cut[1]), (cut[1], cut[2]), (cut[2], cut[3])),
+                            quote_sources=(where, where, other))
+    context = ContextText(CharTokenizer(), [ord(c) for c in text], spans)
+    at = context.answered_at(report, "Which script file does Octave run when I exit?",
+                             "It looks for finish.m, a function.")
+    assert "finish.m" in context.snippet(at, spans.at(at))

@@ -108,20 +108,22 @@ class ContextText:
 
     def answered_at(self, citations: CitationReport, question: str, answer: str) -> int | None:
         """Where, in what the reader was quoted of the first source's page, the answer's own words are densest: the
-        words of two letters or more it uses that the question did not, each term weighing one in all however
-        often it is there, so a rare one leads (realmin's "1.1755e-38", not the "approximately" that realmax's
-        sentence before it shares with the question). None where the quotes hold none of those words."""
+        words of two letters or more it uses that the question did not, each term weighing one in all the quotes
+        however often it is there, so a rare one leads (realmin's "1.1755e-38", not the "approximately" that
+        realmax's sentence before it shares with the question; "finish.m", not "function" twice in the paragraph
+        after). None where the quotes hold none of those words."""
         own = {t for t in terms(answer) if len(t) > 1} - set(terms(question)) - ABOUT_THE_QUOTES  # "e" of "1e-5"
         if not citations.citations or not own:
             return None
         page = citations.citations[0].where.page_only()
+        found = {(lo, hi): matched_terms([self.tokenizer.decode([t]) for t in self.token_ids[lo:hi]], own)
+                 for lo, hi in citations.quote_spans}
+        tokens_of = Counter(term for terms_found in found.values() for term in terms_found)  # in all the quotes
         best, at = 0.0, None
         for (lo, hi), where in zip(citations.quote_spans, citations.quote_sources):
             if where.page_only() != page:
                 continue
-            found = matched_terms([self.tokenizer.decode([t]) for t in self.token_ids[lo:hi]], own)
-            tokens_of = Counter(found)
-            relevance = {lo + i: 1.0 / tokens_of[term] for i, term in enumerate(found) if term is not None}
+            relevance = {lo + i: 1.0 / tokens_of[term] for i, term in enumerate(found[lo, hi]) if term is not None}
             start, end = densest_window(relevance, lo, hi, SNIPPET_BEFORE + SNIPPET_AFTER)
             mass = sum(weight for position, weight in relevance.items() if start <= position < end)
             if mass > best:  # a snippet is of the quoted chunk's span: its last word is shown with it (snippet)
