@@ -454,24 +454,10 @@ class ContextEngine:
         The quotes are the best chunks of the documents as they will be once the feed ends (feed_under_way.py),
         fed or not, ranked by the question's words alone (recall has not read them) and read in the reader.
         ``earlier``: the conversation's last exchange, which may itself be waiting to be read."""
-        feed = self._feeding
-        if feed is None:
-            raise EngineError("No document is being fed: ask the question in the context.")
         started = time.perf_counter() if started is None else started
+        view, index, report = self.sources_while_feeding(question, settings, switched_off, earlier)
         question_tokens = len(self.format.question(question, self.carry)[0])
-        room = self.budget - self.length - feed.left(self.length) - question_tokens - 2
-        view = planned_text(self.text, feed)
-        if self._feeding_index is None:  # the planned chunks do not change while they are fed
-            index = ChunkIndex()
-            index.refresh(view.spans, view.span_text)
-            self._feeding_index = index  # kept once whole
-        index = self._feeding_index
-        report = cite(RecallTally(), view.spans, snippet=view.snippet, quote_budget=self._quote_budget(settings),
-                      quotes=QUOTED_CHUNKS, lexical=index.scores(question, earlier.question if earlier else ""),
-                      lexical_hits=lambda start, end: view.question_words_in(start, end, question),
-                      ranking=Ranking.LEXICAL,
-                      may_cite=lambda where: not any(covers(off, where.source) for off in switched_off))
-        report = replace(report, recall_on=False)
+        room = self.budget - self.length - self._feeding.left(self.length) - question_tokens - 2
         quoted = view.quoted_turn(question, report)
         with self._answering(), self.stats.aside():
             reader = yield from self._read_in_reader(quoted, cancel, earlier, report.quote_sources)
@@ -487,6 +473,27 @@ class ContextEngine:
                            ttft_s=decoded.ttft_s, prefill_tps=0.0, decode_tps=decoded.decode_tps,
                            question_tokens=question_tokens, answer_ids=tuple(answer), quoted=True,
                            while_feeding=Turn(None, None, report, question_tokens, quoted=quoted, earlier=earlier))
+
+    def sources_while_feeding(self, question: str, settings: GenerationSettings,
+                              switched_off: frozenset[str] = frozenset(), earlier: Exchange | None = None
+                              ) -> tuple[ContextText, ChunkIndex, CitationReport]:
+        """What a question asked while a document is fed reads (``ask_while_feeding``): the context as it will be
+        once the feed ends, BM25 over its chunks, and the sources ranked and quoted by the question's words."""
+        feed = self._feeding
+        if feed is None:
+            raise EngineError("No document is being fed: ask the question in the context.")
+        view = planned_text(self.text, feed)
+        if self._feeding_index is None:  # the planned chunks do not change while they are fed
+            index = ChunkIndex()
+            index.refresh(view.spans, view.span_text)
+            self._feeding_index = index  # kept once whole
+        index = self._feeding_index
+        report = cite(RecallTally(), view.spans, snippet=view.snippet, quote_budget=self._quote_budget(settings),
+                      quotes=QUOTED_CHUNKS, lexical=index.scores(question, earlier.question if earlier else ""),
+                      lexical_hits=lambda start, end: view.question_words_in(start, end, question),
+                      ranking=Ranking.LEXICAL,
+                      may_cite=lambda where: not any(covers(off, where.source) for off in switched_off))
+        return view, index, replace(report, recall_on=False)
 
     def read_answered(self, question: str, result: AnswerResult, cancel=None) -> Iterator[LiveStats]:
         """Read a question answered while documents were fed (``ask_while_feeding``), and its answer, into the
