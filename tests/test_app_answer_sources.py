@@ -176,3 +176,20 @@ def test_a_word_the_quotes_hold_once_leads_a_word_they_hold_often():
     at = context.answered_at(report, "Which script file does Octave run when I exit?",
                              "It looks for finish.m, a function.")
     assert "finish.m" in context.snippet(at, spans.at(at))
+
+
+def test_the_next_chunks_words_a_quote_reads_on_to_do_not_place_the_snippet():
+    """A quote reads a few tokens into the next chunk for its last word (citations.CARRIED_TOKENS); words of the next
+    page there are not where the answer was read from on this one."""
+    first, second = "The key is kept on this page.", " safe.\n--- page 8 ---\nzanzibar is the word here.\n"
+    text = first + second
+    where = Provenance("m.pdf", 7)
+    spans = SpanIndex()
+    spans.append(Span(0, len(first), SpanKind.DOCUMENT, where))
+    spans.append(Span(len(first), len(text), SpanKind.DOCUMENT, Provenance("m.pdf", 8)))
+    report = CitationReport((Citation(where, 1.0),), 0.0, True, quote_spans=((0, len(first) + 30),),
+                            quote_sources=(where,))
+    context = ContextText(CharTokenizer(), [ord(c) for c in text], spans)
+    assert context.answered_at(report, "Where is the key?", "It is zanzibar.") is None
+    at = context.answered_at(report, "Where is the key?", "It is kept safe.")
+    assert context.snippet(at, spans.at(at)).endswith("kept on this page. safe.")

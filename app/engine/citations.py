@@ -178,8 +178,8 @@ ATTENTION_WEIGHT = 0.25
 # The last of the quotes is recall's: the best chunk of the passage the question's recall ranks highest among those
 # the chunks before it are not of. BM25 cannot find a question asked in words the document does not use, and the
 # fusion above lets recall only break BM25's near-ties: on the Bash and Asymptote manuals, recall put the answer's
-# page first for questions BM25 scored nothing on ("log itself out when nobody has typed anything"), and it was not
-# quoted. None: the fused order alone (docs/answers.md measures both).
+# page first or second for questions BM25 scored nothing on ("a double-asterisk wildcard that digs down through every
+# nested subfolder", globstar), and it was not quoted. None: the fused order alone (docs/answers.md measures both).
 RECALL_SLOT: int | None = 3
 # A piece's last word is fed with the next piece (chat_format.py holds it back until what follows is known), so a
 # passage's tokens end a word early: a quote may take this many tokens more, to end where the passage ends.

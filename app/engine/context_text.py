@@ -116,17 +116,19 @@ class ContextText:
         if not citations.citations or not own:
             return None
         page = citations.citations[0].where.page_only()
+        parts = [(lo, min(hi, self._carried_end(self.spans.at(lo)))) for lo, hi in citations.quote_spans]  # not
+        # the next chunk's words a quote reads on to (citations.CARRIED_TOKENS): the snippet is of this one's span
         found = {(lo, hi): matched_terms([self.tokenizer.decode([t]) for t in self.token_ids[lo:hi]], own)
-                 for lo, hi in citations.quote_spans}
+                 for lo, hi in parts}
         tokens_of = Counter(term for terms_found in found.values() for term in terms_found)  # in all the quotes
         best, at = 0.0, None
-        for (lo, hi), where in zip(citations.quote_spans, citations.quote_sources):
+        for (lo, hi), where in zip(parts, citations.quote_sources):
             if where.page_only() != page:
                 continue
             relevance = {lo + i: 1.0 / tokens_of[term] for i, term in enumerate(found[lo, hi]) if term is not None}
             start, end = densest_window(relevance, lo, hi, SNIPPET_BEFORE + SNIPPET_AFTER)
             mass = sum(weight for position, weight in relevance.items() if start <= position < end)
-            if mass > best:  # a snippet is of the quoted chunk's span: its last word is shown with it (snippet)
+            if mass > best:  # the snippet is of the chunk's span, which shows its last word (snippet)
                 best, at = mass, min(start + SNIPPET_BEFORE, self.spans.at(lo).end - 1)
         return at
 
