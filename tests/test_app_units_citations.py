@@ -227,8 +227,8 @@ def test_contents_and_index_chunks_are_cited_and_quoted_after_every_chunk_that_a
 def _five_pages(listing_page: int | None = None):
     spans = SpanIndex()
     chunks = [Span(40 * i, 40 * i + 40, "document",
-                   where=Provenance("m.pdf", page=i + 1, listing=i + 1 == listing_page)) for i in range(6)]  # p. 6 is p. 5's second chunk in all but name: recall's page has two chunks
-    chunks[5] = Span(200, 240, "document", where=Provenance("m.pdf", page=5))
+                   where=Provenance("m.pdf", page=i + 1, listing=i + 1 == listing_page)) for i in range(6)]
+    chunks[5] = Span(200, 240, "document", where=Provenance("m.pdf", page=5))  # p. 5 read as two chunks
     for span in chunks:
         spans.append(span)
     spans.append(Span(240, 250, "question"))
