@@ -89,6 +89,10 @@ class ContextText:
     def _decode(self, start: int, end: int) -> str:
         return self.tokenizer.decode(self.token_ids[start:end], skip_special_tokens=True)
 
+    def _pieces(self, start: int, end: int) -> list[str]:
+        """Each token of ``[start, end)`` decoded alone: where in a passage a word is (lexical.matched_terms)."""
+        return [self.tokenizer.decode([t]) for t in self.token_ids[start:end]]
+
     def words_start(self, span: Span) -> int:
         """The first token of ``span`` after its file's header and what the chat format carried before it
         (words_after_header), or its start where it has neither."""
@@ -103,8 +107,7 @@ class ContextText:
 
     def question_words_in(self, start: int, end: int, question: str) -> dict[int, float]:
         """Positions in ``[start, end)`` whose word is one of the question's (lexical.token_matches)."""
-        pieces = [self.tokenizer.decode([t]) for t in self.token_ids[start:end]]
-        return {start + i: 1.0 for i, hit in enumerate(token_matches(pieces, question)) if hit}
+        return {start + i: 1.0 for i, hit in enumerate(token_matches(self._pieces(start, end), question)) if hit}
 
     def answered_at(self, citations: CitationReport, question: str, answer: str) -> int | None:
         """Where, in what the reader was quoted of the first source's page, the answer's own words are densest: the
@@ -118,8 +121,7 @@ class ContextText:
         page = citations.citations[0].where.page_only()
         parts = [(lo, min(hi, self._carried_end(self.spans.at(lo)))) for lo, hi in citations.quote_spans]  # not
         # the next chunk's words a quote reads on to (citations.CARRIED_TOKENS): the snippet is of this one's span
-        found = {(lo, hi): matched_terms([self.tokenizer.decode([t]) for t in self.token_ids[lo:hi]], own)
-                 for lo, hi in parts}
+        found = {(lo, hi): matched_terms(self._pieces(lo, hi), own) for lo, hi in parts}
         tokens_of = Counter(term for terms_found in found.values() for term in terms_found)  # in all the quotes
         best, at = 0.0, None
         for (lo, hi), where in zip(parts, citations.quote_sources):
