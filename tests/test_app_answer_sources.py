@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from app.engine.citations import Citation, CitationReport, lead_with_answer_source
 from app.engine.lexical import EARLIER_WEIGHT, ChunkIndex
+from app.engine.context import answer_sources
 from app.engine.context_text import ContextText
 from app.engine.quoting import quoted_question
 from app.engine.spans import Span, SpanIndex, SpanKind
@@ -193,3 +194,26 @@ def test_the_next_chunks_words_a_quote_reads_on_to_do_not_place_the_snippet():
     assert context.answered_at(report, "Where is the key?", "It is zanzibar.") is None
     at = context.answered_at(report, "Where is the key?", "It is kept safe.")
     assert context.snippet(at, spans.at(at)).endswith("kept on this page. safe.")
+
+
+def test_the_first_source_shows_the_heading_of_the_section_its_snippet_is_in():
+    """A page read as two chunks under two headings: the cited page came under its best chunk's heading for the
+    question ("Future Work" on XACE's p. 6), and the snippet moved to the answer's sentence under the other."""
+    parts = ["Future work may add hooks for the core server.\n",
+             "To register a callback with a hook, use XaceRegisterCallback with the hook's number.\n"]
+    text = "".join(parts)
+    headings = ("Future Work › Core X Server", "Using Hooks › Overview")
+    spans = SpanIndex()
+    spans.append(Span(0, len(parts[0]), SpanKind.DOCUMENT, Provenance("xace.pdf", 6, heading=headings[0])))
+    spans.append(Span(len(parts[0]), len(text), SpanKind.DOCUMENT, Provenance("xace.pdf", 6, heading=headings[1])))
+    where = replace(spans.at(0).where, heading=headings[0])
+    asked = CitationReport((Citation(where, 1.0, "Future work may add hooks…"),), 0.0, True,
+                           quote_spans=((0, len(parts[0])), (len(parts[0]), len(text))), quote_sources=(where, where))
+    context = ContextText(CharTokenizer(), [ord(c) for c in text], spans)
+    index = ChunkIndex()
+    index.refresh(list(spans), lambda span: text[span.start:span.end])
+    first = answer_sources(asked, "Which function plugs my handler into a hook?", "Use XaceRegisterCallback.", index,
+                           context).citations[0]
+    assert "register a callback" in first.snippet and first.where.heading == headings[1]
+    unread = answer_sources(asked, "Which function plugs my handler into a hook?", "None is named.", index, context)
+    assert unread.citations[0].where.heading == headings[0]  # no snippet of its own words: as the question cited it

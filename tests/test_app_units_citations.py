@@ -208,6 +208,25 @@ def test_a_cited_page_carries_the_heading_of_its_best_chunk():
     assert report.citations[0].where == Provenance("m.pdf", page=3)  # the same page, whatever its heading
 
 
+def test_a_cited_page_carries_the_heading_of_the_chunk_its_snippet_shows():
+    """Recall's most relevant token on a page can be in another chunk than the page's best by BM25: the snippet is
+    around that token, and the heading shown over it is its section's."""
+    spans = SpanIndex()
+    chunks = [Span(0, 40, "document", where=Provenance("m.pdf", page=3, heading="2 Options")),
+              Span(40, 80, "document", where=Provenance("m.pdf", page=3, heading="2 Options › 2.1 Colours")),
+              Span(80, 90, "question")]
+    for span in chunks:
+        spans.append(span)
+    tally = RecallTally()
+    tally(TopKSelection(6, torch.tensor([90]), torch.tensor([[[[52, 10]]]]), torch.tensor([[[[0.6, 0.2]]]])))
+    report = cite(tally, spans, lexical={chunks[0]: 3.0, chunks[1]: 1.0},
+                  snippet=lambda position, span: f"around {position}")
+    assert [(c.where.heading, c.snippet) for c in report.citations] == [("2 Options › 2.1 Colours", "around 52")]
+    words_only = cite(RecallTally(), spans, lexical={chunks[0]: 3.0, chunks[1]: 1.0},
+                      snippet=lambda position, span: f"around {position}", lexical_hits=lambda lo, hi: {lo + 5: 1.0})
+    assert [(c.where.heading, c.snippet) for c in words_only.citations] == [("2 Options", "around 5")]
+
+
 def test_contents_and_index_chunks_are_cited_and_quoted_after_every_chunk_that_answers():
     spans = SpanIndex()
     chunks = [Span(0, 40, "document", where=Provenance("m.pdf", page=2, listing=True)),  # the contents

@@ -236,7 +236,7 @@ def cite(question: RecallTally, spans: SpanIndex, *, baseline: RecallTally | Non
     quoted = choose_quotes(chunks, spans, scores, hits, quote_budget, quotes) if quote_budget else []
     always = max(1, passage_count(chunk.where for chunk, _ in quoted))  # the passages quoted are always cited
 
-    def shown(key: Provenance) -> str:
+    def shown(key: Provenance) -> tuple[str, Span]:
         return _passage_snippet(snippet, peak.get(key), best_chunk[key][0], spans, hits)
 
     return CitationReport(_citations(best_chunk, shown, always, limit, min_share), document_share, recalled=recalled,
@@ -293,29 +293,36 @@ def _best_chunks(ranked: list[tuple[Span, float]]) -> dict[Provenance, tuple[Spa
 
 
 def _passage_snippet(snippet: Callable[[int, Span], str] | None, peak: tuple[float, int, Span] | None, chunk: Span,
-                     spans: SpanIndex, hits: Callable[[int, int], Mapping[int, float]]) -> str:
-    """The text shown for a passage, around its most relevant token, else the first of the question's words in its
-    best ``chunk``; none without either (or without ``snippet``)."""
+                     spans: SpanIndex, hits: Callable[[int, int], Mapping[int, float]]) -> tuple[str, Span]:
+    """The text shown for a passage and the chunk it is of: around its most relevant token, which may be in
+    another of its chunks than its best ``chunk``, else the first of the question's words in ``chunk``; none
+    without either (or without ``snippet``), of ``chunk``."""
     if peak is not None and peak[0] > 0:
         where = peak[1:]
     else:
         first = min(hits(chunk.start, chunk.end), default=None)
         where = (first, spans.at(first)) if first is not None else None
-    return snippet(*where) if snippet and where else ""
+    return (snippet(*where), where[1]) if snippet and where else ("", chunk)
 
 
-def _citations(best_chunk: dict[Provenance, tuple[Span, float]], shown: Callable[[Provenance], str], always: int,
-               limit: int, min_share: float) -> tuple[Citation, ...]:
+def _citations(best_chunk: dict[Provenance, tuple[Span, float]], shown: Callable[[Provenance], tuple[str, Span]],
+               always: int, limit: int, min_share: float) -> tuple[Citation, ...]:
     """The first ``always`` passages, then those among the first ``limit`` above ``min_share`` of the scores of the
-    passages cited or not; ``shown``: a passage's snippet."""
+    passages cited or not; ``shown``: a passage's snippet and the chunk it is of, whose heading the citation
+    shows (the section the snippet is in, not the one of another chunk of the page)."""
     mass = sum(score for _, score in best_chunk.values())
     citations = []
-    for rank, (key, (chunk, score)) in enumerate(list(best_chunk.items())[:max(limit, always)]):
+    for rank, (key, (_, score)) in enumerate(list(best_chunk.items())[:max(limit, always)]):
         if rank >= always and score / mass < min_share:  # the others above min_share
             continue
-        where = replace(key, heading=chunk.where.heading)  # the page, under its best chunk's heading
-        citations.append(Citation(where, score / mass, shown(key)))
+        text, chunk = shown(key)
+        citations.append(Citation(with_heading_of(key, chunk), score / mass, text))
     return tuple(citations)
+
+
+def with_heading_of(where: Provenance, chunk: Span) -> Provenance:
+    """A cited passage (a page) under the heading of its ``chunk`` whose snippet it shows."""
+    return replace(where, heading=chunk.where.heading)
 
 
 def _rankings(attention: Mapping[Provenance, float], lexical: Mapping[Span, float]) -> dict:

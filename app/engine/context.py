@@ -21,7 +21,8 @@ from typing import Generator, Iterator, Sequence
 from ingest import Provenance
 
 from .chat_format import Carry, ChatFormat, TurnState
-from .citations import NEUTRAL_QUESTION, CitationReport, RecallTally, Ranking, cite, lead_with_answer_source
+from .citations import (NEUTRAL_QUESTION, CitationReport, RecallTally, Ranking, cite, lead_with_answer_source,
+                        with_heading_of)
 from .context_records import (AnswerDelta, AnswerProgress, AnswerResult, AnswerStage, ContextFull, ContextOutOfMemory,
                               DocumentChunk, DocumentPlan, EngineError, Piece, Saved, Stopped, Turn)
 from .context_text import ContextText
@@ -53,7 +54,9 @@ def answer_sources(citations: CitationReport, question: str, answer: str, index:
     at = text.answered_at(led, question, answer)
     if at is None:
         return led
-    first = replace(led.citations[0], snippet=text.snippet(at, text.spans.at(at)))
+    chunk = text.spans.at(at)
+    first = replace(led.citations[0], where=with_heading_of(led.citations[0].where, chunk),
+                    snippet=text.snippet(at, chunk))
     return replace(led, citations=(first, *led.citations[1:]))
 
 

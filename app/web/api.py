@@ -21,7 +21,7 @@ def source_json(citation: Citation) -> dict:
     elif where.line_start is not None:
         found["lines"] = [where.line_start, where.line_end]
     if where.heading:
-        found["heading"] = where.heading  # the document outline's heading over the passage's best chunk
+        found["heading"] = where.heading  # the document outline's heading over the passage's snippet
     return {**found, "snippet": citation.snippet, "weight": round(citation.share, 4)}
 
 
