@@ -16,8 +16,9 @@ read, with the 397-page Valgrind manual the size of a long manual a user drops i
 their outline headings, to measure them where they should matter most. ``MANUALS``, the GNU Octave manual (1,158
 pages, a numerical language's guide and function reference) and the Bash Reference Manual, the nearest in kind to
 R's manuals that Debian ships, was written the same way before any run; the Asymptote manual (196 pages, a
-graphics language's texinfo manual) was added to it the same way, written after that run's failures were read.
-R's manuals (Debian's r-doc-pdf) are kept
+graphics language's texinfo manual) was added to it the same way, written after that run's failures were read, and
+Octave's C++ library manual (57 pages, ``liboctave``, from octave-doc too) after the recall slot was chosen, to ask
+it on a document that choice never read. R's manuals (Debian's r-doc-pdf) are kept
 out: the app is judged on them from outside.
 """
 
@@ -36,7 +37,7 @@ HOLDOUT = ("bzip2", "fontconfig")
 FRESH = ("crc", "nettle", "cookiejar")
 BLIND = ("valgrind", "xace", "tarfile")
 REFERENCE = ("gnuplot",)
-MANUALS = ("octave", "bashref", "asymptote")
+MANUALS = ("octave", "bashref", "asymptote", "liboctave")
 SPLITS = {"tune": TUNE, "confirm": CONFIRM, "holdout": HOLDOUT, "fresh": FRESH, "blind": BLIND, "reference": REFERENCE,
           "manuals": MANUALS}
 # Debian packages that ship the documents (scripts/test.sh installs them).

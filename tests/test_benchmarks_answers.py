@@ -15,9 +15,9 @@ from ingest import Provenance, ingest
 def test_the_set_has_over_two_hundred_questions_over_eighteen_documents_a_third_of_the_new_ones_paraphrased():
     documents = devset.load()
     questions = [q for d in documents for q in d.questions]
-    assert len(documents) == 19 and len(questions) >= 260
+    assert len(documents) == 20 and len(questions) >= 290
     names = [n for split in devset.SPLITS.values() for n in split]
-    assert len(set(names)) == len(names) == 19 and [devset.split(n) for n in devset.HOLDOUT] == ["holdout"] * 2
+    assert len(set(names)) == len(names) == 20 and [devset.split(n) for n in devset.HOLDOUT] == ["holdout"] * 2
     assert [devset.split(n) for n in devset.BLIND] == ["blind"] * 3
     new = [q for d in documents if d.name not in ("mime", "libtasn1", "argparse") for q in d.questions]
     assert 0.25 < sum(q.paraphrased for q in new) / len(new) < 0.45
@@ -34,7 +34,7 @@ def test_follow_ups_continue_a_question_of_their_own_document_and_only_the_four_
         elif document.name in devset.REFERENCE:
             assert sum(flags) == 6, document.name
         elif document.name in devset.MANUALS:
-            assert sum(flags) == 5, document.name
+            assert sum(flags) == (4 if document.name == "liboctave" else 5), document.name
         else:
             assert not any(flags), document.name
 
