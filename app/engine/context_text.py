@@ -119,8 +119,8 @@ class ContextText:
         if not citations.citations or not own:
             return None
         page = citations.citations[0].where.page_only()
-        parts = [(lo, min(hi, self._carried_end(self.spans.at(lo)))) for lo, hi in citations.quote_spans]  # not
-        # the next chunk's words a quote reads on to (citations.CARRIED_TOKENS): the snippet is of this one's span
+        # Not the next chunk's words a quote reads on to (citations.CARRIED_TOKENS): the snippet is of this one's span.
+        parts = [(lo, min(hi, self._carried_end(self.spans.at(lo)))) for lo, hi in citations.quote_spans]
         found = {(lo, hi): matched_terms(self._pieces(lo, hi), own) for lo, hi in parts}
         tokens_of = Counter(term for terms_found in found.values() for term in terms_found)  # in all the quotes
         best, at = 0.0, None
