@@ -100,6 +100,10 @@ class AppConfig:
                               "before the question and answering without recall (with the default SmolLM2 gets about "
                               "three times as many of the benchmark's questions right; app/engine/quoting.py)"),
     })
+    guess: bool = flag(True, group=LM_INFINITE, switches={
+        "--no-guess": (False, "search the documents with the question's words alone, rather than also with a passage "
+                              "the model writes first (a short decode before each answer; app/engine/guess.py)"),
+    })
     # None: lminfinite.suggested_topk_from_layer (5 for Llama-2, 1 for the demo)
     topk_from_layer: int | None = flag(None, "first layer that recalls middle tokens (default: 5 for 30+ layers as "
                                        "in the paper, 1 for the demo model)", group=LM_INFINITE, type=int, at_least=0)

@@ -9,6 +9,8 @@ document's questions one after another, as a user does:
   quoting, exactly the code ``python app.py`` runs), the document fed once, then each question in sequence.
 - ``app-without-recall``: the same in a context read without recall, as the app reads documents longer than
   recall's memory (``ContextEngine.keep_recall``): sources ranked by the question's words alone.
+- ``app-without-guess``: the app searching with the question's words alone, without the passage the model writes
+  first (``--no-guess``; app/engine/guess.py).
 - ``app-feeding``: each question answered between two chunks of the feed, before the model has read the document.
 - ``retrieval``: what PrivateGPT or AnythingLLM users get, the peer to beat: the document's chunks (the same
   ingest chunks), the ``RETRIEVED`` best by BM25 (bm25s) pasted into one prompt with the question, answered by
@@ -40,7 +42,7 @@ import torch
 from benchmarks import devset
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("app", "app-without-recall", "app-feeding", "retrieval", "retrieval-chat", "truncate")
+METHODS = ("app", "app-without-recall", "app-without-guess", "app-feeding", "retrieval", "retrieval-chat", "truncate")
 RETRIEVED = 4  # chunks the retrieval baseline pastes (a typical RAG default)
 MAX_NEW_TOKENS = 128  # Qwen restates the question first: 64 cut some answers before their point
 SYSTEM_PROMPT = "You are a helpful assistant. Answer questions about the document."  # the app's default
@@ -89,6 +91,7 @@ class Row:
     attention_scores: list = field(default_factory=list)
     lexical_scores: list = field(default_factory=list)
     followup: bool = False
+    guess: str = ""  # the app's: the passage it searched with beside the question (app/engine/guess.py)
 
 
 def parse_args(argv=None):
@@ -209,7 +212,7 @@ def answer_with_app(runtime, document, path: Path, args, method: str = "app"):
         pass
     feed_tps = engine.length / (time.perf_counter() - started)
     settings = GenerationSettings(max_new_tokens=1, quote=False) if args.sources_only else \
-        GenerationSettings(max_new_tokens=MAX_NEW_TOKENS)
+        GenerationSettings(max_new_tokens=MAX_NEW_TOKENS, guess=method != "app-without-guess")
     for index, question in enumerate(document.questions):
         result = None
         for result in engine.ask(question.question, settings):
@@ -255,7 +258,7 @@ def _app_row(method: str, document, index: int, question, result, prefill_tps: f
                [w.as_dict() for w in result.citations.attention_ranking],
                [w.as_dict() for w in result.citations.lexical_ranking],
                list(result.citations.attention_scores), list(result.citations.lexical_scores),
-               followup=question.followup)
+               followup=question.followup, guess=result.guess)
 
 
 # -- retrieval with the same model, no LM-Infinite ----------------------------------------------------------
@@ -337,6 +340,7 @@ def _plain_answer(runtime, user_turn: str, earlier: tuple[str, str] | None = Non
 
 
 ANSWERERS = {"app": answer_with_app, "app-without-recall": partial(answer_with_app, method="app-without-recall"),
+             "app-without-guess": partial(answer_with_app, method="app-without-guess"),
              "app-feeding": answer_while_feeding, "retrieval": answer_with_retrieval,
              "retrieval-chat": answer_with_retrieval_chat, "truncate": answer_with_truncation}
 

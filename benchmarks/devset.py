@@ -18,8 +18,9 @@ pages, a numerical language's guide and function reference) and the Bash Referen
 R's manuals that Debian ships, was written the same way before any run; the Asymptote manual (196 pages, a
 graphics language's texinfo manual) was added to it the same way, written after that run's failures were read, and
 Octave's C++ library manual (57 pages, ``liboctave``, from octave-doc too) after the recall slot was chosen, to ask
-it on a document that choice never read. R's manuals (Debian's r-doc-pdf) are kept
-out: the app is judged on them from outside.
+it on a document that choice never read; the Libgcrypt manual (148 pages, a C library's guide and reference) was
+written the same way before any run on it. R's manuals (Debian's r-doc-pdf) are kept out: the app is judged on them
+from outside.
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ HOLDOUT = ("bzip2", "fontconfig")
 FRESH = ("crc", "nettle", "cookiejar")
 BLIND = ("valgrind", "xace", "tarfile")
 REFERENCE = ("gnuplot",)
-MANUALS = ("octave", "bashref", "asymptote", "liboctave")
+MANUALS = ("octave", "bashref", "asymptote", "liboctave", "gcrypt")
 SPLITS = {"tune": TUNE, "confirm": CONFIRM, "holdout": HOLDOUT, "fresh": FRESH, "blind": BLIND, "reference": REFERENCE,
           "manuals": MANUALS}
 # Debian packages that ship the documents (scripts/test.sh installs them).
 DEBIAN_PACKAGES = ("shared-mime-info", "libtasn1-doc", "xorg-docs", "libidn2-doc", "bzip2-doc", "fontconfig",
-                   "zlib1g-dev", "nettle-dev", "valgrind", "gnuplot-doc", "octave-doc", "bash-doc", "asymptote-doc")
+                   "zlib1g-dev", "nettle-dev", "valgrind", "gnuplot-doc", "octave-doc", "bash-doc", "asymptote-doc",
+                   "libgcrypt20-doc")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ development set's questions in minutes, without the model; only what it changes 
 the ranking is the app's own (``app.engine.lexical.ChunkIndex``).
 
     python -m benchmarks.first_chunks --model qwen2.5-coder-1.5b [--split blind] [--out results.json]
-        [--written passages.json --weight 0.25]
+        [--written passages.json --weight 0 0.25 0.5]
 """
 
 from __future__ import annotations
@@ -51,27 +51,33 @@ def ranked_chunks(chunks, questions, written=(), weight: float = 0.0) -> list[li
     return ranked
 
 
-def measure(documents, tokenizer, written: dict | None = None, weight: float = 0.0) -> dict:
-    """Per document: questions, first chunk right, one of the first four right; and the chunks it was cut into.
-    ``written``: passages by "document/number" (benchmarks.written_passages), added to the query at ``weight``."""
+def measure(documents, tokenizer, written: dict | None = None, weights: tuple[float, ...] = (0.0,)) -> dict:
+    """For each of ``weights``, per document: questions, first chunk right, one of the first four right; and the
+    chunks it was cut into. ``written``: passages by "document/number" (benchmarks.written_passages), added to the
+    query at the weight. Each document is cut once for all weights."""
     from ingest import ingest
 
-    table = {}
+    tables = {weight: {} for weight in weights}
     with tempfile.TemporaryDirectory() as scratch:
         for document in documents:
             corpus = ingest(devset.document_path(document, Path(scratch)), tokenizer=tokenizer,
                             chunk_tokens=CHUNK_TOKENS)
             passages = [(written or {}).get(f"{document.name}/{n}", "") for n in range(len(document.questions))]
-            ranked = ranked_chunks(corpus.chunks, document.questions, passages, weight)
-            firsts = [bool(r) and q.holds(r[0].where) for q, r in zip(document.questions, ranked)]
-            any_of = sum(any(q.holds(c.where) for c in r) for q, r in zip(document.questions, ranked))
-            counts = {"questions": len(document.questions), "first": sum(firsts), "first_four": any_of,
-                      "chunks": len(corpus.chunks)}
-            print(document.name, counts, flush=True)
-            table[document.name] = {**counts, "first_right": "".join(".x"[right] for right in firsts),
-                                    "ranked": [[f"{c.where.label()} @{c.char_start}" for c in r] for r in ranked]}
-    table["all"] = {key: sum(row[key] for row in table.values()) for key in COUNTS}
-    return table
+            for weight, table in tables.items():
+                ranked = ranked_chunks(corpus.chunks, document.questions, passages, weight)
+                table[document.name] = _scored(document, ranked, len(corpus.chunks))
+                print(weight, document.name, {k: table[document.name][k] for k in COUNTS}, flush=True)
+    for table in tables.values():
+        table["all"] = {key: sum(row[key] for row in table.values()) for key in COUNTS}
+    return tables
+
+
+def _scored(document, ranked: list[list], chunks: int) -> dict:
+    firsts = [bool(r) and q.holds(r[0].where) for q, r in zip(document.questions, ranked)]
+    any_of = sum(any(q.holds(c.where) for c in r) for q, r in zip(document.questions, ranked))
+    return {"questions": len(document.questions), "first": sum(firsts), "first_four": any_of, "chunks": chunks,
+            "first_right": "".join(".x"[right] for right in firsts),
+            "ranked": [[f"{c.where.label()} @{c.char_start}" for c in r] for r in ranked]}
 
 
 def main(argv=None) -> None:
@@ -81,7 +87,8 @@ def main(argv=None) -> None:
     p.add_argument("--out", type=Path, default=None, help="write the table here as JSON")
     p.add_argument("--written", type=Path, default=None,
                    help="passages the model wrote for each question (python -m benchmarks.written_passages)")
-    p.add_argument("--weight", type=float, default=0.25, help="their BM25 scores' weight beside the question's")
+    p.add_argument("--weight", type=float, nargs="+", default=[0.25],
+                   help="their BM25 scores' weight beside the question's; several: a table for each")
     args = p.parse_args(argv)
     from transformers import AutoTokenizer
 
@@ -91,10 +98,13 @@ def main(argv=None) -> None:
     names = sum(devset.SPLITS.values(), ()) if args.split == "all" else devset.SPLITS[args.split]
     tokenizer = AutoTokenizer.from_pretrained(choose_model(AppConfig(model=args.model)).name_or_path)
     written = json.loads(args.written.read_text(encoding="utf-8")) if args.written else None
-    table = measure(devset.load(names), tokenizer, written, args.weight)
-    print(json.dumps(table["all"]))
-    if args.out:
-        args.out.write_text(json.dumps(table, indent=1))
+    weights = tuple(args.weight) if written else (0.0,)
+    tables = measure(devset.load(names), tokenizer, written, weights)
+    for weight, table in tables.items():
+        print(weight, json.dumps(table["all"]))
+        if args.out:
+            out = args.out if len(tables) == 1 else args.out.with_name(f"{args.out.stem}_{weight:g}{args.out.suffix}")
+            out.write_text(json.dumps(table, indent=1))
 
 
 if __name__ == "__main__":

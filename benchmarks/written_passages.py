@@ -1,9 +1,9 @@
 """A passage the model writes for each development question before it has read the document, for BM25 to search
 with beside the question (the idea of HyDE and query2doc): the manual's own words for a question asked in others.
 
-Why a benchmark and not the app: it costs an answer's worth of decoding before each question (about 6 s for 64
-tokens with the 1.5B on 2 CPU threads), so it is measured offline first (``benchmarks.first_chunks --written``,
-docs/answers.md). Each question is written after the one before it, as a follow-up needs; greedy decoding, and
+Measured offline first, as here, because it costs a short decode before each question (about 3 s for the median
+22 tokens with the 1.5B on 2 CPU threads): ``benchmarks.first_chunks --written``, docs/answers.md. The app now
+writes one before each question (app/engine/guess.py, with this prompt), there after the previous answer itself. Each question is written after the one before it, as a follow-up needs; greedy decoding, and
 the passages cached in ``--out`` so that a stopped run goes on where it stopped.
 
     python -m benchmarks.written_passages --out passages.json [--threads 2]
@@ -16,16 +16,18 @@ import argparse
 import json
 from pathlib import Path
 
+from app.engine.guess import GUESS_TOKENS, SYSTEM
 from benchmarks import devset
 
-SYSTEM = ("You write the passage of a software manual that answers the user's question: two or three sentences "
-          "in the manual's own terms, naming the options, functions and values it would name. No preamble.")
-NEW_TOKENS = 64
 
-
-def user_turn(question: str, earlier: str) -> str:
-    """The question, after the one asked before it when there is one (what a follow-up is about)."""
-    return f"(Asked just before: {earlier})\n{question}" if earlier else question
+def messages_for(question: str, earlier: tuple[str, str] | None) -> list[dict]:
+    """The question as the last user turn, after the exchange before it as chat turns (what a follow-up is about).
+    Not folded into the user turn: written "(Asked just before: …)" above the question, the 1.5B answered the earlier
+    question instead for about one question in ten (docs/answers.md)."""
+    turns = [{"role": "system", "content": SYSTEM}]
+    if earlier is not None:
+        turns += [{"role": "user", "content": earlier[0]}, {"role": "assistant", "content": earlier[1]}]
+    return turns + [{"role": "user", "content": question}]
 
 
 def write(documents, model, tokenizer, passages: dict, out: Path) -> dict:
@@ -33,20 +35,18 @@ def write(documents, model, tokenizer, passages: dict, out: Path) -> dict:
     import torch
 
     for document in documents:
-        earlier = ""
+        earlier = None
         for number, question in enumerate(document.questions):
             key = f"{document.name}/{number}"
             if key not in passages:
-                messages = [{"role": "system", "content": SYSTEM},
-                            {"role": "user", "content": user_turn(question.question, earlier)}]
-                prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                       return_dict=True)
+                prompt = tokenizer.apply_chat_template(messages_for(question.question, earlier), add_generation_prompt=True,
+                                                       return_tensors="pt", return_dict=True)
                 with torch.no_grad():
-                    ids = model.generate(**prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+                    ids = model.generate(**prompt, max_new_tokens=GUESS_TOKENS, do_sample=False)
                 passages[key] = tokenizer.decode(ids[0, prompt["input_ids"].shape[1]:], skip_special_tokens=True)
                 out.write_text(json.dumps(passages, indent=1), encoding="utf-8")
                 print(key, passages[key][:100].replace("\n", " "), flush=True)
-            earlier = question.question
+            earlier = (question.question, passages[key])
     return passages
 
 

@@ -11,7 +11,7 @@ from gradio_client import Client, handle_file
 
 SYSTEM = "You are a helpful assistant. Answer questions about the document."
 SETTINGS = {"system_prompt": SYSTEM, "temperature": 0.0, "top_p": 0.9, "max_new_tokens": 48,
-            "repetition_penalty": 1.0, "recall": True, "topk": 5, "quote": True}
+            "repetition_penalty": 1.0, "recall": True, "topk": 5, "quote": True, "guess": True}
 SETTING_ORDER = list(SETTINGS)
 
 

@@ -11,7 +11,7 @@ from app.engine.budget import Budget
 from app.cli import AppConfig
 from app.web.server import build_app
 
-SETTINGS = ("You are a helpful assistant.", 0.0, 0.9, 16, 1.0, True, 5, True)  # greedy, as the Settings panel starts
+SETTINGS = ("You are a helpful assistant.", 0.0, 0.9, 16, 1.0, True, 5, True, True)  # greedy, as the Settings panel starts
 
 
 def make_handlers(runtime, budget_tokens=1_000_000, budget: Budget | None = None, clock=time.monotonic, **config):

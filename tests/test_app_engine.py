@@ -34,10 +34,10 @@ from ingest import Provenance
 from app_fixtures import FILLER, model_dir
 
 # The answer's own recall path; QUOTING (the app's default) quotes the top source and answers without recall.
-GREEDY = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=True, topk=5, quote=False)
-QUOTING = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=True, topk=5, quote=True)
+GREEDY = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=True, topk=5, quote=False, guess=False)
+QUOTING = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=True, topk=5, quote=True, guess=False)
 # Sampling at temperature 2 rambles on instead of ending after one sentence: room to stop mid-answer.
-RAMBLE = GenerationSettings(temperature=2.0, top_p=1.0, max_new_tokens=200, quote=False)
+RAMBLE = GenerationSettings(temperature=2.0, top_p=1.0, max_new_tokens=200, quote=False, guess=False)
 SYSTEM = "You are a helpful assistant. Answer questions about the document."
 
 
@@ -873,7 +873,7 @@ def test_the_quoted_page_the_answer_is_read_from_is_cited_first(runtime):
 
 
 # Recall off: the question's ranking is its words alone, as it is for a question answered while a document is fed.
-WORDS_ONLY = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=False, quote=True)
+WORDS_ONLY = GenerationSettings(temperature=0.0, max_new_tokens=24, recall=False, quote=True, guess=False)
 
 
 def _feed_until(engine, chunks, fed_chunks: int, cancel=None):

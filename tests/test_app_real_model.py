@@ -111,7 +111,7 @@ def test_a_saved_real_context_reopens_and_answers_token_for_token(spec_pdf, tmp_
 
     runtime = load_runtime(AppConfig(model="qwen2.5-coder-0.5b"))  # as python app.py --model … loads it
     handlers = make_handlers(runtime, workspaces=str(tmp_path))
-    settings = ("You are a helpful assistant. Answer questions about the document.", 0.0, 0.9, 48, 1.0, True, 5, True)
+    settings = ("You are a helpful assistant. Answer questions about the document.", 0.0, 0.9, 48, 1.0, True, 5, True, True)
 
     def ask(h, req, text, files=()):
         h.submit({"text": text, "files": [str(f) for f in files]}, req)

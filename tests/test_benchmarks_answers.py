@@ -12,12 +12,12 @@ from benchmarks import answers, devset
 from ingest import Provenance, ingest
 
 
-def test_the_set_has_over_two_hundred_questions_over_eighteen_documents_a_third_of_the_new_ones_paraphrased():
+def test_the_set_has_over_three_hundred_questions_over_21_documents_a_third_of_the_new_ones_paraphrased():
     documents = devset.load()
     questions = [q for d in documents for q in d.questions]
-    assert len(documents) == 20 and len(questions) >= 290
+    assert len(documents) == 21 and len(questions) >= 300
     names = [n for split in devset.SPLITS.values() for n in split]
-    assert len(set(names)) == len(names) == 20 and [devset.split(n) for n in devset.HOLDOUT] == ["holdout"] * 2
+    assert len(set(names)) == len(names) == 21 and [devset.split(n) for n in devset.HOLDOUT] == ["holdout"] * 2
     assert [devset.split(n) for n in devset.BLIND] == ["blind"] * 3
     new = [q for d in documents if d.name not in ("mime", "libtasn1", "argparse") for q in d.questions]
     assert 0.25 < sum(q.paraphrased for q in new) / len(new) < 0.45
@@ -34,7 +34,7 @@ def test_follow_ups_continue_a_question_of_their_own_document_and_only_the_four_
         elif document.name in devset.REFERENCE:
             assert sum(flags) == 6, document.name
         elif document.name in devset.MANUALS:
-            assert sum(flags) == (4 if document.name == "liboctave" else 5), document.name
+            assert sum(flags) == (4 if document.name in ("liboctave", "gcrypt") else 5), document.name
         else:
             assert not any(flags), document.name
 
@@ -158,7 +158,7 @@ def test_first_chunks_ranks_by_the_apps_keyword_ranking_and_scores_each_question
 
 def test_a_written_passage_adds_its_words_to_the_question_at_its_weight(tmp_path):
     from benchmarks import first_chunks
-    from benchmarks.written_passages import user_turn
+    from benchmarks.written_passages import SYSTEM, messages_for
     from ingest_fixtures import WordTokenizer
 
     (tmp_path / "notes.md").write_text("\n\n".join(f"The widget{i} option sets the colour to shade {i}."
@@ -170,5 +170,9 @@ def test_a_written_passage_adds_its_words_to_the_question_at_its_weight(tmp_path
     assert "widget9 " in first_chunks.ranked_chunks(corpus.chunks, asked, written, 0.25)[0][0].text
     assert first_chunks.ranked_chunks(corpus.chunks, asked, written, 0.0) == first_chunks.ranked_chunks(corpus.chunks,
                                                                                                          asked)
-    assert user_turn("And of SHA384?", "What is SHA256's digest size?") == (
-        "(Asked just before: What is SHA256's digest size?)\nAnd of SHA384?")
+    # The exchange before is two chat turns, not folded into the question (the model answered it instead).
+    assert messages_for("And of SHA384?", ("What is SHA256's digest size?", "32 octets.")) == [
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is SHA256's digest size?"},
+        {"role": "assistant", "content": "32 octets."}, {"role": "user", "content": "And of SHA384?"}]
+    assert messages_for("What is SHA256's digest size?", None)[1:] == [
+        {"role": "user", "content": "What is SHA256's digest size?"}]

@@ -29,6 +29,7 @@ from .context_text import ContextText
 from .document_choice import covers
 from .feed_under_way import FeedUnderWay, planned_text
 from .generation import Decoded, Finish, GenerationSettings, LoopGuard, next_token, whole_sentences
+from .guess import GUESS_TOKENS, write_guess
 from .history import DocumentsFed, Exchange
 from .layer_stop import StoppedMidForward
 from .lexical import ChunkIndex
@@ -423,13 +424,16 @@ class ContextEngine:
         baseline = self._neutral_pieces(settings, planned)
         earlier = self.last_exchange
         asked = AnswerProgress(AnswerStage.QUESTION, 0, planned, 0.0, context_tokens=self.length)
-        yield asked
+        guessing = settings.guess and self._searchable()
+        yield AnswerProgress(AnswerStage.GUESS, 0, GUESS_TOKENS, 0.0) if guessing else asked
         with self._answering(), self._operation() as before:
+            guess = (yield from write_guess(self.runtime, self.format, question, earlier, self.cache, self.stats,
+                                            cancel)) if guessing else ""
             self.stats.prefilling(Feeding.QUESTION, planned)  # the model is ours: its first forward is the question's
             yield asked
             citations, seconds = yield from self._read_question(question, pieces, baseline, settings.answer_topk,
                                                                 cancel, before, self._quote_budget(settings),
-                                                                switched_off, earlier)
+                                                                switched_off, earlier, guess)
             prefill_tps = planned / max(seconds, 1e-9)
             quoted, reader = "", None
             if citations.quote_spans or (switched_off and settings.quote):
@@ -440,7 +444,7 @@ class ContextEngine:
             turn = Turn(before, after_question, citations, planned, quoted=quoted, earlier=earlier if quoted else None)
             result = yield from self._answer(turn, question, settings, cancel, started, prefill_tps, reader)
             reader = None  # its cache is freed before the operation ends and trims the heap
-        yield result  # after the commit: a consumer that stops here cannot roll the answer back
+        yield replace(result, guess=guess)  # after the commit: a consumer that stops here cannot roll the answer back
 
     @property
     def feeding(self) -> bool:
@@ -458,11 +462,15 @@ class ContextEngine:
         fed or not, ranked by the question's words alone (recall has not read them) and read in the reader.
         ``earlier``: the conversation's last exchange, which may itself be waiting to be read."""
         started = time.perf_counter() if started is None else started
-        view, index, report = self.sources_while_feeding(question, settings, switched_off, earlier)
+        if self._feeding is None:
+            raise EngineError("No document is being fed: ask the question in the context.")
         question_tokens = len(self.format.question(question, self.carry)[0])
         room = self.budget - self.length - self._feeding.left(self.length) - question_tokens - 2
-        quoted = view.quoted_turn(question, report)
         with self._answering(), self.stats.aside():
+            guess = (yield from write_guess(self.runtime, self.format, question, earlier, self.cache, self.stats,
+                                            cancel)) if settings.guess else ""
+            view, index, report = self.sources_while_feeding(question, settings, switched_off, earlier, guess)
+            quoted = view.quoted_turn(question, report)
             reader = yield from self._read_in_reader(quoted, cancel, earlier, report.quote_sources)
             decoded = yield from self._decode(reader.logits, reader.feed, settings,
                                               min(settings.max_new_tokens, room), cancel, started)
@@ -475,13 +483,15 @@ class ContextEngine:
         yield AnswerResult(text=text, tokens=len(answer), finish=decoded.finish, citations=citations,
                            ttft_s=decoded.ttft_s, prefill_tps=0.0, decode_tps=decoded.decode_tps,
                            question_tokens=question_tokens, answer_ids=tuple(answer), quoted=True,
-                           while_feeding=Turn(None, None, report, question_tokens, quoted=quoted, earlier=earlier))
+                           while_feeding=Turn(None, None, report, question_tokens, quoted=quoted, earlier=earlier),
+                           guess=guess)
 
     def sources_while_feeding(self, question: str, settings: GenerationSettings,
-                              switched_off: frozenset[str] = frozenset(), earlier: Exchange | None = None
-                              ) -> tuple[ContextText, ChunkIndex, CitationReport]:
+                              switched_off: frozenset[str] = frozenset(), earlier: Exchange | None = None,
+                              guess: str = "") -> tuple[ContextText, ChunkIndex, CitationReport]:
         """What a question asked while a document is fed reads (``ask_while_feeding``): the context as it will be
-        once the feed ends, BM25 over its chunks, and the sources ranked and quoted by the question's words."""
+        once the feed ends, BM25 over its chunks, and the sources ranked and quoted by the question's words (and
+        those of the ``guess``, guess.py)."""
         feed = self._feeding
         if feed is None:
             raise EngineError("No document is being fed: ask the question in the context.")
@@ -492,7 +502,8 @@ class ContextEngine:
             self._feeding_index = index  # kept once whole
         index = self._feeding_index
         report = cite(RecallTally(), view.spans, snippet=view.snippet, quote_budget=self._quote_budget(settings),
-                      quotes=QUOTED_CHUNKS, lexical=index.scores(question, earlier.question if earlier else ""),
+                      quotes=QUOTED_CHUNKS,
+                      lexical=index.scores(question, earlier.question if earlier else "", guess),
                       lexical_hits=lambda start, end: view.question_words_in(start, end, question),
                       ranking=Ranking.LEXICAL,
                       may_cite=lambda where: not any(covers(off, where.source) for off in switched_off))
@@ -535,12 +546,13 @@ class ContextEngine:
 
     def _read_question(self, question: str, pieces: list[Piece], baseline: list[Piece], topk: int, cancel,
                        before: Saved, quote_budget: int, switched_off: frozenset[str] = frozenset(),
-                       earlier: Exchange | None = None) -> Generator[LiveStats, None, tuple[CitationReport, float]]:
+                       earlier: Exchange | None = None, guess: str = ""
+                       ) -> Generator[LiveStats, None, tuple[CitationReport, float]]:
         """Feed the question with recall ``topk``; return its sources and the seconds the question's own prefill
         took. Sources: the passages the question's recall went to beyond what ``baseline`` (the neutral question,
         read first and undone back to ``before``) recalls here, fused with BM25 over the chunks for the question
-        and, a little, the ``earlier`` one (citations.py and lexical.py say why), with ``quote_budget`` tokens of
-        the best chunks to quote."""
+        and, less, the ``earlier`` one and the ``guess`` (citations.py, lexical.py and guess.py say why), with
+        ``quote_budget`` tokens of the best chunks to quote."""
         neutral = RecallTally() if baseline and topk else None
         if neutral is not None:
             with self.runtime.observe_recall(neutral):
@@ -556,7 +568,7 @@ class ContextEngine:
         seconds = time.perf_counter() - started
         text = self.text
         self.chunk_index.refresh(self.spans, text.span_text)
-        lexical = self.chunk_index.scores(question, earlier.question if earlier else "")
+        lexical = self.chunk_index.scores(question, earlier.question if earlier else "", guess)
         if not topk and not lexical:
             return CitationReport.recall_off(), seconds
         report = cite(recalled, self.spans, baseline=neutral, snippet=text.snippet, counts=self._is_content,
@@ -565,6 +577,11 @@ class ContextEngine:
                       ranking=self.ranking,
                       may_cite=lambda where: not any(covers(off, where.source) for off in switched_off))
         return (report if topk else replace(report, recall_on=False)), seconds
+
+    def _searchable(self) -> bool:
+        """Whether the context holds document chunks to search (a guess is written only then: guess.py)."""
+        self.chunk_index.refresh(self.spans, self.text.span_text)
+        return bool(self.chunk_index.chunks)
 
     def _quote_budget(self, settings: GenerationSettings) -> int:
         """How many tokens of the best chunks to quote in all: none unless asked."""

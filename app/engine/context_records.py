@@ -109,10 +109,12 @@ class Turn:
 
 
 class AnswerStage(StrEnum):
-    """What an answer reads before its first token: the question, into the session's context (its recall ranks the
-    sources), then the quoted passages with the question, in the answer's own reader (reader.py). On a CPU without
-    bfloat16 units the second took about a minute for the 1.5B: the user is shown which passages, and how far."""
+    """What an answer reads before its first token: the passage the model guesses the documents hold (guess.py),
+    the question, into the session's context (its recall ranks the sources), then the quoted passages with the
+    question, in the answer's own reader (reader.py). On a CPU without bfloat16 units the last took about a minute
+    for the 1.5B: the user is shown which passages, and how far."""
 
+    GUESS = "guess"
     QUESTION = "question"
     QUOTES = "quotes"
 
@@ -129,6 +131,7 @@ class AnswerProgress:
     rate: float = 0.0  # tokens/s so far, once it means something (metrics.RateMeter); 0: not yet
     eta_s: float | None = None  # seconds left at that rate
     sources: tuple[Provenance, ...] = ()  # QUOTES: the passages quoted, best first (none: the question alone)
+    text: str = ""  # GUESS: the passage written so far
 
 
 @dataclass(frozen=True)
@@ -153,3 +156,4 @@ class AnswerResult:
     # Asked while documents were fed (ContextEngine.ask_while_feeding): the turn to keep once the context reads the
     # question and the answer after them (read_answered), whose quotes draw it again. None for any other answer.
     while_feeding: "Turn | None" = None
+    guess: str = ""  # the passage the sources were also searched with (guess.py); none when it was not written

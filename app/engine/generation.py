@@ -28,6 +28,7 @@ class GenerationSettings:
     recall: bool = True  # top-k middle-token recall while reading the question (and answering, unless quoting)
     topk: int = 5
     quote: bool = True  # quote the top source before the question and answer without recall (quoting.py)
+    guess: bool = True  # search with a passage the model writes first, beside the question's words (guess.py)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -47,11 +48,12 @@ class GenerationSettings:
 
     @classmethod
     def from_ui(cls, temperature, top_p, max_new_tokens, repetition_penalty, recall, topk,
-                quote=True) -> "GenerationSettings":
+                quote=True, guess=True) -> "GenerationSettings":
         """Settings from slider/checkbox values (floats from JSON clients included)."""
         return cls(
             temperature=float(temperature), top_p=float(top_p), max_new_tokens=int(max_new_tokens),
             repetition_penalty=float(repetition_penalty), recall=bool(recall), topk=int(topk), quote=bool(quote),
+            guess=bool(guess),
         )
 
 

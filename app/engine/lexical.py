@@ -43,6 +43,10 @@ def terms(text: str) -> list[str]:
 # the development set's 138 questions (each asked after the one before it, nearly all on their own): the first
 # chunk by BM25 held the answer for 107 without it, 108 at 0.1, 103 at 0.2, 92 at 0.5 (docs/answers.md).
 EARLIER_WEIGHT = 0.1
+# The passage the model writes before searching (guess.py) counts this much: the weight named before it was measured
+# on the development set's 306 questions (first four 255, first chunk 194); 0.25 and 1, computed beside it, found
+# 250 and 255, 196 and 199 (docs/answers.md).
+GUESS_WEIGHT = 0.5
 
 
 def indexed_text(span: Span, text_of: Callable[[Span], str]) -> str:
@@ -79,15 +83,15 @@ class ChunkIndex:
             self._retriever = retriever
         self._key = key
 
-    def scores(self, question: str, earlier: str = "") -> dict[Span, float]:
+    def scores(self, question: str, earlier: str = "", guess: str = "") -> dict[Span, float]:
         """Each chunk's BM25 score for ``question`` (those above 0), plus EARLIER_WEIGHT times its score for
-        ``earlier``, the question asked before it: what a follow-up such as "and what does it return?" is about."""
-        query, before = terms(question), terms(earlier)
-        if self._retriever is None or not (query or before):
+        ``earlier``, the question asked before it: what a follow-up such as "and what does it return?" is about;
+        plus GUESS_WEIGHT times its score for ``guess``, the passage the model wrote before searching (guess.py)."""
+        weighted = [(terms(question), 1.0), (terms(earlier), EARLIER_WEIGHT), (terms(guess), GUESS_WEIGHT)]
+        weighted = [(query, weight) for query, weight in weighted if query]
+        if self._retriever is None or not weighted:
             return {}
-        values = self._retriever.get_scores(query) if query else 0.0
-        if before:
-            values = values + EARLIER_WEIGHT * self._retriever.get_scores(before)
+        values = sum(weight * self._retriever.get_scores(query) for query, weight in weighted)
         return {span: float(v) for span, v in zip(self.chunks, values) if v > 0}
 
 

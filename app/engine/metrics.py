@@ -72,6 +72,7 @@ class Feeding(StrEnum):
     """What a prefill reads. The value is the panel's detail, and what a Stop says was under way."""
 
     QUESTION = "question"  # a question (and the neutral one before it): its short prefill measures latency
+    GUESS = "guessed answer"  # the answer the model guesses before the documents are searched (guess.py)
     DOCUMENTS = "documents"
     ANSWER = "answer"  # an answer drawn in the reader, read into the context after its question
     QUOTES = "quoted passages"  # the passages quoted for an answer, read in the reader before its first token
@@ -125,7 +126,7 @@ class LiveStats:
     @property
     def answering(self) -> bool:
         """An answer's work: its question's prefill, its quotes read in the reader, or its decode."""
-        return self.phase == Phase.DECODE or self.feeding in (Feeding.QUESTION, Feeding.QUOTES)
+        return self.phase == Phase.DECODE or self.feeding in (Feeding.GUESS, Feeding.QUESTION, Feeding.QUOTES)
 
     def set_kv(self, memory: dict[str, int]) -> None:
         self.kv_starting, self.kv_window = memory["starting"], memory["window"]
@@ -145,7 +146,8 @@ class LiveStats:
     def running_rates(self) -> tuple[float, float]:
         """(prefill, decode) tokens/s of the running phase only: an idle or other phase plots 0, not its
         last value. A question's short prefill measures latency, not throughput (engine.MEASURED_PREFILL)."""
-        prefill = self.prefill_tps if self.phase == Phase.PREFILL and self.feeding is not Feeding.QUESTION else 0.0
+        latency = (Feeding.QUESTION, Feeding.GUESS)
+        prefill = self.prefill_tps if self.phase == Phase.PREFILL and self.feeding not in latency else 0.0
         return prefill, self.decode_tps if self.phase == Phase.DECODE else 0.0
 
 

@@ -493,13 +493,13 @@ class Handlers(WorkspaceEvents):
         yield self._tab_view(request, session)
 
     # -- model queue -----------------------------------------------------------------------------
-    def run(self, system_prompt, temperature, top_p, max_new_tokens, repetition_penalty, recall, topk, quote,
+    def run(self, system_prompt, temperature, top_p, max_new_tokens, repetition_penalty, recall, topk, quote, guess,
             request: gr.Request):
         """Do this session's ready work in order: feed documents, answer, regenerate, clear, reset."""
         session = self._session(request)
         try:
             settings = GenerationSettings.from_ui(temperature, top_p, max_new_tokens, repetition_penalty, recall, topk,
-                                                  quote)
+                                                  quote, guess)
         except (TypeError, ValueError) as exc:
             raise messages.error(f"Invalid setting: {exc}") from exc
         prompt = clean_text(str(system_prompt or ""))  # the Settings' text, from a client: UTF-8 only

@@ -70,6 +70,7 @@ def build_app(config: AppConfig, runtime: ModelRuntime, budget: Budget | None = 
         repetition_penalty=1.0, recall=config.topk > 0, topk=config.topk or 5, quote=config.quote,
         window=runtime.window, n_starting=runtime.lm_config.n_starting, browser_secret=store.browser_secret(),
         models=tuple(picker_choices()), model=runtime.bundled_name, model_switch=config.model_switch,
+        guess=config.guess,
     )
     registry = SessionRegistry(runtime, config, budget, store, clock=clock)
     defaults = {name: getattr(info, name) for name in input_names(Handlers.run)}  # the Settings panel at start

@@ -46,6 +46,7 @@ class LayoutInfo:
     models: tuple[tuple[str, str], ...] = ()  # the installed bundled models, (label, short name): Settings → Model
     model: str | None = None  # the running model's short name, when it is a bundled one
     model_switch: bool = True  # whether Settings may switch it (--no-model-switch)
+    guess: bool = True  # search with a passage the model writes first (--no-guess; app/engine/guess.py)
 
 
 @dataclass
@@ -82,6 +83,7 @@ class Components:
     recall: gr.Checkbox
     topk: gr.Slider
     quote: gr.Checkbox
+    guess: gr.Checkbox
     timer: gr.Timer
     ask_question: gr.Textbox  # the /ask API's inputs and output: in the layout, never shown
     ask_files: gr.File
@@ -250,6 +252,11 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
                                         info="The passage the question's recall ranks first is put before the "
                                              "question, and the answer is drawn without recall: a small model "
                                              "answers about three times as often right.")
+                    guess = gr.Checkbox(value=info.guess, label="Search with a guessed answer too",
+                                        info="Before searching, the model writes what it expects the documents to "
+                                             "say, and its words are searched for beside the question's: finds the "
+                                             "page more often when you ask in your own words. A few seconds on a "
+                                             "CPU.")
                     with gr.Group(elem_id="model-picker"):
                         model_choice = gr.Dropdown(
                             choices=list(info.models), value=info.model, label="Model",
@@ -278,7 +285,8 @@ def build_layout(info: LayoutInfo) -> tuple[gr.Blocks, Components]:
         context=context, panel=panel, panel_data=panel_data, memory_plot=memory_plot, throughput_plot=throughput_plot,
         decode_plot=decode_plot,
         system_prompt=system_prompt, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-        repetition_penalty=repetition_penalty, recall=recall, topk=topk, quote=quote, timer=timer, ask_question=ask_question,
+        repetition_penalty=repetition_penalty, recall=recall, topk=topk, quote=quote, guess=guess, timer=timer,
+        ask_question=ask_question,
         ask_files=ask_files, ask_result=ask_result, ask_trigger=ask_trigger, show_trigger=show_trigger,
         reset_trigger=reset_trigger, workspace_id=workspace_id,
         workspace_name=workspace_name, save=save, workspace_note=workspace_note, workspaces=workspaces,

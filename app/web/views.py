@@ -65,8 +65,13 @@ def cited(where: Provenance, opens: Opens | None) -> str:
 
 
 def progress_markdown(progress: AnswerProgress) -> str:
-    """What a pending answer is reading before its first token: the question, then the passages quoted for it, how
-    far, and (once a chunk is read) how fast and how long is left, as the engine's RateMeter measured them."""
+    """What a pending answer is doing before its first token: guessing the documents' words (what it has written),
+    reading the question, then the passages quoted for it, how far, and (once a chunk is read) how fast and how long
+    is left, as the engine's RateMeter measured them."""
+    if progress.stage is AnswerStage.GUESS:
+        words = " ".join(progress.text.split())
+        written = f": “{markdown_text(words)}”" if words else ""
+        return f"*Guessing what the documents say, to search them with{written}…*"
     if progress.stage is AnswerStage.QUESTION:
         return f"*Reading the question into the context of {progress.context_tokens:,} tokens…*"
     labels = list(dict.fromkeys(markdown_text(where.label()) for where in progress.sources))
