@@ -64,8 +64,8 @@ def _assert_streamed_as_it_grew(app, streamed):
     final_text = answer_body(app.last_answer())
     assert len(texts) >= 2, "the answer was not streamed"
     assert texts[0] == "…"  # shown as soon as answering starts
-    # Then what is read before the first token (views.progress_markdown), and only before it.
-    reading = [i for i, t in enumerate(texts) if t.startswith("*Reading ") and t.endswith("…*")]
+    # Then what is guessed and read before the first token (views.progress_markdown), and only before it.
+    reading = [i for i, t in enumerate(texts) if t.startswith(("*Guessing ", "*Reading ")) and t.endswith("…*")]
     answering = [i for i, t in enumerate(texts) if t != "…" and i not in reading]
     growing = [" ".join(texts[i].split()) for i in answering]  # Gradio's chatbot dedents (inspect.cleandoc)
     assert reading and growing and all(i < answering[0] for i in reading)

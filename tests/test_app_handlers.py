@@ -369,9 +369,11 @@ def test_a_pending_answer_shows_what_it_reads_then_only_the_answer(runtime, tmp_
         answer = session.chat[-1]
         if answer.kind == "answer" and answer.pending and answer.progress is not None:
             shown.append((answer.progress.stage, answer.progress.done, answer.text))
-    # the question once asked, again once the model is its own (the activity box changes then), then the quotes
-    assert [stage for stage, _, _ in shown] == [AnswerStage.QUESTION, AnswerStage.QUESTION, AnswerStage.QUOTES]
-    assert shown[2][1] == 0 and not any(text for _, _, text in shown)
+    # the guess once asked, again once the model is its own (the activity box changes then), then the question and
+    # the quotes, each as it begins
+    assert [stage for stage, _, _ in shown] == [AnswerStage.GUESS, AnswerStage.GUESS, AnswerStage.QUESTION,
+                                                AnswerStage.QUOTES]
+    assert shown[3][1] == 0 and not any(text for _, _, text in shown)
     answer = session.chat[-1]
     assert answer.text and not answer.pending and answer.progress is None and answer.stats["quoted"]
     assert "progress" not in session_record(session)["chat"][-1]
@@ -391,6 +393,7 @@ def test_the_activity_box_says_what_an_answer_reads_before_its_first_token(runti
         answer = session.chat[-1]
         if answer.kind == "answer" and answer.progress is not None:
             boxes.setdefault(answer.progress.stage, []).append((answer.progress.total, view[3]))
+    assert any("Feeding the model (guessed answer)" in box for _, box in boxes[AnswerStage.GUESS])  # guess.py
     total, box = boxes[AnswerStage.QUESTION][-1]
     assert "Feeding the model (question)" in box and f"0 / {total:,} tokens (0%)" in box and "tok/s" not in box
     total, box = boxes[AnswerStage.QUOTES][0]
