@@ -43,6 +43,7 @@ def write_guess(runtime: ModelRuntime, format: ChatFormat, question: str, earlie
     meter = RateMeter()
     try:
         logits = reader.feed(ids, cancel)
+        stats.prefilling(Feeding.GUESS, GUESS_TOKENS)  # the activity box counts the tokens written from here on
         while len(written) < GUESS_TOKENS:
             if cancel is not None and cancel.is_set():
                 raise Stopped(Feeding.GUESS)
@@ -50,6 +51,7 @@ def write_guess(runtime: ModelRuntime, format: ChatFormat, question: str, earlie
             if token in format.stop_ids:
                 break
             written.append(token)
+            stats.done = len(written)
             yield AnswerProgress(AnswerStage.GUESS, len(written), GUESS_TOKENS, meter.elapsed, rate=meter.rate,
                                  text=format.decode_answer(written))
             logits = reader.feed([token], cancel)
