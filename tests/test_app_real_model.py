@@ -52,12 +52,14 @@ def spec_pdf(tmp_path_factory) -> Path:
     return path
 
 
-def _wait_for_the_feed(client: Client, timeout_s: float = 900) -> dict:
-    """The live panel's figures (``/panel``, the same session) once the session's model work is over."""
+def _wait_for_the_feed(client: Client, past_tokens: int = 0, timeout_s: float = 900) -> dict:
+    """The live panel's figures (``/panel``, the same session) once the session's model work is over: idle, and the
+    context past ``past_tokens`` (the panel is idle for a moment between the feed's end and the exchange read after
+    it)."""
     deadline = time.monotonic() + timeout_s
     while True:
         data = client.predict(api_name="/panel")[3]
-        if data["phase"] == "idle" or time.monotonic() > deadline:
+        if (data["phase"] == "idle" and data["context_tokens"] > past_tokens) or time.monotonic() > deadline:
             return data
         time.sleep(2)
 
@@ -76,7 +78,7 @@ def test_ask_answers_a_real_pdf_and_cites_the_page(server, spec_pdf):
     assert top["file"] == "shared-mime-info-spec.pdf" and top["page"] == 1, reply["sources"]
     assert 0 < top["weight"] <= 1 and top["snippet"]
     assert reply["stats"]["quoted"] is True  # answered with the first pages quoted before the question (quoting.py)
-    panel = _wait_for_the_feed(client)
+    panel = _wait_for_the_feed(client, reply["feed"]["tokens"])
     assert panel["phase"] == "idle" and panel["context_tokens"] > reply["feed"]["tokens"]  # the exchange too
 
     # The same client is the same session: the document stays, a second question costs no re-reading.
