@@ -121,3 +121,26 @@ def test_the_pending_answer_shows_the_guess_on_one_line_and_the_switch_reaches_t
     assert parse_args([]).guess and not parse_args(["--no-guess"]).guess
     assert not GenerationSettings.from_ui(0.0, 0.9, 16, 1.0, True, 5, True, False).guess
     assert GenerationSettings.from_ui(0.0, 0.9, 16, 1.0, True, 5, True).guess
+
+
+def test_the_guess_is_kept_with_its_answer_shown_under_its_sources_and_in_the_ask_reply():
+    from app.engine.citations import Citation, CitationReport
+    from app.session.model_work import ModelWork
+    from app.session.state import ChatItem, ItemKind
+    from app.web.api import answer_json
+    from ingest import Provenance
+
+    cited = CitationReport((Citation(Provenance("bashref.pdf", 91), 1.0, "TMOUT"),), 0.4, recalled=True)
+    guess = "Set the `TMOUT` variable\n\nto *60*."
+    item = ChatItem("assistant", ItemKind.ANSWER, pending=True)
+    ModelWork._finish_answer(item, AnswerResult("Set TMOUT.", 3, "eos", cited, 0.1, 10.0, 5.0, 4, guess=guess))
+    assert item.stats["guess"] == guess
+    lines = views.answer_markdown(item).split("\n\n")
+    # After the sources, one line, its Markdown escaped, said not to be the answer; then the numbers.
+    assert lines[-2] == ("<sub>Also searched with a guess the model wrote before reading (not the answer): "
+                         "“Set the \\`TMOUT\\` variable to \\*60\\*.”</sub>")
+    assert lines[1].startswith("**") and "bashref.pdf p. 91" in lines[1] and lines[-1].startswith("<sub>first token")
+    assert answer_json(item, [], 100, "m")["stats"]["guess"] == guess
+    unguessed = ChatItem("assistant", ItemKind.ANSWER, pending=True)
+    ModelWork._finish_answer(unguessed, AnswerResult("Set TMOUT.", 3, "eos", cited, 0.1, 10.0, 5.0, 4))
+    assert "guess" not in unguessed.stats and "guess" not in views.answer_markdown(unguessed)

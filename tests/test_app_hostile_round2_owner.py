@@ -6,7 +6,6 @@ broke when b's closed), cancel a's events, or hang up a's heartbeat."""
 
 from __future__ import annotations
 
-import time
 
 import gradio as gr
 import httpx

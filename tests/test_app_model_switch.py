@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 import pytest
-from gradio_client import Client, handle_file
+from gradio_client import Client
 
 from app.engine import bundled_model
 from app.web.model_switch import SWITCHED_FROM, ModelSwitch, restart_argv, switched_from

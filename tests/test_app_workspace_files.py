@@ -34,7 +34,7 @@ def saved_workspace(path: Path) -> Path:
     session.chat += [
         ChatItem("user", ItemKind.QUESTION, "Which page?", files=["a.pdf"]),
         ChatItem("assistant", ItemKind.ANSWER, "Page 2.", citations=[Citation(Provenance("a.pdf", 2, "ii"), 0.75, "key")],
-                 stats={"ttft_s": 0.1, "decode_tps": 12.5, "tokens": 3, "finish": "eos"}),
+                 stats={"ttft_s": 0.1, "decode_tps": 12.5, "tokens": 3, "finish": "eos", "guess": "Page 3."}),
     ]
     session.documents.append(DocumentRow("a.pdf", RowStatus.INGESTED, pages=3, tokens=900))
     write_workspace(path, session, "Notes")
@@ -61,6 +61,7 @@ def test_a_well_formed_workspace_reads_back_whole(tmp_path):
     assert [(c.kind, c.text, c.files) for c in session.chat] == [("question", "Which page?", ["a.pdf"]),
                                                                  ("answer", "Page 2.", [])]
     assert session.chat[1].citations == [Citation(Provenance("a.pdf", 2, "ii"), 0.75, "key")]
+    assert session.chat[1].stats == {"ttft_s": 0.1, "decode_tps": 12.5, "tokens": 3, "finish": "eos", "guess": "Page 3."}
     assert [(r.path, r.status, r.pages, r.tokens) for r in session.documents] == [("a.pdf", "ingested", 3, 900)]
 
 
@@ -98,6 +99,8 @@ HOSTILE = {  # edit, and where the refusal says the record is wrong
                               r"session.chat\[1\].citations\[0\].where.listing is 'yes', expected true or false"),
     "stats-rate-text": (_set("session", "chat", 1, "stats", "decode_tps", "fast"),
                         r"session.chat\[1\].stats.decode_tps is 'fast', expected a number"),
+    "stats-guess-number": (_set("session", "chat", 1, "stats", "guess", 3),
+                           r"session.chat\[1\].stats.guess is 3, expected text"),
     "document-tokens-text": (_set("session", "documents", 0, "tokens", "x"),
                              r"session.documents\[0\].tokens is 'x', expected a count"),
     "document-unknown-field": (_set("session", "documents", 0, "extra", 1),

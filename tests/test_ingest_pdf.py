@@ -92,7 +92,7 @@ def test_long_lines_are_cut_within_their_page(tmp_path):
 
 
 def test_corrupt_empty_and_truncated_pdfs_do_not_stop_other_files(tmp_path):
-    good = make_pdf(tmp_path / "good.pdf", [page_text(1)])
+    make_pdf(tmp_path / "good.pdf", [page_text(1)])
     (tmp_path / "garbage.pdf").write_bytes(b"%PDF-1.7\nnot really a pdf at all")
     (tmp_path / "empty.pdf").write_bytes(b"")
     full = make_pdf(tmp_path / "full.pdf", [page_text(n) for n in range(1, 11)]).read_bytes()

@@ -550,3 +550,5 @@ class ModelWork:
             item.stats["quoted_sources"] = report.quoted_passages
         if result.while_feeding is not None:  # its note shows under its sources (views.answer_markdown)
             item.stats["while_feeding"] = True
+        if result.guess:  # what the sources were also searched with: shown under them, kept with the workspace
+            item.stats["guess"] = result.guess

@@ -143,7 +143,7 @@ _PLACE = _fields({"source": _text, "page": _maybe(_count), "page_label": _maybe(
 _CITATION = _fields({"where": _PLACE, "share": _number, "snippet": _text})
 _ANSWER_STATS = _fields({}, {"ttft_s": _maybe(_number), "decode_tps": _number, "prefill_tps": _number,
                              "tokens": _count, "finish": _text, "question_tokens": _count, "sampling": _text,
-                             "quoted": _flag, "quoted_sources": _count, "while_feeding": _flag})
+                             "quoted": _flag, "quoted_sources": _count, "while_feeding": _flag, "guess": _text})
 _CHAT_ITEM = _fields({"role": _text, "kind": _one_of(ItemKind), "text": _text, "title": _maybe(_text),
                       "pending": _flag, "files": _list_of(_text), "citations": _list_of(_CITATION),
                       "recall_note": _text, "stats": _ANSWER_STATS, "stopped": _flag, "in_context": _flag})

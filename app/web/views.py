@@ -84,6 +84,14 @@ def progress_markdown(progress: AnswerProgress) -> str:
     return f"*Reading {what}: {progress.done:,} of {progress.total:,} tokens{rate}{left}…*"
 
 
+def guess_markdown(guess: str) -> str:
+    """The passage the model wrote before reading, whose words the sources were also searched with (guess.py):
+    shown so that a source without the question's words is explained, and marked as not the answer, which it often
+    contradicts in its specifics."""
+    return (f"<sub>Also searched with a guess the model wrote before reading (not the answer): "
+            f"“{markdown_text(' '.join(guess.split()))}”</sub>")
+
+
 def answer_markdown(item: ChatItem, opens: Opens | None = None) -> str:
     """An answer, its sources (each a link where ``opens`` gives one: source_files.py) and its numbers; while it is
     pending, before its first token, what it is reading."""
@@ -103,6 +111,8 @@ def answer_markdown(item: ChatItem, opens: Opens | None = None) -> str:
             parts.append(f"*{item.recall_note}*")
     elif item.recall_note:
         parts.append(f"*{item.recall_note}*")
+    if item.stats.get("guess"):
+        parts.append(guess_markdown(item.stats["guess"]))
     if item.stats:
         s = item.stats
         sampling = f" · {s['sampling']}" if s.get("sampling") else ""
