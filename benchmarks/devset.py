@@ -38,13 +38,13 @@ HOLDOUT = ("bzip2", "fontconfig")
 FRESH = ("crc", "nettle", "cookiejar")
 BLIND = ("valgrind", "xace", "tarfile")
 REFERENCE = ("gnuplot",)
-MANUALS = ("octave", "bashref", "asymptote", "liboctave", "gcrypt")
+MANUALS = ("octave", "bashref", "asymptote", "liboctave", "gcrypt", "pspp")
 SPLITS = {"tune": TUNE, "confirm": CONFIRM, "holdout": HOLDOUT, "fresh": FRESH, "blind": BLIND, "reference": REFERENCE,
           "manuals": MANUALS}
 # Debian packages that ship the documents (scripts/test.sh installs them).
 DEBIAN_PACKAGES = ("shared-mime-info", "libtasn1-doc", "xorg-docs", "libidn2-doc", "bzip2-doc", "fontconfig",
                    "zlib1g-dev", "nettle-dev", "valgrind", "gnuplot-doc", "octave-doc", "bash-doc", "asymptote-doc",
-                   "libgcrypt20-doc")
+                   "libgcrypt20-doc", "pspp")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 # shared-mime-info ships the real PDF the real-model test reads; the other
 # documentation packages ship the development set's documents (benchmarks/devset.py), whose answers a test checks.
 DOCS="shared-mime-info libtasn1-doc xorg-docs libidn2-doc bzip2-doc fontconfig zlib1g-dev nettle-dev valgrind"
-DOCS="$DOCS gnuplot-doc octave-doc bash-doc asymptote-doc libgcrypt20-doc"
+DOCS="$DOCS gnuplot-doc octave-doc bash-doc asymptote-doc libgcrypt20-doc pspp"
 if ! command -v chromium >/dev/null 2>&1 || [ ! -x /usr/sbin/nginx ] \
    || [ ! -f /usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf ] \
    || [ ! -f /usr/share/doc/xorg-docs/icccm/icccm.pdf.gz ] || [ ! -f /usr/share/doc/libidn2-doc/libidn2.pdf ] \
@@ -15,7 +15,7 @@ if ! command -v chromium >/dev/null 2>&1 || [ ! -x /usr/sbin/nginx ] \
    || [ ! -f /usr/share/doc/zlib1g-dev/crc-doc.1.0.pdf.gz ] \
    || [ ! -f /usr/share/doc/valgrind/valgrind_manual.pdf.gz ] || [ ! -f /usr/share/doc/gnuplot/gnuplot.pdf ] \
    || [ ! -f /usr/share/doc/octave/octave.pdf ] || [ ! -f /usr/share/doc/bash/bashref.pdf ] \
-   || [ ! -f /usr/share/doc/libgcrypt20-doc/gcrypt.pdf.gz ]; then
+   || [ ! -f /usr/share/doc/libgcrypt20-doc/gcrypt.pdf.gz ] || [ ! -f /usr/share/doc/pspp/pspp.pdf ]; then
   (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver nginx $DOCS) \
     >/dev/null || echo "warning: chromium, nginx or $DOCS could not be installed; those tests will be skipped" >&2
 fi
