@@ -69,8 +69,7 @@ def progress_markdown(progress: AnswerProgress) -> str:
     reading the question, then the passages quoted for it, how far, and (once a chunk is read) how fast and how long
     is left, as the engine's RateMeter measured them."""
     if progress.stage is AnswerStage.GUESS:
-        words = " ".join(progress.text.split())
-        written = f": “{markdown_text(words)}”" if words else ""
+        written = f": “{_guess_words(progress.text)}”" if progress.text.strip() else ""
         return f"*Guessing what the documents say, to search them with{written}…*"
     if progress.stage is AnswerStage.QUESTION:
         return f"*Reading the question into the context of {progress.context_tokens:,} tokens…*"
@@ -89,7 +88,12 @@ def guess_markdown(guess: str) -> str:
     shown so that a source without the question's words is explained, and marked as not the answer, which it often
     contradicts in its specifics."""
     return (f"<sub>Also searched with a guess the model wrote before reading (not the answer): "
-            f"“{markdown_text(' '.join(guess.split()))}”</sub>")
+            f"“{_guess_words(guess)}”</sub>")
+
+
+def _guess_words(guess: str) -> str:
+    """The guess on one line, its Markdown escaped: the model writes code blocks and lists there."""
+    return markdown_text(" ".join(guess.split()))
 
 
 def answer_markdown(item: ChatItem, opens: Opens | None = None) -> str:
