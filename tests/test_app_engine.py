@@ -441,8 +441,8 @@ def test_sources_come_from_recalled_document_tokens(runtime):
 
 
 def test_the_neutral_question_is_read_and_undone_without_a_trace(runtime, monkeypatch):
-    """Sources are ranked against a neutral question read first (citations.py); the answer, the context and
-    the next answer are those of an engine that never read it."""
+    """Sources are ranked against a neutral question read first (citations.py), once for the documents
+    (neutral_recall.py); the answer, the context and the next answer are those of an engine that never read it."""
     def ask_twice(engine):
         run(engine.feed_documents(pdf_like(pages=10)))
         fed = engine.tokens_fed
@@ -458,8 +458,35 @@ def test_the_neutral_question_is_read_and_undone_without_a_trace(runtime, monkey
     first, then, fed, neutral = ask_twice(engine)
     assert (first.text, then.text) == (expected.text, expected_then.text)
     assert list(engine.token_ids) == list(never.token_ids) and len(engine.spans) == len(never.spans)
-    assert neutral > 0 and fed > fed_without + neutral  # read before each question, with recall on
+    assert neutral > 0 and fed == fed_without + neutral  # read once, before the first question with recall
     assert first.citations.citations and first.citations.citations != expected.citations.citations
+
+
+def test_the_neutral_question_is_read_again_once_the_documents_or_topk_change(runtime):
+    """Its recall is kept while the documents are as they were: the same question asked again at the same point
+    gets the sources a fresh read gives; more documents, or another top-k, and it is read again."""
+    engine = new_engine(runtime)
+    run(engine.feed_documents(pdf_like(pages=10)))
+
+    def asked(question, settings=GREEDY):
+        """Whether the neutral question was read (its tokens read beyond what the answer left in the context)."""
+        neutral = sum(len(p.ids) for p in engine._question_pieces(NEUTRAL_QUESTION))
+        fed, length = engine.tokens_fed, engine.length
+        result = answer(engine, question, settings)
+        read = (engine.tokens_fed - fed) - (engine.length - length)
+        assert read in (0, neutral)
+        return result, read == neutral
+
+    first, read = asked("What is the pass key?")
+    assert read
+    engine.forget_conversation()  # back to the same point: the kept tally, the same sources as the fresh read
+    again, read = asked("What is the pass key?")
+    assert not read and again.citations == first.citations and again.text == first.text
+    fewer = dataclasses.replace(GREEDY, topk=3)
+    assert asked("Say it again.", fewer)[1]  # another top-k recalls other tokens
+    assert not asked("And once more.", fewer)[1]
+    run(engine.feed_documents(code_file()))
+    assert asked("Which file defines function_3?", fewer)[1]  # the documents changed
 
 
 def test_an_answer_drawn_again_keeps_the_sources_its_question_was_read_with(runtime):

@@ -35,6 +35,7 @@ from .layer_stop import StoppedMidForward
 from .lexical import ChunkIndex
 from .metrics import Feeding, LiveStats, RateMeter
 from .native_memory import trim_heap
+from .neutral_recall import NeutralRecall, documents_key
 from .quoting import QUOTED_CHUNKS, quote_budget
 from .reader import AnswerReader
 from .runtime import ModelRuntime, is_out_of_memory
@@ -87,6 +88,7 @@ class ContextEngine:
         self._logits = None
         self._feeding: FeedUnderWay | None = None  # a document feed under way (ask_while_feeding reads it)
         self._feeding_index: ChunkIndex | None = None  # BM25 over its planned chunks, built at its first question
+        self._neutral: NeutralRecall | None = None  # the neutral question's recall, while the documents stay
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -553,11 +555,7 @@ class ContextEngine:
         read first and undone back to ``before``) recalls here, fused with BM25 over the chunks for the question
         and, less, the ``earlier`` one and the ``guess`` (citations.py, lexical.py and guess.py say why), with
         ``quote_budget`` tokens of the best chunks to quote."""
-        neutral = RecallTally() if baseline and topk else None
-        if neutral is not None:
-            with self.runtime.observe_recall(neutral):
-                yield from self._prefill(baseline, cancel, topk=topk, what=Feeding.QUESTION)
-            self._restore(before)
+        neutral = (yield from self._neutral_recall(baseline, topk, cancel, before)) if baseline and topk else None
         recalled = RecallTally()
         started = time.perf_counter()
         if topk:
@@ -577,6 +575,20 @@ class ContextEngine:
                       ranking=self.ranking,
                       may_cite=lambda where: not any(covers(off, where.source) for off in switched_off))
         return (report if topk else replace(report, recall_on=False)), seconds
+
+    def _neutral_recall(self, pieces: list[Piece], topk: int, cancel, before: Saved
+                        ) -> Generator[LiveStats, None, RecallTally]:
+        """The neutral question's recall tally: the one kept while the documents and ``topk`` are as when it was
+        read (neutral_recall.py), else ``pieces`` read now and undone back to ``before``."""
+        key = documents_key(self.token_ids, self.spans, topk)
+        if self._neutral is not None and self._neutral.key == key:
+            return self._neutral.tally
+        tally = RecallTally()
+        with self.runtime.observe_recall(tally):
+            yield from self._prefill(pieces, cancel, topk=topk, what=Feeding.QUESTION)
+        self._restore(before)
+        self._neutral = NeutralRecall(key, tally)
+        return tally
 
     def _searchable(self) -> bool:
         """Whether the context holds document chunks to search (a guess is written only then: guess.py)."""
@@ -723,3 +735,4 @@ class ContextEngine:
         self.history.clear()
         self._logits = None
         self._open = None
+        self._neutral = None
