@@ -20,10 +20,12 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+import torch
 
 from app_fixtures import make_long_text
 from handler_fixtures import SETTINGS, drain, make_handlers, request
 
+from app.engine.context_file import NEUTRAL_POSITIONS, NEUTRAL_WEIGHTS, ContextDamaged, checked_neutral_recall
 from app.session.workspace_file import (RECORD_KEY, WorkspaceFileError, check_compatible, read_summary,
                                         write_workspace)
 from app.session.workspace_record import MAX_DEPTH, MAX_HEADER_BYTES
@@ -131,12 +133,22 @@ def _answer_past_vocabulary(saved, target):
     return edit_record(saved, target, edit)
 
 
+def _neutral_position_outside(saved, target):
+    return patch_tensor(saved, target, "context.neutral_positions", struct.pack("<q", 10**9))
+
+
+def _nan_neutral_weight(saved, target):
+    return patch_tensor(saved, target, "context.neutral_weights", struct.pack("<d", float("nan")))
+
+
 FOREIGN_TENSORS = {  # how the file is changed, and what the refusal says
     "u64-max-token": (_u64_max, r"the token ids are uint64 of shape \(\d+,\), expected one row of int64"),
     "token-past-vocabulary": (_past_vocabulary, r"token id 1000000 at position 0 is outside this model's vocabulary"),
     "nan-in-ring": (_nan_in_cache, r"tensor layers.0.ring_k holds NaN or infinite values"),
     "inf-in-middle-store": (_inf_in_middle, r"tensor layers.1.middle_v holds NaN or infinite values"),
     "answer-token-past-vocabulary": (_answer_past_vocabulary, r"holds token id 18446744073709551615, outside"),
+    "neutral-position-outside": (_neutral_position_outside, r"neutral question's recall names positions outside"),
+    "nan-neutral-weight": (_nan_neutral_weight, r"recall holds a weight that is not a finite number above zero"),
 }
 
 
@@ -171,6 +183,29 @@ def test_the_saved_workspace_these_files_are_made_from_opens(runtime, saved, tmp
     shown, said = toasts(lambda: handlers.import_workspace(str(saved), request("importer")))
     session = handlers.registry.peek("importer")
     assert session.engine is not None and session.context_tokens > runtime.window and said[0].startswith("Reopened")
+    assert session.engine.neutral_recall is not None  # kept with the context, and read back (the files above)
+
+
+def test_a_neutral_recall_that_no_save_wrote_is_refused_saying_what(runtime, saved, tmp_path):
+    """The neutral question's recall is kept with the context (neutral_recall.py): its key is checked with the
+    record, its tensors with the context's."""
+    crafted = edit_record(saved, tmp_path / "crafted.lmiw",
+                          lambda record: record["context"].__setitem__("neutral_key", "<script>"))
+    handlers = make_handlers(runtime, workspaces=str(tmp_path / "ws"))
+    _, said = toasts(lambda: handlers.import_workspace(str(crafted), request("importer")))
+    assert said == ["Not imported: crafted.lmiw is damaged or incomplete (record.context.neutral_key is "
+                    "'&lt;script&gt;', expected 32 hexadecimal digits)"]
+    positions, weights = torch.tensor([3, 7]), torch.tensor([0.5, 0.25], dtype=torch.float64)
+    cases = {"the neutral question's recall has a key but no tensors": {NEUTRAL_POSITIONS: positions},
+             "not two rows of int64 positions and float64 weights": {NEUTRAL_POSITIONS: positions,
+                                                                     NEUTRAL_WEIGHTS: weights.float()},
+             "names positions outside the 100-token context, or one twice": {
+                 NEUTRAL_POSITIONS: torch.tensor([3, 3]), NEUTRAL_WEIGHTS: weights}}
+    for why, tensors in cases.items():
+        with pytest.raises(ContextDamaged, match=re.escape(why)):
+            checked_neutral_recall("0" * 32, tensors, 100)
+    kept = checked_neutral_recall("0" * 32, {NEUTRAL_POSITIONS: positions, NEUTRAL_WEIGHTS: weights}, 100)
+    assert kept.tally.totals() == ([3, 7], [0.5, 0.25])
 
 
 # -- 2. records too large or too deep to parse ---------------------------------------------------------------

@@ -108,6 +108,14 @@ class RecallTally:
         self._positions.append(selection.positions.reshape(-1)[keep])
         self._weights.append(weights[keep].double())
 
+    @classmethod
+    def of_totals(cls, positions: torch.Tensor, weights: torch.Tensor) -> "RecallTally":
+        """A tally whose ``totals`` are these (distinct positions and their weights: a saved one read back)."""
+        tally = cls()
+        tally._positions.append(positions.to(torch.int64))
+        tally._weights.append(weights.to(torch.float64))
+        return tally
+
     def totals(self) -> tuple[list[int], list[float]]:
         """Distinct positions and their summed weights."""
         if not self._positions:

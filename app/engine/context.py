@@ -88,7 +88,7 @@ class ContextEngine:
         self._logits = None
         self._feeding: FeedUnderWay | None = None  # a document feed under way (ask_while_feeding reads it)
         self._feeding_index: ChunkIndex | None = None  # BM25 over its planned chunks, built at its first question
-        self._neutral: NeutralRecall | None = None  # the neutral question's recall, while the documents stay
+        self.neutral_recall: NeutralRecall | None = None  # the neutral question's, while the documents stay (saved)
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -555,7 +555,7 @@ class ContextEngine:
         read first and undone back to ``before``) recalls here, fused with BM25 over the chunks for the question
         and, less, the ``earlier`` one and the ``guess`` (citations.py, lexical.py and guess.py say why), with
         ``quote_budget`` tokens of the best chunks to quote."""
-        neutral = (yield from self._neutral_recall(baseline, topk, cancel, before)) if baseline and topk else None
+        neutral = (yield from self._neutral_tally(baseline, topk, cancel, before)) if baseline and topk else None
         recalled = RecallTally()
         started = time.perf_counter()
         if topk:
@@ -576,18 +576,18 @@ class ContextEngine:
                       may_cite=lambda where: not any(covers(off, where.source) for off in switched_off))
         return (report if topk else replace(report, recall_on=False)), seconds
 
-    def _neutral_recall(self, pieces: list[Piece], topk: int, cancel, before: Saved
-                        ) -> Generator[LiveStats, None, RecallTally]:
+    def _neutral_tally(self, pieces: list[Piece], topk: int, cancel, before: Saved
+                       ) -> Generator[LiveStats, None, RecallTally]:
         """The neutral question's recall tally: the one kept while the documents and ``topk`` are as when it was
         read (neutral_recall.py), else ``pieces`` read now and undone back to ``before``."""
         key = documents_key(self.token_ids, self.spans, topk)
-        if self._neutral is not None and self._neutral.key == key:
-            return self._neutral.tally
+        if self.neutral_recall is not None and self.neutral_recall.key == key:
+            return self.neutral_recall.tally
         tally = RecallTally()
         with self.runtime.observe_recall(tally):
             yield from self._prefill(pieces, cancel, topk=topk, what=Feeding.QUESTION)
         self._restore(before)
-        self._neutral = NeutralRecall(key, tally)
+        self.neutral_recall = NeutralRecall(key, tally)
         return tally
 
     def _searchable(self) -> bool:
@@ -735,4 +735,4 @@ class ContextEngine:
         self.history.clear()
         self._logits = None
         self._open = None
-        self._neutral = None
+        self.neutral_recall = None

@@ -7,7 +7,9 @@ template stands (turn state and carry), and which model it was made with. Reopen
 engine that was saved, so its next answer is token for token the one it would have given (tests).
 
 Not kept: the undo points of past turns (``turns``), which are cache snapshots of their own. A reopened
-context answers, clears and grows as before; only "regenerate" of an answer given before the save is gone.
+context answers, clears and grows as before; only "regenerate" of an answer given before the save is gone. Kept
+beside the cache: the neutral question's recall (neutral_recall.py), which ranks the next question's sources as
+it would have without the save.
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ from .budget import WITHOUT_RECALL
 from .chat_format import Carry, TurnState
 from .context import ContextEngine
 from .history import history_from, history_record
+from .citations import RecallTally
 from .metrics import LiveStats
+from .neutral_recall import NeutralRecall
 from .runtime import ModelRuntime
 from .spans import Span, SpanKind
 
 TOKEN_IDS = "context.token_ids"
+NEUTRAL_POSITIONS, NEUTRAL_WEIGHTS = "context.neutral_positions", "context.neutral_weights"
 CACHE = "cache."  # the prefix of the cache's own tensors (lminfinite.cache_state names them)
 FORMAT = 1
 
@@ -160,6 +165,11 @@ def context_record(engine: ContextEngine, *, middle_dtype: torch.dtype | None = 
         "tokens_fed": engine.tokens_fed,
         "history": history_record(engine.history),
     }
+    if engine.neutral_recall is not None:
+        positions, weights = engine.neutral_recall.tally.totals()
+        tensors[NEUTRAL_POSITIONS] = torch.tensor(positions, dtype=torch.int64)
+        tensors[NEUTRAL_WEIGHTS] = torch.tensor(weights, dtype=torch.float64)
+        record["neutral_key"] = engine.neutral_recall.key.hex()
     return tensors, record
 
 
@@ -190,6 +200,8 @@ def reopen_context(runtime: ModelRuntime, tensors: dict, record: dict, *, budget
     engine.state, engine.carry = TurnState(record["state"]), Carry(**record["carry"])
     engine.tokens_fed = int(record["tokens_fed"])
     engine.history[:] = history
+    if "neutral_key" in record:
+        engine.neutral_recall = checked_neutral_recall(record["neutral_key"], tensors, len(ids))
     engine.stats.context_tokens = engine.length
     engine.stats.set_kv(engine.memory())
     return engine
@@ -214,6 +226,27 @@ def checked_token_ids(tensor, vocabulary: int) -> list[int]:
         raise ContextDamaged(f"token id {int(tensor[position])} at position {position:,} is outside this model's "
                              f"vocabulary of {vocabulary:,} tokens")
     return tensor.tolist()
+
+
+def checked_neutral_recall(key: str, tensors: Mapping, length: int) -> NeutralRecall:
+    """The neutral question's recall as ``context_record`` writes it, refused (ContextDamaged) unless it could be
+    one: distinct positions in the context, each with a finite weight above zero."""
+    if NEUTRAL_POSITIONS not in tensors or NEUTRAL_WEIGHTS not in tensors:
+        raise ContextDamaged("the neutral question's recall has a key but no tensors")
+    positions, weights = tensors[NEUTRAL_POSITIONS], tensors[NEUTRAL_WEIGHTS]
+    shapes_ok = (isinstance(positions, torch.Tensor) and isinstance(weights, torch.Tensor)
+                 and positions.dtype == torch.int64 and weights.dtype == torch.float64
+                 and positions.dim() == weights.dim() == 1 and positions.shape == weights.shape)
+    if not shapes_ok:
+        raise ContextDamaged("the neutral question's recall is not two rows of int64 positions and float64 weights "
+                             "of one length")
+    if len(positions) and (int(positions.min()) < 0 or int(positions.max()) >= length
+                           or len(positions.unique()) != len(positions)):
+        raise ContextDamaged(f"the neutral question's recall names positions outside the {length:,}-token context, "
+                             "or one twice")
+    if not bool(torch.isfinite(weights).all()) or bool((weights <= 0).any()):
+        raise ContextDamaged("the neutral question's recall holds a weight that is not a finite number above zero")
+    return NeutralRecall(bytes.fromhex(key), RecallTally.of_totals(positions, weights))
 
 
 def _check_answer_ids(history: list, vocabulary: int) -> None:

@@ -161,7 +161,8 @@ _CONTEXT = _fields({
     "carry": _fields({"pending": _text, "tail": _text, "started": _flag}),
     "tokens_fed": _count,
     "history": _list_of(_HISTORY_ENTRY),
-})
+}, {"neutral_key": _is(lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{32}", v) is not None,
+                        "32 hexadecimal digits")})  # optional: the neutral question's recall (context_file.py)
 RECORD = _fields({
     "format": _is(lambda v: type(v) is int, "a format number"),  # which one: workspace_file._header says
     "summary": SUMMARY,
