@@ -26,9 +26,9 @@ from ingest import Provenance
 
 from .budget import WITHOUT_RECALL
 from .chat_format import Carry, TurnState
+from .citations import RecallTally
 from .context import ContextEngine
 from .history import history_from, history_record
-from .citations import RecallTally
 from .metrics import LiveStats
 from .neutral_recall import NeutralRecall
 from .runtime import ModelRuntime

@@ -5,10 +5,11 @@ Sources are ranked by where a question's recall goes beyond where a question tha
 documents, not in the conversation, and only document positions are scored; yet the neutral question was read
 before every question, a forward with recall over the whole middle store like the question's own. Read once, the
 first token came 2.6 s sooner at the median over `tarfile.py`'s questions (20.8 → 18.2 s, the 1.5B on 2 threads),
-and as many answers and first sources were right on XACE's and tarfile's 22 (19 and 17; docs/answers.md). It is
-read at the first question with recall, kept (and saved with a workspace, context_file.py: a reopened context
-ranks as the one never closed), and read again once the documents or top-k change. Tokens that leave
-the window after it was read (the documents' last ~2K, as the conversation pushes them out) get no share of it: the
+and as many answers and first sources were right on XACE's and tarfile's 22 (19 and 17; docs/answers.md).
+
+It is read at the first question with recall, kept (and saved with a workspace, context_file.py: a reopened
+context ranks as the one never closed), and read again once the documents or top-k change. Tokens that leave the
+window after it was read (the documents' last ~2K, as the conversation pushes them out) get no share of it: the
 question's recall on them is not discounted.
 """
 
