@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from .citations import RecallTally
 from .spans import SpanIndex
 
+KEY_BYTES = 16  # a documents_key's length (a saved one is checked against it: workspace_record.py)
+
 
 def documents_key(token_ids: array, spans: SpanIndex, topk: int) -> bytes:
     """Changes when top-k does, or any document's place or tokens, or any token before the last document."""
-    digest = hashlib.blake2b(struct.pack("<q", topk), digest_size=16)
+    digest = hashlib.blake2b(struct.pack("<q", topk), digest_size=KEY_BYTES)
     end = 0
     for span in spans.documents():
         digest.update(struct.pack("<qq", span.start, span.end))

@@ -10,6 +10,7 @@ import re
 import numpy as np
 
 from ..engine.chat_format import TurnState
+from ..engine.neutral_recall import KEY_BYTES
 from ..engine.spans import SpanKind
 from .uploads import RowStatus
 from .state import ItemKind
@@ -151,6 +152,7 @@ _DOCUMENT = _fields({"path": _text, "status": _one_of(RowStatus), "pages": _coun
                      "reason": _text, "outcome": _maybe(_one_of(RowStatus))})
 _HISTORY_ENTRY = _by_key("documents", _fields({"documents": _list_of(_fields({"text": _text, "where": _PLACE}))}),
                          _fields({"question": _text, "answer_ids": _list_of(_count)}))
+_NEUTRAL_KEY = re.compile(f"[0-9a-f]{{{2 * KEY_BYTES}}}")  # the neutral question's documents_key (context_file.py)
 _CONTEXT = _fields({
     "format": _is(lambda v: type(v) is int, "a format number"),  # which one: reopen_context says
     "identity": _object,  # compared with this server's model (check_identity)
@@ -161,8 +163,8 @@ _CONTEXT = _fields({
     "carry": _fields({"pending": _text, "tail": _text, "started": _flag}),
     "tokens_fed": _count,
     "history": _list_of(_HISTORY_ENTRY),
-}, {"neutral_key": _is(lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{32}", v) is not None,
-                        "32 hexadecimal digits")})  # optional: the neutral question's recall (context_file.py)
+}, {"neutral_key": _is(lambda v: isinstance(v, str) and _NEUTRAL_KEY.fullmatch(v) is not None,  # optional
+                        f"{2 * KEY_BYTES} hexadecimal digits")})
 RECORD = _fields({
     "format": _is(lambda v: type(v) is int, "a format number"),  # which one: workspace_file._header says
     "summary": SUMMARY,
